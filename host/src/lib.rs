@@ -1,0 +1,41 @@
+//! spechost: speculative decoding on CPU servers, with draft sources as sandboxed WebAssembly
+//! components.
+//!
+//! # How a token flows
+//!
+//! 1. [`config`] turns the command line (and a TOML file) into typed settings, once.
+//! 2. [`engine::Target`] loads the target GGUF through llama.cpp and tokenizes the prompt with the
+//!    model's chat template; [`engine::Session`] owns one llama.cpp context (KV cache).
+//! 3. Each round of [`engine::Session::generate`] asks the [`cascade::Cascade`] for a draft of at
+//!    most `draft_max` tokens; the cascade asks its sources in order and the first that proposes
+//!    enough tokens wins the round.
+//! 4. A source is a [`cascade::DraftSource`]: a WebAssembly component run by [`plugins`] in a
+//!    sandbox, or a native test double.
+//! 5. The engine decodes `[last, d1..dK]` in one batch, samples the target at every position,
+//!    accepts the draft while it equals the samples, keeps one target token, and rolls the KV cache
+//!    back past the accepted prefix. The output is exactly what plain decoding would produce.
+//! 6. The committed tokens are fed back to every source, streamed as text, and counted in
+//!    [`engine::GenerationStats`].
+//!
+//! ```no_run
+//! use spechost::engine::{Request, Target, TargetParams, SessionParams, SamplingParams};
+//! use spechost::cascade::Cascade;
+//!
+//! # fn main() -> anyhow::Result<()> {
+//! let target = Target::load("model.gguf".as_ref(), &TargetParams::default())?;
+//! let mut session = target.session(&SessionParams::default())?;
+//! let prompt = target.tokenize_chat("Write a haiku about caches.")?;
+//! let request = Request::new(prompt, 64, SamplingParams::greedy());
+//! let mut cascade = Cascade::empty();
+//! let outcome = session.generate(&request, &mut cascade, &mut |text| print!("{text}"))?;
+//! eprintln!("{}", outcome.stats.render());
+//! # Ok(()) }
+//! ```
+
+pub mod cascade;
+pub mod config;
+pub mod engine;
+pub mod models;
+pub mod plugins;
+pub mod run;
+pub mod telemetry;

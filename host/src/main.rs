@@ -1,0 +1,58 @@
+//! The `spechost` binary: parse the command line, call the library, print the error chain.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use spechost::config::{Cli, Command, ModelsCommand, cache_dir};
+use spechost::models::DefaultModel;
+
+fn main() -> ExitCode {
+    spechost::telemetry::init();
+    let cli = Cli::parse();
+    match dispatch(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(command: Command) -> anyhow::Result<()> {
+    let cache = cache_dir();
+    match command {
+        Command::Run(args) => {
+            let config = args.into_config(&cache)?;
+            spechost::run::run(&config, &cache)
+        }
+        Command::Models(ModelsCommand::Fetch { models }) => {
+            let models = if models.is_empty() {
+                DefaultModel::ALL.to_vec()
+            } else {
+                models
+            };
+            for model in models {
+                eprintln!("fetching {} ...", model.alias());
+                let path = model.fetch(&cache)?;
+                println!("{}\t{}", model.alias(), path.display());
+            }
+            Ok(())
+        }
+        Command::Models(ModelsCommand::List) => {
+            for model in DefaultModel::ALL {
+                let path = model.path(&cache);
+                let state = if path.exists() {
+                    "cached"
+                } else {
+                    "not fetched"
+                };
+                println!("{}\t{}\t{state}", model.alias(), path.display());
+            }
+            Ok(())
+        }
+        Command::Models(ModelsCommand::Path { model }) => {
+            println!("{}", model.path(&cache).display());
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! `spechost run`: one prompt through the target and the cascade; text to stdout, stats to
+//! stderr.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+
+use anyhow::Context as _;
+
+use crate::cascade::{Cascade, CascadeSettings, DraftSource};
+use crate::config::RunConfig;
+use crate::engine::{Request, Target};
+use crate::plugins::{PluginHost, PluginHostConfig};
+
+/// Loads the target and the cascade, generates, streams the text and prints the stats.
+pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
+    let target = Target::load(&config.model, &config.target)?;
+    let prompt = if config.raw {
+        target.tokenize_raw(&config.prompt)
+    } else {
+        target.tokenize_chat(&config.prompt)?
+    };
+    let mut session = target.session(&config.session)?;
+    let host = PluginHost::new(PluginHostConfig {
+        cache_dir: Some(cache_dir.to_owned()),
+        plugin_dirs: config.plugin_dirs.clone(),
+        ..PluginHostConfig::default()
+    })
+    .context("starting the plugin host")?;
+    let mut cascade = build_cascade(&host, config)?;
+    let request = Request {
+        prompt,
+        max_tokens: config.max_tokens,
+        sampling: config.sampling.clone(),
+        stop: config.stop.clone(),
+        draft_max: config.draft_max,
+    };
+    let mut stdout = std::io::stdout().lock();
+    let outcome = session.generate(&request, &mut cascade, &mut |text| {
+        // A closed pipe (`| head`) must not abort generation; the stats still print.
+        let _ = stdout.write_all(text.as_bytes());
+        let _ = stdout.flush();
+    })?;
+    if stdout.is_terminal() {
+        let _ = writeln!(stdout);
+    }
+    drop(stdout);
+    if config.json {
+        let report = serde_json::json!({
+            "model": config.model,
+            "cascade": cascade.source_names(),
+            "draft_max": config.draft_max,
+            "sampling": config.sampling,
+            "stop_reason": outcome.stop_reason,
+            "tokens_per_second": {
+                "prompt": outcome.stats.prompt_tokens_per_second(),
+                "generation": outcome.stats.generation_tokens_per_second(),
+            },
+            "acceptance": outcome.stats.acceptance(),
+            "overhead": outcome.stats.overhead(),
+            "mean_accepted_per_draft_round": outcome.stats.mean_accepted_per_draft_round(),
+            "stats": outcome.stats,
+        });
+        eprintln!("{report}");
+    } else {
+        eprint!("{}", outcome.stats.render());
+        if !config.sampling.is_greedy() {
+            eprintln!("seed        {}", config.sampling.seed);
+        }
+    }
+    Ok(())
+}
+
+/// Loads every source of the configured cascade, in order.
+pub fn build_cascade(host: &PluginHost, config: &RunConfig) -> anyhow::Result<Cascade> {
+    let mut sources: Vec<Box<dyn DraftSource>> = Vec::new();
+    for spec in &config.cascade {
+        let plugin = host.load(spec)?;
+        sources.push(Box::new(plugin.source(config.plugin_config(&spec.name()))));
+    }
+    Ok(Cascade::new(sources, CascadeSettings::default()))
+}

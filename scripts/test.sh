@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: builds the plugins and the deliberately broken test plugins,
+# fetches both default models (the tests run on real models), then `cargo test` in release.
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+install_prerequisites
+build_all
+fetch_models smollm2 gemma3
+cd "$SPECHOST_ROOT"
+cargo test --release --locked --workspace

@@ -1,0 +1,458 @@
+//! A native test harness: drives a [`Drafter`] the way the host does, with no WebAssembly.
+//!
+//! [`Harness`] owns one drafter value (one session, in host terms) and checks every proposal
+//! against the rules the host enforces, panicking with a message that names the broken rule, so
+//! that contract bugs fail a unit test instead of becoming faults in production.
+//! [`Harness::replay`] simulates a whole greedy generation over a known output and reports how
+//! many draft tokens the target would have accepted.
+//!
+//! ```
+//! use spechost_sdk::testing::{Harness, facts};
+//! use spechost_sdk::{Drafter, ModelFacts, Proposal, Token};
+//!
+//! /// Proposes the last token again.
+//! struct Stutter(Vec<Token>);
+//!
+//! impl Drafter for Stutter {
+//!     fn new(_config: &str, _facts: &ModelFacts) -> Result<Self, String> {
+//!         Ok(Stutter(Vec::new()))
+//!     }
+//!     fn feed(&mut self, tokens: &[Token]) {
+//!         self.0.extend_from_slice(tokens);
+//!     }
+//!     fn propose(&mut self, max_len: usize) -> Proposal {
+//!         match self.0.last() {
+//!             Some(&last) if max_len > 0 => Proposal::tokens([last]),
+//!             _ => Proposal::empty(),
+//!         }
+//!     }
+//! }
+//!
+//! let mut harness = Harness::<Stutter>::new("", facts(100)).unwrap();
+//! let stats = harness.replay(&[1, 2], &[2, 2, 2, 3], 4);
+//! assert_eq!(stats.accepted, 2);
+//! ```
+
+use std::any::type_name;
+use std::fmt;
+
+use crate::drafter::Drafter;
+use crate::types::{Feedback, ModelFacts, Proposal, Token};
+
+/// Model facts for tests: a vocabulary of `vocab_size` tokens, no special tokens, and a context
+/// of 4096 tokens.
+pub fn facts(vocab_size: u32) -> ModelFacts {
+    const TEST_CONTEXT_SIZE: u32 = 4096;
+    ModelFacts {
+        vocab_size,
+        bos: None,
+        eos: None,
+        eog: Vec::new(),
+        context_size: TEST_CONTEXT_SIZE,
+    }
+}
+
+/// Checks `proposal` the way the host does before using it.
+///
+/// A proposal is valid when it has at most `max_len` tokens, every token is below
+/// `facts.vocab_size`, and its confidence is either empty or one value in `[0, 1]` per token.
+/// The error says which rule was broken, with the values involved.
+pub fn validate(proposal: &Proposal, max_len: usize, facts: &ModelFacts) -> Result<(), String> {
+    let Proposal { tokens, confidence } = proposal;
+    if tokens.len() > max_len {
+        return Err(format!(
+            "proposed {} tokens but max_len was {max_len}; never return more than max_len tokens",
+            tokens.len()
+        ));
+    }
+    if let Some((index, token)) = tokens
+        .iter()
+        .enumerate()
+        .find(|&(_, &token)| token >= facts.vocab_size)
+    {
+        return Err(format!(
+            "token {index} of the proposal is {token}, but the vocabulary has {} tokens; \
+             propose only ids below ModelFacts::vocab_size",
+            facts.vocab_size
+        ));
+    }
+    if !confidence.is_empty() && confidence.len() != tokens.len() {
+        return Err(format!(
+            "proposal has {} tokens but {} confidence values; give one value per token or none",
+            tokens.len(),
+            confidence.len()
+        ));
+    }
+    if let Some((index, value)) = confidence
+        .iter()
+        .enumerate()
+        .find(|&(_, value)| !(0.0..=1.0).contains(value))
+    {
+        return Err(format!(
+            "confidence {index} of the proposal is {value}; confidence values are probabilities \
+             in [0, 1]"
+        ));
+    }
+    Ok(())
+}
+
+/// One drafter session, driven natively the way the host drives it.
+///
+/// Calls are passed straight to the drafter, except that [`Harness::propose`] checks the
+/// proposal with [`validate`] and [`Harness::feed`] checks that the test feeds only tokens of
+/// the vocabulary. The call order is up to the test; the host's order is described on
+/// [`Drafter`].
+pub struct Harness<D: Drafter> {
+    drafter: D,
+    facts: ModelFacts,
+}
+
+// By hand, so that `Harness::new(..).unwrap_err()` works for drafters without `Debug`.
+impl<D: Drafter> fmt::Debug for Harness<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Harness")
+            .field("drafter", &type_name::<D>())
+            .field("facts", &self.facts)
+            .finish()
+    }
+}
+
+impl<D: Drafter> Harness<D> {
+    /// Opens a session with `config` and `facts`, as the host does for each request.
+    ///
+    /// Returns the drafter's own error when [`Drafter::new`] rejects the config.
+    pub fn new(config: &str, facts: ModelFacts) -> Result<Self, String> {
+        let drafter = D::new(config, &facts)?;
+        Ok(Self { drafter, facts })
+    }
+
+    /// The model facts the session was opened with.
+    pub fn facts(&self) -> &ModelFacts {
+        &self.facts
+    }
+
+    /// The drafter, to inspect its state in assertions.
+    pub fn drafter(&self) -> &D {
+        &self.drafter
+    }
+
+    /// The drafter, mutably.
+    pub fn drafter_mut(&mut self) -> &mut D {
+        &mut self.drafter
+    }
+
+    /// Feeds `tokens` to the drafter ([`Drafter::feed`]).
+    ///
+    /// # Panics
+    ///
+    /// If a token is outside the vocabulary: the host never feeds one, so the test is wrong.
+    pub fn feed(&mut self, tokens: &[Token]) {
+        let vocab_size = self.facts.vocab_size;
+        if let Some(token) = tokens.iter().find(|&&token| token >= vocab_size) {
+            panic!(
+                "the test fed token {token}, outside the vocabulary of {vocab_size} tokens; \
+                 raise vocab_size in the harness's ModelFacts"
+            );
+        }
+        self.drafter.feed(tokens);
+    }
+
+    /// Asks the drafter for up to `max_len` tokens ([`Drafter::propose`]).
+    ///
+    /// # Panics
+    ///
+    /// If the proposal breaks a rule the host enforces (see [`validate`]).
+    pub fn propose(&mut self, max_len: usize) -> Proposal {
+        let proposal = self.drafter.propose(max_len);
+        if let Err(error) = validate(&proposal, max_len, &self.facts) {
+            panic!(
+                "{} broke the proposal contract: {error} (proposal: {proposal:?})",
+                type_name::<D>()
+            );
+        }
+        proposal
+    }
+
+    /// Tells the drafter how its last proposal fared ([`Drafter::feedback`]).
+    pub fn feedback(&mut self, outcome: Feedback) {
+        self.drafter.feedback(outcome);
+    }
+
+    /// Simulates greedy speculative decoding of `output` after `prompt`, with this drafter as
+    /// the only source, and counts what the target would have accepted.
+    ///
+    /// Feeds `prompt`, then runs rounds until `output` is used up. Each round:
+    ///
+    /// 1. asks for a proposal of up to `max_len` tokens, capped so that at least one output token
+    ///    is left for the target to commit after the draft (no proposal when only one is left);
+    /// 2. accepts the longest prefix of the proposal that matches `output`;
+    /// 3. sends feedback: `won` if the proposal was not empty, `n_accepted`, and as
+    ///    `target_token` the output token right after the accepted prefix;
+    /// 4. feeds the accepted prefix followed by that token.
+    ///
+    /// # Panics
+    ///
+    /// If a proposal breaks the contract (see [`Harness::propose`]).
+    pub fn replay(&mut self, prompt: &[Token], output: &[Token], max_len: usize) -> ReplayStats {
+        let mut stats = ReplayStats::default();
+        self.feed(prompt);
+        let mut position = 0;
+        while position < output.len() {
+            let rest = &output[position..];
+            // The round ends with a token from the target, so the draft may cover at most all
+            // but the last remaining output token.
+            let budget = max_len.min(rest.len() - 1);
+            let mut n_accepted = 0;
+            if budget > 0 {
+                let proposal = self.propose(budget);
+                n_accepted = proposal
+                    .tokens
+                    .iter()
+                    .zip(rest)
+                    .take_while(|(proposed, actual)| proposed == actual)
+                    .count();
+                stats.drafted += proposal.len();
+                stats.accepted += n_accepted;
+                stats.proposals += usize::from(!proposal.is_empty());
+                self.feedback(Feedback {
+                    won: !proposal.is_empty(),
+                    n_accepted: u32::try_from(n_accepted).unwrap_or(u32::MAX),
+                    target_token: rest[n_accepted],
+                });
+            }
+            self.feed(&rest[..=n_accepted]);
+            position += n_accepted + 1;
+            stats.rounds += 1;
+        }
+        stats
+    }
+}
+
+/// What [`Harness::replay`] counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReplayStats {
+    /// Rounds run; each commits the accepted draft tokens plus one token from the target.
+    pub rounds: usize,
+    /// Rounds in which the drafter proposed at least one token.
+    pub proposals: usize,
+    /// Tokens proposed, over all rounds.
+    pub drafted: usize,
+    /// Proposed tokens the target accepted, over all rounds.
+    pub accepted: usize,
+}
+
+impl ReplayStats {
+    /// Accepted draft tokens per round (0 when no round ran). Each round also commits one target
+    /// token, so a round yields `1 + mean_accepted_per_round()` tokens on average.
+    pub fn mean_accepted_per_round(&self) -> f64 {
+        ratio(self.accepted, self.rounds)
+    }
+
+    /// Fraction of proposed tokens the target accepted (0 when nothing was proposed).
+    pub fn acceptance(&self) -> f64 {
+        ratio(self.accepted, self.drafted)
+    }
+}
+
+fn ratio(numerator: usize, denominator: usize) -> f64 {
+    if denominator == 0 {
+        0.0
+    } else {
+        // Counts stay far below 2^52, where the conversion would lose precision.
+        numerator as f64 / denominator as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// Prompt then output, as one stream the oracle knows in advance.
+    const STREAM: [Token; 12] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+    const PROMPT_LEN: usize = 2;
+
+    /// Proposes the true continuation, or, with `wrong_at=i`, a wrong token at position `i` of
+    /// each proposal.
+    struct Oracle {
+        context: Vec<Token>,
+        wrong_at: usize,
+        feedback: Vec<Feedback>,
+    }
+
+    impl Drafter for Oracle {
+        fn new(config: &str, _facts: &ModelFacts) -> Result<Self, String> {
+            let config = Config::parse(config)?;
+            let wrong_at = config.get_usize("wrong_at", usize::MAX)?;
+            config.finish()?;
+            Ok(Oracle {
+                context: Vec::new(),
+                wrong_at,
+                feedback: Vec::new(),
+            })
+        }
+
+        fn feed(&mut self, tokens: &[Token]) {
+            self.context.extend_from_slice(tokens);
+        }
+
+        fn propose(&mut self, max_len: usize) -> Proposal {
+            let start = self.context.len();
+            let end = (start + max_len).min(STREAM.len());
+            let mut tokens = STREAM[start..end].to_vec();
+            if let Some(token) = tokens.get_mut(self.wrong_at) {
+                *token = 0;
+            }
+            Proposal::tokens(tokens)
+        }
+
+        fn feedback(&mut self, outcome: Feedback) {
+            self.feedback.push(outcome);
+        }
+    }
+
+    /// Breaks one proposal rule, chosen by `break=...`.
+    struct Broken {
+        rule: String,
+    }
+
+    impl Drafter for Broken {
+        fn new(config: &str, _facts: &ModelFacts) -> Result<Self, String> {
+            let config = Config::parse(config)?;
+            let rule = config.get_str("break", "").to_owned();
+            config.finish()?;
+            Ok(Broken { rule })
+        }
+
+        fn feed(&mut self, _tokens: &[Token]) {}
+
+        fn propose(&mut self, max_len: usize) -> Proposal {
+            match self.rule.as_str() {
+                "length" => Proposal::tokens(vec![1; max_len + 1]),
+                "vocab" => Proposal::tokens([1, 100]),
+                "confidence_length" => Proposal::with_confidence([1, 2], [0.5]),
+                "confidence_range" => Proposal::with_confidence([1, 2], [0.5, 1.5]),
+                "confidence_nan" => Proposal::with_confidence([1], [f32::NAN]),
+                _ => Proposal::with_confidence([1, 2], [1.0, 0.0]),
+            }
+        }
+    }
+
+    fn oracle(config: &str) -> Harness<Oracle> {
+        Harness::new(config, facts(100)).expect("valid oracle config")
+    }
+
+    #[test]
+    fn perfect_drafter_gets_every_token_but_the_targets() {
+        let mut harness = oracle("");
+        let stats = harness.replay(&STREAM[..PROMPT_LEN], &STREAM[PROMPT_LEN..], 4);
+        // 10 output tokens at max_len 4: rounds commit 4 + 1, then 4 + 1.
+        let expected = ReplayStats {
+            rounds: 2,
+            proposals: 2,
+            drafted: 8,
+            accepted: 8,
+        };
+        assert_eq!(stats, expected);
+        assert_eq!(stats.acceptance(), 1.0);
+        assert_eq!(stats.mean_accepted_per_round(), 4.0);
+    }
+
+    #[test]
+    fn replay_feeds_prompt_then_committed_tokens() {
+        let mut harness = oracle("wrong_at=2");
+        harness.replay(&STREAM[..PROMPT_LEN], &STREAM[PROMPT_LEN..], 5);
+        assert_eq!(harness.drafter().context, STREAM, "context after replay");
+    }
+
+    #[test]
+    fn replay_reports_accepted_prefix_and_target_token() {
+        let mut harness = oracle("wrong_at=2");
+        let stats = harness.replay(&STREAM[..PROMPT_LEN], &STREAM[PROMPT_LEN..], 5);
+        // Each round accepts 2 tokens and the target corrects the third: 3 tokens per round,
+        // except the last, where only 1 output token is left and nothing is proposed.
+        let feedback = &harness.drafter().feedback;
+        let expected: Vec<Feedback> = [5, 8, 11]
+            .into_iter()
+            .map(|target_token| Feedback {
+                won: true,
+                n_accepted: 2,
+                target_token,
+            })
+            .collect();
+        assert_eq!(*feedback, expected);
+        assert_eq!(stats.rounds, 4, "{stats:?}");
+        assert_eq!(stats.accepted, 6, "{stats:?}");
+        // Proposals are capped by the remaining output: 5, 5, then 3 when 4 tokens are left.
+        assert_eq!(stats.drafted, 13, "{stats:?}");
+    }
+
+    #[test]
+    fn zero_max_len_asks_for_nothing() {
+        let mut harness = oracle("");
+        let stats = harness.replay(&[1], &[2, 3, 4], 0);
+        assert_eq!(stats.rounds, 3, "{stats:?}");
+        assert_eq!(stats.drafted, 0, "{stats:?}");
+        assert_eq!(stats.acceptance(), 0.0);
+        assert_eq!(stats.mean_accepted_per_round(), 0.0);
+    }
+
+    #[test]
+    fn new_returns_the_drafters_config_error() {
+        let error = Harness::<Oracle>::new("wrong_at=x", facts(100)).unwrap_err();
+        assert!(error.contains("`wrong_at`"), "{error}");
+    }
+
+    #[test]
+    fn valid_proposal_passes() {
+        let mut harness = Harness::<Broken>::new("", facts(100)).expect("valid config");
+        assert_eq!(harness.propose(2).tokens, [1, 2]);
+    }
+
+    #[test]
+    #[should_panic(expected = "proposed 4 tokens but max_len was 3")]
+    fn panics_on_too_long_proposal() {
+        Harness::<Broken>::new("break=length", facts(100))
+            .expect("valid config")
+            .propose(3);
+    }
+
+    #[test]
+    #[should_panic(expected = "token 1 of the proposal is 100, but the vocabulary has 100")]
+    fn panics_on_out_of_vocabulary_token() {
+        Harness::<Broken>::new("break=vocab", facts(100))
+            .expect("valid config")
+            .propose(3);
+    }
+
+    #[test]
+    #[should_panic(expected = "2 tokens but 1 confidence values")]
+    fn panics_on_confidence_length_mismatch() {
+        Harness::<Broken>::new("break=confidence_length", facts(100))
+            .expect("valid config")
+            .propose(3);
+    }
+
+    #[test]
+    #[should_panic(expected = "confidence 1 of the proposal is 1.5")]
+    fn panics_on_confidence_above_one() {
+        Harness::<Broken>::new("break=confidence_range", facts(100))
+            .expect("valid config")
+            .propose(3);
+    }
+
+    #[test]
+    #[should_panic(expected = "confidence 0 of the proposal is NaN")]
+    fn panics_on_nan_confidence() {
+        Harness::<Broken>::new("break=confidence_nan", facts(100))
+            .expect("valid config")
+            .propose(3);
+    }
+
+    #[test]
+    #[should_panic(expected = "the test fed token 100")]
+    fn panics_when_the_test_feeds_out_of_vocabulary() {
+        oracle("").feed(&[1, 100]);
+    }
+}

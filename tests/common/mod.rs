@@ -1,0 +1,136 @@
+//! Shared by the integration tests: default models, fixture prompts, cascades of plugins.
+
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+
+use spechost::cascade::{Cascade, CascadeSettings, DraftSource};
+use spechost::config::{SourceSpec, cache_dir};
+use spechost::engine::{Outcome, Request, SamplingParams, SessionParams, Target, TargetParams};
+use spechost::models::DefaultModel;
+use spechost::plugins::{PluginHost, PluginHostConfig};
+
+/// Model tests run one at a time: two llama.cpp thread pools on two cores would only slow
+/// each other down.
+static MODEL_LOCK: Mutex<()> = Mutex::new(());
+
+/// Takes the model lock (ignoring poisoning by a failed test).
+pub fn exclusive() -> MutexGuard<'static, ()> {
+    MODEL_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Loads a default model, or fails saying how to fetch it.
+pub fn load(model: DefaultModel) -> Target {
+    let path = model.path(&cache_dir());
+    assert!(
+        path.exists(),
+        "{} is missing at {}; fetch it with `spechost models fetch {}` (scripts/test.sh does)",
+        model.alias(),
+        path.display(),
+        model.alias()
+    );
+    Target::load(&path, &TargetParams::default()).expect("default model loads")
+}
+
+/// Session settings for tests: a context large enough for every fixture prompt.
+pub fn session_params() -> SessionParams {
+    SessionParams {
+        ctx_size: 2048,
+        ..SessionParams::default()
+    }
+}
+
+/// A fixture prompt: one request from `tests/fixtures/prompts.jsonl`.
+pub struct Fixture {
+    pub id: String,
+    pub user_message: String,
+}
+
+/// The fixture prompts (taken from `../shared/workloads/`: edit, summarize, extract, code).
+pub fn fixtures() -> Vec<Fixture> {
+    let text = include_str!("../fixtures/prompts.jsonl");
+    text.lines()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line).expect("fixture is JSON");
+            Fixture {
+                id: value["id"].as_str().expect("id").to_owned(),
+                user_message: value["messages"][0]["content"]
+                    .as_str()
+                    .expect("content")
+                    .to_owned(),
+            }
+        })
+        .collect()
+}
+
+/// A plugin host that finds the plugins built by `scripts/build-plugins.sh`.
+pub fn plugin_host() -> PluginHost {
+    PluginHost::new(PluginHostConfig {
+        cache_dir: Some(cache_dir()),
+        ..PluginHostConfig::default()
+    })
+    .expect("plugin host starts")
+}
+
+/// A cascade of the given sources (built-in names or .wasm paths), each with an empty config.
+pub fn cascade(host: &PluginHost, specs: &[SourceSpec]) -> Cascade {
+    let sources: Vec<Box<dyn DraftSource>> = specs
+        .iter()
+        .map(|spec| {
+            let plugin = host.load(spec).unwrap_or_else(|e| {
+                panic!("{e:#}; build the plugins with scripts/build-plugins.sh")
+            });
+            Box::new(plugin.source(String::new())) as Box<dyn DraftSource>
+        })
+        .collect();
+    Cascade::new(sources, CascadeSettings::default())
+}
+
+/// Where the wasm components of the workspace are built: `<target>/wasm32-wasip2/release`,
+/// found from this test binary's path (`<target>/release/deps/<test>`).
+pub fn wasm_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .expect("test binary inside <target>/release/deps");
+    target.join("wasm32-wasip2").join("release")
+}
+
+/// A `.wasm` built by the suite (a hostile plugin or an example), by file stem.
+pub fn wasm(stem: &str) -> SourceSpec {
+    let path = wasm_dir().join(format!("{stem}.wasm"));
+    assert!(
+        path.exists(),
+        "{} is missing; build it with scripts/build-plugins.sh",
+        path.display()
+    );
+    SourceSpec::Path(path)
+}
+
+/// Generates a completion of `user_message` with `cascade`.
+pub fn generate(
+    target: &Target,
+    user_message: &str,
+    max_tokens: usize,
+    sampling: SamplingParams,
+    draft_max: usize,
+    cascade: &mut Cascade,
+) -> Outcome {
+    let mut session = target.session(&session_params()).expect("session");
+    let prompt = target.tokenize_chat(user_message).expect("chat template");
+    let mut request = Request::new(prompt, max_tokens, sampling);
+    request.draft_max = draft_max;
+    session
+        .generate(&request, cascade, &mut |_| {})
+        .expect("generation succeeds")
+}
+
+/// Index of the first differing token, for assertion messages.
+pub fn first_difference(a: &[u32], b: &[u32]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .or_else(|| (a.len() != b.len()).then(|| a.len().min(b.len())))
+}

@@ -1,0 +1,162 @@
+//! Deliberately broken plugins (built from `tests/hostile/`) in a cascade on a real model:
+//! the host survives, the output stays identical to plain decoding, and a warning names the
+//! plugin and what it did.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use spechost::cascade::Cascade;
+use spechost::config::SourceSpec;
+use spechost::engine::SamplingParams;
+use spechost::models::DefaultModel;
+
+const MAX_TOKENS: usize = 48;
+
+/// A `tracing` writer that keeps everything in memory, so the test can read the warnings.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log buffer")).into_owned()
+    }
+}
+
+/// Runs `[hostile, lookup]` and plain decoding on the same prompt; returns the warnings logged
+/// and the hostile source's fault count.
+fn run_hostile(stem: &str) -> (String, u64) {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let host = plugin_host();
+    let message = &fixtures()[0].user_message;
+    let plain = generate(
+        &target,
+        message,
+        MAX_TOKENS,
+        SamplingParams::greedy(),
+        8,
+        &mut Cascade::empty(),
+    );
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let spec = tracing::subscriber::with_default(subscriber, || {
+        let mut cascade = cascade(&host, &[wasm(stem), SourceSpec::Builtin("lookup".into())]);
+        generate(
+            &target,
+            message,
+            MAX_TOKENS,
+            SamplingParams::greedy(),
+            8,
+            &mut cascade,
+        )
+    });
+    assert_eq!(
+        spec.tokens,
+        plain.tokens,
+        "{stem}: output differs from plain decoding at token {:?}",
+        first_difference(&spec.tokens, &plain.tokens)
+    );
+    let faults = spec.stats.sources[0].faults;
+    (logs.text(), faults)
+}
+
+/// Asserts the plugin was reported by name with each of `needles`, and quarantined.
+fn assert_reported(stem: &str, needles: &[&str]) {
+    let (logs, faults) = run_hostile(stem);
+    assert!(faults >= 1, "{stem}: no fault counted; logs:\n{logs}");
+    let lower = logs.to_lowercase();
+    assert!(
+        logs.contains(stem),
+        "{stem}: warnings do not name the plugin:\n{logs}"
+    );
+    for needle in needles {
+        assert!(
+            lower.contains(needle),
+            "{stem}: `{needle}` not in warnings:\n{logs}"
+        );
+    }
+    assert!(
+        lower.contains("quarantin"),
+        "{stem}: never quarantined:\n{logs}"
+    );
+}
+
+#[test]
+fn panicking_plugin_is_restarted_then_quarantined() {
+    assert_reported("hostile_panic", &["panic"]);
+}
+
+#[test]
+fn plugin_panicking_in_its_constructor_is_quarantined() {
+    assert_reported("hostile_panic_open", &["panic"]);
+}
+
+#[test]
+fn endless_loop_hits_the_deadline() {
+    assert_reported("hostile_loop", &["deadline"]);
+}
+
+#[test]
+fn unbounded_allocation_hits_the_memory_limit() {
+    assert_reported("hostile_alloc", &["memory"]);
+}
+
+#[test]
+fn oversized_proposal_is_refused() {
+    assert_reported("hostile_flood", &["10000"]);
+}
+
+#[test]
+fn out_of_vocabulary_tokens_are_refused() {
+    assert_reported("hostile_oov", &["vocab"]);
+}
+
+#[test]
+fn garbage_confidence_is_refused() {
+    assert_reported("hostile_badconf", &["confidence"]);
+}
+
+#[test]
+fn slow_constructor_hits_the_deadline() {
+    assert_reported("hostile_slow_open", &["deadline"]);
+}
+
+#[test]
+fn file_env_and_network_access_are_denied() {
+    let (logs, faults) = run_hostile("hostile_fileopen");
+    assert_eq!(
+        faults, 0,
+        "the sandbox let something through; logs:\n{logs}"
+    );
+    assert!(
+        logs.contains("hostile_fileopen"),
+        "the plugin's own warning about the denied access is missing:\n{logs}"
+    );
+}
+
+#[test]
+fn sleeping_in_a_host_call_cannot_stall_generation() {
+    let (logs, faults) = run_hostile("hostile_sleep");
+    assert_eq!(
+        faults, 0,
+        "the sleep was not cut short, so it hit the deadline; logs:\n{logs}"
+    );
+}
