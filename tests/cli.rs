@@ -142,7 +142,7 @@ fn zero_draft_length_and_tiny_context() {
         None,
     );
     assert_fails_with(&out, &["--ctx-size 4", "at least"]);
-    let long = "word ".repeat(200);
+    let long = "word ".repeat(400);
     let out = spechost(
         &[
             "run",

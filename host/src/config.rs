@@ -163,6 +163,16 @@ pub enum ConfigError {
     /// Bad `--plugin-config`.
     #[error("invalid --plugin-config `{0}`: write it as plugin.key=value, e.g. lookup.max_ngram=3")]
     PluginConfig(String),
+    /// `--plugin-config` for a source that is not in the cascade.
+    #[error(
+        "--plugin-config names `{name}`, which is not in the cascade ({cascade}); use a source name from --cascade (a path's file stem for .wasm files)"
+    )]
+    PluginNotInCascade {
+        /// The name given.
+        name: String,
+        /// The cascade's source names.
+        cascade: String,
+    },
     /// No prompt anywhere.
     #[error("no prompt: give --prompt TEXT, --prompt-file FILE, or pipe text on stdin")]
     NoPrompt,
@@ -363,6 +373,31 @@ fn merge_plugin_settings(
     Ok(())
 }
 
+/// Every `--plugin-config NAME.key=value` must name a source of the cascade.
+fn check_plugin_settings_target_cascade(
+    settings: &[String],
+    cascade: &[SourceSpec],
+) -> Result<(), ConfigError> {
+    let names: Vec<String> = cascade.iter().map(SourceSpec::name).collect();
+    for setting in settings {
+        let name = setting
+            .split_once('.')
+            .map_or(setting.as_str(), |(n, _)| n)
+            .trim();
+        if !names.iter().any(|n| n == name) {
+            return Err(ConfigError::PluginNotInCascade {
+                name: name.to_owned(),
+                cascade: if names.is_empty() {
+                    "none".into()
+                } else {
+                    names.join(",")
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
 impl RunArgs {
     /// Merges the config file (if any) under the flags, validates, and reads the prompt.
     pub fn into_config(self, cache_dir: &Path) -> Result<RunConfig, ConfigError> {
@@ -390,6 +425,7 @@ impl RunArgs {
             .or(run.cascade)
             .unwrap_or_else(|| "lookup".into());
         let cascade = parse_cascade(&cascade_spec)?;
+        check_plugin_settings_target_cascade(&self.plugin_config, &cascade)?;
 
         let max_tokens = self
             .max_tokens

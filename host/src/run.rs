@@ -6,13 +6,25 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
-use crate::cascade::{Cascade, CascadeSettings, DraftSource};
+use crate::cascade::{Cascade, CascadeSettings, DraftSource, ModelFacts};
 use crate::config::RunConfig;
 use crate::engine::{Request, Target};
-use crate::plugins::{PluginHost, PluginHostConfig};
+use crate::plugins::{LoadError, LoadedPlugin, PluginHost, PluginHostConfig};
 
 /// Loads the target and the cascade, generates, streams the text and prints the stats.
 pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
+    // Plugins first: a misspelt cascade entry fails before the model is loaded.
+    let host = PluginHost::new(PluginHostConfig {
+        cache_dir: Some(cache_dir.to_owned()),
+        plugin_dirs: config.plugin_dirs.clone(),
+        ..PluginHostConfig::default()
+    })
+    .context("starting the plugin host")?;
+    let plugins = config
+        .cascade
+        .iter()
+        .map(|spec| host.load(spec))
+        .collect::<Result<Vec<_>, _>>()?;
     let target = Target::load(&config.model, &config.target)?;
     let prompt = if config.raw {
         target.tokenize_raw(&config.prompt)
@@ -20,13 +32,8 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         target.tokenize_chat(&config.prompt)?
     };
     let mut session = target.session(&config.session)?;
-    let host = PluginHost::new(PluginHostConfig {
-        cache_dir: Some(cache_dir.to_owned()),
-        plugin_dirs: config.plugin_dirs.clone(),
-        ..PluginHostConfig::default()
-    })
-    .context("starting the plugin host")?;
-    let mut cascade = build_cascade(&host, config)?;
+    let facts = target.facts(session.ctx_size());
+    let mut cascade = build_cascade(&plugins, config, &facts)?;
     let request = Request {
         prompt,
         max_tokens: config.max_tokens,
@@ -70,12 +77,21 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Loads every source of the configured cascade, in order.
-pub fn build_cascade(host: &PluginHost, config: &RunConfig) -> anyhow::Result<Cascade> {
+/// Makes one source per loaded plugin, in cascade order, after checking that each accepts its
+/// configuration. A plugin that traps is not an error here: it faults during generation and is
+/// quarantined, and generation goes on without it.
+pub fn build_cascade(
+    plugins: &[LoadedPlugin],
+    config: &RunConfig,
+    facts: &ModelFacts,
+) -> anyhow::Result<Cascade> {
     let mut sources: Vec<Box<dyn DraftSource>> = Vec::new();
-    for spec in &config.cascade {
-        let plugin = host.load(spec)?;
-        sources.push(Box::new(plugin.source(config.plugin_config(&spec.name()))));
+    for plugin in plugins {
+        let plugin_config = config.plugin_config(plugin.name());
+        if let Err(error @ LoadError::Config { .. }) = plugin.check_config(&plugin_config, facts) {
+            return Err(error.into());
+        }
+        sources.push(Box::new(plugin.source(plugin_config)));
     }
     Ok(Cascade::new(sources, CascadeSettings::default()))
 }

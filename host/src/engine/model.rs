@@ -5,7 +5,7 @@ use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
@@ -14,6 +14,9 @@ use llama_cpp_2::token::LlamaToken;
 use super::error::EngineError;
 use super::verify::{Session, SessionParams};
 use crate::cascade::{ModelFacts, Token};
+
+/// `LLAMA_FLASH_ATTN_TYPE_ENABLED` in llama.cpp's `llama_flash_attn_type`.
+const FLASH_ATTENTION_ON: i32 = 1;
 
 /// llama.cpp's backend is process-wide state that may be initialised only once; every model of
 /// the process shares it.
@@ -191,12 +194,20 @@ impl Target {
             .with_n_threads_batch(params.threads as i32)
             // A sliding-window cache forgets positions a rolled-back draft may still need;
             // the full cache keeps verification exact on models like Gemma 3.
-            .with_swa_full(true);
+            .with_swa_full(true)
+            // Batch-invariant attention: verification decodes 1+K tokens at once and must give
+            // the logits that decoding them one by one gives. llama.cpp's CPU attention without
+            // flash attention, and its split-KV flash-attention path for single tokens over an
+            // F16/F32 cache of 512+ cells, both change with the batch size; flash attention
+            // over a Q8_0 cache computes every query row the same way at any batch size.
+            .with_flash_attention_policy(FLASH_ATTENTION_ON)
+            .with_type_k(KvCacheType::Q8_0)
+            .with_type_v(KvCacheType::Q8_0);
         let context = self
             .model
             .new_context(backend()?, context_params)
             .map_err(|e| context_error(e.to_string()))?;
-        Ok(Session::new(self, context, params))
+        Ok(Session::new(self, context))
     }
 }
 

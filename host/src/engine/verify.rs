@@ -113,12 +113,9 @@ pub struct Session<'a> {
 }
 
 impl<'a> Session<'a> {
-    pub(super) fn new(
-        target: &'a Target,
-        context: LlamaContext<'a>,
-        params: &SessionParams,
-    ) -> Self {
-        let batch_size = params.batch_size.max(1) as usize;
+    pub(super) fn new(target: &'a Target, context: LlamaContext<'a>) -> Self {
+        // llama.cpp may adjust the requested sizes (it caps the batch at the context size).
+        let batch_size = context.n_batch().max(1) as usize;
         Self {
             target,
             context,

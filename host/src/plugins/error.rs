@@ -121,4 +121,12 @@ pub enum LoadError {
         /// What went wrong.
         reason: String,
     },
+    /// The plugin's `open` rejected its configuration string.
+    #[error("plugin `{plugin}` {detail}")]
+    Config {
+        /// The plugin name.
+        plugin: String,
+        /// What the plugin rejected and how to fix it.
+        detail: String,
+    },
 }

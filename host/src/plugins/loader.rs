@@ -14,6 +14,7 @@ use super::error::LoadError;
 use super::registry;
 use super::sandbox::{self, EpochTicker, HostState, SandboxLimits};
 use super::source::PluginSource;
+use crate::cascade::ModelFacts;
 use crate::config::SourceSpec;
 
 /// The spechost-sdk version whose drafters this host loads (same minor as the WIT package).
@@ -245,6 +246,13 @@ impl LoadedPlugin {
     /// traps.
     pub fn source(&self, config: impl Into<String>) -> PluginSource {
         PluginSource::start(self.clone(), config.into(), self.inner.limits.clone())
+    }
+
+    /// Checks, in a throw-away instance, that the plugin accepts `config` for a model with
+    /// `facts`: its `open` must return `ok`. Run before generation so a bad setting is a
+    /// configuration error, not a fault in the middle of a request.
+    pub fn check_config(&self, config: &str, facts: &ModelFacts) -> Result<(), LoadError> {
+        PluginSource::check_config(self, config, facts, &self.inner.limits)
     }
 
     /// Like [`Self::source`], under other limits than the host's.

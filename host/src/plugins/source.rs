@@ -118,6 +118,33 @@ impl PluginSource {
             })
     }
 
+    /// Opens and closes one session of `plugin` with `config` in a throw-away instance.
+    pub(super) fn check_config(
+        plugin: &LoadedPlugin,
+        config: &str,
+        facts: &ModelFacts,
+        limits: &SandboxLimits,
+    ) -> Result<(), LoadError> {
+        let mut probe = Self::without_instance(plugin.clone(), config.to_owned(), limits.clone());
+        let result = probe.begin(facts, &[]);
+        let rejected = probe
+            .request
+            .as_ref()
+            .is_some_and(|request| request.rejected);
+        probe.end();
+        match result {
+            Ok(()) => Ok(()),
+            Err(fault) if rejected => Err(LoadError::Config {
+                plugin: plugin.name().to_owned(),
+                detail: fault.what,
+            }),
+            Err(fault) => Err(LoadError::Instantiate {
+                plugin: plugin.name().to_owned(),
+                reason: fault.what,
+            }),
+        }
+    }
+
     fn without_instance(plugin: LoadedPlugin, config: String, limits: SandboxLimits) -> Self {
         Self {
             name: plugin.shared_name(),
