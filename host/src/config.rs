@@ -31,6 +31,8 @@ pub enum Command {
     /// Fetch and list the default models.
     #[command(subcommand)]
     Models(ModelsCommand),
+    /// Measure cascades against plain decoding on workload files (greedy), in one process.
+    Bench(Box<BenchArgs>),
 }
 
 /// `spechost models ...`
@@ -173,6 +175,17 @@ pub enum ConfigError {
         /// The cascade's source names.
         cascade: String,
     },
+    /// `--repeat 0`.
+    #[error("--repeat must be at least 1: the medians need at least one measured pass")]
+    ZeroRepeat,
+    /// The same value given twice to a flag that takes a list.
+    #[error("{flag} `{value}` appears twice; give each once")]
+    Repeated {
+        /// The flag.
+        flag: &'static str,
+        /// The repeated value (for `--workload`, the file stem that names the workload).
+        value: String,
+    },
     /// No prompt anywhere.
     #[error("no prompt: give --prompt TEXT, --prompt-file FILE, or pipe text on stdin")]
     NoPrompt,
@@ -293,13 +306,6 @@ pub struct RunConfig {
     pub target: TargetParams,
     /// Stats as JSON.
     pub json: bool,
-}
-
-impl RunConfig {
-    /// The configuration string of the source called `name` (empty when none was given).
-    pub fn plugin_config(&self, name: &str) -> String {
-        self.plugin_configs.get(name).cloned().unwrap_or_default()
-    }
 }
 
 /// The `[run]` and `[plugins.NAME]` tables of a TOML config file.
@@ -488,6 +494,194 @@ impl RunArgs {
     }
 }
 
+/// Flags of `spechost bench`.
+#[derive(Debug, Args, Default)]
+pub struct BenchArgs {
+    /// Target model: a .gguf path or a default model name (smollm2, gemma3).
+    #[arg(long, short = 'm')]
+    pub model: Option<String>,
+    /// A JSONL workload file, one request per line (repeatable); requests run in file order.
+    #[arg(
+        long = "workload",
+        short = 'w',
+        value_name = "FILE.jsonl",
+        required = true
+    )]
+    pub workloads: Vec<PathBuf>,
+    /// A cascade to measure, as for `run --cascade` (repeatable). Plain decoding always runs as
+    /// the baseline.
+    #[arg(long = "cascade", short = 'c', value_name = "SOURCES", required = true)]
+    pub cascades: Vec<String>,
+    /// Draft lengths (K) to measure each cascade with, comma-separated (default: 8).
+    #[arg(long = "draft-max", value_name = "K,K,...", value_delimiter = ',')]
+    pub draft_maxes: Vec<usize>,
+    /// Measured passes over each workload; tok/s is the median over them.
+    #[arg(long, default_value_t = DEFAULT_BENCH_REPEAT)]
+    pub repeat: usize,
+    /// Unmeasured passes over each workload first (pages the model in, starts thread pools).
+    #[arg(long, default_value_t = DEFAULT_BENCH_WARMUP)]
+    pub warmup: usize,
+    /// Cap on each request's max_tokens.
+    #[arg(long, short = 'n')]
+    pub max_tokens: Option<usize>,
+    /// Compute threads of the target (default: all available cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Context size in tokens.
+    #[arg(long)]
+    pub ctx_size: Option<u32>,
+    /// Directory for results.md, results.csv, results.json and the SVG charts.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// A plugin setting, `plugin.key=value` (repeatable); applies in every cascade with it.
+    #[arg(long = "plugin-config", value_name = "PLUGIN.KEY=VALUE")]
+    pub plugin_config: Vec<String>,
+    /// Extra directory to search for built-in plugins (repeatable).
+    #[arg(long = "plugin-dir")]
+    pub plugin_dirs: Vec<PathBuf>,
+}
+
+/// Default `--repeat` of `spechost bench`.
+pub const DEFAULT_BENCH_REPEAT: usize = 3;
+/// Default `--warmup` of `spechost bench`.
+pub const DEFAULT_BENCH_WARMUP: usize = 1;
+
+/// Everything `spechost bench` needs, validated. Sampling is always greedy: only then must every
+/// output equal plain decoding token for token.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// The target GGUF.
+    pub model: PathBuf,
+    /// Workload files, in the order given; each is named by its file stem.
+    pub workloads: Vec<PathBuf>,
+    /// Cascades to measure, each non-empty, in the order given.
+    pub cascades: Vec<Vec<SourceSpec>>,
+    /// Draft lengths to measure every cascade with, in the order given.
+    pub draft_maxes: Vec<usize>,
+    /// Measured passes over each workload.
+    pub repeat: usize,
+    /// Unmeasured passes before them.
+    pub warmup: usize,
+    /// Cap on each request's `max_tokens`.
+    pub max_tokens_cap: Option<usize>,
+    /// `max_tokens` of requests that do not give one.
+    pub default_max_tokens: usize,
+    /// Per-plugin configuration strings, by source name.
+    pub plugin_configs: BTreeMap<String, String>,
+    /// Extra directories searched for built-in plugins, before the default ones.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// llama.cpp context settings.
+    pub session: SessionParams,
+    /// Model loading settings.
+    pub target: TargetParams,
+    /// Where to write the result files, if anywhere.
+    pub out: Option<PathBuf>,
+}
+
+impl BenchArgs {
+    /// Validates the flags into a [`BenchConfig`].
+    pub fn into_config(self, cache_dir: &Path) -> Result<BenchConfig, ConfigError> {
+        let model = self
+            .model
+            .unwrap_or_else(|| DefaultModel::SmolLm2.alias().to_owned());
+        let model = DefaultModel::from_alias(&model)
+            .map_or_else(|| PathBuf::from(&model), |m| m.path(cache_dir));
+
+        let mut stems = Vec::new();
+        for path in &self.workloads {
+            let stem = path.file_stem().map_or_else(
+                || path.display().to_string(),
+                |s| s.to_string_lossy().into_owned(),
+            );
+            if stems.contains(&stem) {
+                return Err(ConfigError::Repeated {
+                    flag: "--workload",
+                    value: stem,
+                });
+            }
+            stems.push(stem);
+        }
+
+        let mut cascades: Vec<Vec<SourceSpec>> = Vec::new();
+        for spec in &self.cascades {
+            let cascade = parse_cascade(spec)?;
+            if cascade.is_empty() {
+                return Err(ConfigError::Cascade {
+                    spec: spec.clone(),
+                    problem: "plain decoding always runs as the baseline; drop `--cascade none`"
+                        .into(),
+                });
+            }
+            if cascades.contains(&cascade) {
+                return Err(ConfigError::Repeated {
+                    flag: "--cascade",
+                    value: spec.clone(),
+                });
+            }
+            cascades.push(cascade);
+        }
+        let all_sources: Vec<SourceSpec> = cascades.iter().flatten().cloned().collect();
+        check_plugin_settings_target_cascade(&self.plugin_config, &all_sources)?;
+        let mut plugin_configs = BTreeMap::new();
+        merge_plugin_settings(&mut plugin_configs, &self.plugin_config)?;
+
+        let mut draft_maxes = Vec::new();
+        for draft_max in self.draft_maxes {
+            if draft_max == 0 {
+                return Err(ConfigError::ZeroDraftMax);
+            }
+            if draft_maxes.contains(&draft_max) {
+                return Err(ConfigError::Repeated {
+                    flag: "--draft-max",
+                    value: draft_max.to_string(),
+                });
+            }
+            draft_maxes.push(draft_max);
+        }
+        if draft_maxes.is_empty() {
+            draft_maxes.push(crate::engine::DEFAULT_DRAFT_MAX);
+        }
+        if self.repeat == 0 {
+            return Err(ConfigError::ZeroRepeat);
+        }
+        if self.max_tokens == Some(0) {
+            return Err(ConfigError::ZeroMaxTokens);
+        }
+        let mut session = SessionParams::default();
+        if let Some(threads) = self.threads {
+            if threads == 0 {
+                return Err(ConfigError::ZeroThreads);
+            }
+            session.threads = threads;
+        }
+        if let Some(ctx_size) = self.ctx_size {
+            if ctx_size < MIN_CTX_SIZE {
+                return Err(ConfigError::CtxTooSmall(ctx_size));
+            }
+            session.ctx_size = ctx_size;
+        }
+        Ok(BenchConfig {
+            model,
+            workloads: self.workloads,
+            cascades,
+            draft_maxes,
+            repeat: self.repeat,
+            warmup: self.warmup,
+            max_tokens_cap: self.max_tokens,
+            default_max_tokens: DEFAULT_MAX_TOKENS,
+            plugin_configs,
+            plugin_dirs: self
+                .plugin_dirs
+                .into_iter()
+                .chain(env_plugin_dirs())
+                .collect(),
+            session,
+            target: TargetParams::default(),
+            out: self.out,
+        })
+    }
+}
+
 fn sampling_params(
     temp: Option<f32>,
     top_k: Option<i32>,
@@ -652,6 +846,44 @@ mod tests {
         };
         let err = args.into_config(Path::new("/tmp")).expect_err("K=0");
         assert!(err.to_string().contains("--cascade none"), "got {err}");
+    }
+
+    #[test]
+    fn bench_flags_are_checked_with_the_fix_named() {
+        let args = |cascades: &[&str], draft_maxes: &[usize], repeat: usize| BenchArgs {
+            workloads: vec!["w/edit.jsonl".into()],
+            cascades: cascades.iter().map(|c| c.to_string()).collect(),
+            draft_maxes: draft_maxes.to_vec(),
+            repeat,
+            ..BenchArgs::default()
+        };
+        let config = args(&["lookup", "lookup,x.wasm"], &[4, 8], 2)
+            .into_config(Path::new("/tmp"))
+            .expect("valid");
+        assert_eq!(
+            (config.cascades.len(), config.draft_maxes.clone()),
+            (2, vec![4, 8])
+        );
+        let defaults = args(&["lookup"], &[], 1)
+            .into_config(Path::new("/tmp"))
+            .expect("valid");
+        assert_eq!(defaults.draft_maxes, vec![crate::engine::DEFAULT_DRAFT_MAX]);
+        for (bad, needle) in [
+            (args(&["none"], &[4], 1), "baseline"),
+            (args(&["lookup", "lookup"], &[4], 1), "appears twice"),
+            (
+                args(&["lookup"], &[4, 4], 1),
+                "--draft-max `4` appears twice",
+            ),
+            (args(&["lookup"], &[0], 1), "--cascade none"),
+            (args(&["lookup"], &[4], 0), "--repeat"),
+        ] {
+            let err = bad
+                .into_config(Path::new("/tmp"))
+                .expect_err(needle)
+                .to_string();
+            assert!(err.contains(needle), "wanted `{needle}` in: {err}");
+        }
     }
 
     #[test]

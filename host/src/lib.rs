@@ -32,6 +32,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod bench;
 pub mod cascade;
 pub mod config;
 pub mod engine;

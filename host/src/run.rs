@@ -1,6 +1,7 @@
 //! `spechost run`: one prompt through the target and the cascade; text to stdout, stats to
 //! stderr.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 
@@ -33,7 +34,7 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
     };
     let mut session = target.session(&config.session)?;
     let facts = target.facts(session.ctx_size());
-    let mut cascade = build_cascade(&plugins, config, &facts)?;
+    let mut cascade = build_cascade(&plugins, &config.plugin_configs, &facts)?;
     let request = Request {
         prompt,
         max_tokens: config.max_tokens,
@@ -77,17 +78,21 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Makes one source per loaded plugin, in cascade order, after checking that each accepts its
+/// Makes one source per loaded plugin, in cascade order, configured from `plugin_configs` (by
+/// plugin name), after checking that each accepts its
 /// configuration. A plugin that traps is not an error here: it faults during generation and is
 /// quarantined, and generation goes on without it.
 pub fn build_cascade(
     plugins: &[LoadedPlugin],
-    config: &RunConfig,
+    plugin_configs: &BTreeMap<String, String>,
     facts: &ModelFacts,
 ) -> anyhow::Result<Cascade> {
     let mut sources: Vec<Box<dyn DraftSource>> = Vec::new();
     for plugin in plugins {
-        let plugin_config = config.plugin_config(plugin.name());
+        let plugin_config = plugin_configs
+            .get(plugin.name())
+            .cloned()
+            .unwrap_or_default();
         if let Err(error @ LoadError::Config { .. }) = plugin.check_config(&plugin_config, facts) {
             return Err(error.into());
         }

@@ -9,7 +9,7 @@ use spechost::cascade::{Cascade, CascadeSettings, DraftSource};
 use spechost::config::{SourceSpec, cache_dir};
 use spechost::engine::{Outcome, Request, SamplingParams, SessionParams, Target, TargetParams};
 use spechost::models::DefaultModel;
-use spechost::plugins::{PluginHost, PluginHostConfig};
+use spechost::plugins::{PluginHost, PluginHostConfig, SandboxLimits};
 
 /// Model tests run one at a time: two llama.cpp thread pools on two cores would only slow
 /// each other down.
@@ -73,15 +73,26 @@ pub fn plugin_host() -> PluginHost {
     .expect("plugin host starts")
 }
 
-/// A cascade of the given sources (built-in names or .wasm paths), each with an empty config.
+/// A cascade of the given sources (built-in names or .wasm paths), each with an empty config
+/// and the host's default sandbox limits.
 pub fn cascade(host: &PluginHost, specs: &[SourceSpec]) -> Cascade {
+    cascade_with_limits(host, specs, &SandboxLimits::default())
+}
+
+/// Like [`cascade`], with the given sandbox limits for every source.
+pub fn cascade_with_limits(
+    host: &PluginHost,
+    specs: &[SourceSpec],
+    limits: &SandboxLimits,
+) -> Cascade {
     let sources: Vec<Box<dyn DraftSource>> = specs
         .iter()
         .map(|spec| {
             let plugin = host.load(spec).unwrap_or_else(|e| {
                 panic!("{e:#}; build the plugins with scripts/build-plugins.sh")
             });
-            Box::new(plugin.source(String::new())) as Box<dyn DraftSource>
+            Box::new(plugin.source_with_limits(String::new(), limits.clone()))
+                as Box<dyn DraftSource>
         })
         .collect();
     Cascade::new(sources, CascadeSettings::default())

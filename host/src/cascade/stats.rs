@@ -42,6 +42,29 @@ impl SourceStats {
         ratio(self.accepted, self.drafted)
     }
 
+    /// Adds `other`'s counters to these (same source, another request).
+    pub fn add(&mut self, other: &SourceStats) {
+        debug_assert_eq!(self.name, other.name, "adding counters of another source");
+        self.asked += other.asked;
+        self.proposed += other.proposed;
+        self.won += other.won;
+        self.drafted += other.drafted;
+        self.accepted += other.accepted;
+        self.faults += other.faults;
+        self.time += other.time;
+        if self.accepted_by_position.len() < other.accepted_by_position.len() {
+            self.accepted_by_position
+                .resize(other.accepted_by_position.len(), 0);
+        }
+        for (sum, count) in self
+            .accepted_by_position
+            .iter_mut()
+            .zip(&other.accepted_by_position)
+        {
+            *sum += count;
+        }
+    }
+
     /// Records a verified proposal of `drafted` tokens of which the first `accepted` matched.
     pub(super) fn record_win(&mut self, drafted: usize, accepted: usize) {
         self.won += 1;
@@ -82,5 +105,20 @@ mod tests {
         assert_eq!(stats.accepted_by_position, vec![2, 2, 1], "seen {stats:?}");
         assert_eq!((stats.won, stats.drafted, stats.accepted), (3, 10, 5));
         assert!((stats.acceptance() - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn adding_requests_sums_counters_and_positions() {
+        let mut total = SourceStats::named("lookup");
+        total.record_win(4, 1);
+        let mut other = SourceStats::named("lookup");
+        other.record_win(4, 3);
+        other.faults = 2;
+        total.add(&other);
+        assert_eq!(total.accepted_by_position, vec![2, 1, 1], "seen {total:?}");
+        assert_eq!(
+            (total.won, total.drafted, total.accepted, total.faults),
+            (2, 8, 4, 2)
+        );
     }
 }

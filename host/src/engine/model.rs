@@ -22,14 +22,32 @@ const FLASH_ATTENTION_ON: i32 = 1;
 /// the process shares it.
 static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
 
+/// ggml's tiled CPU matmul handles batches of 8+ rows of K-quant weights with another kernel
+/// than single rows; this variable (read once, at the first matmul) turns it off, so verify
+/// batches round exactly like single-token decoding. See `docs/exactness.md`.
+const TILED_MATMUL_SWITCH: (&str, &str) = ("GGML_CPU_TILED_MM", "0");
+
 fn backend() -> Result<&'static LlamaBackend, EngineError> {
     if let Some(backend) = BACKEND.get() {
         return Ok(backend);
     }
+    disable_tiled_matmul();
     let mut backend = LlamaBackend::init().map_err(|e| EngineError::Backend(e.to_string()))?;
     // llama.cpp logs every tensor at load; our own tracing says what matters.
     backend.void_logs();
     Ok(BACKEND.get_or_init(|| backend))
+}
+
+/// Sets [`TILED_MATMUL_SWITCH`] unless the user set the variable.
+#[allow(unsafe_code)]
+fn disable_tiled_matmul() {
+    let (name, value) = TILED_MATMUL_SWITCH;
+    if std::env::var_os(name).is_none() {
+        // SAFETY: runs once, before llama.cpp is initialised (so before any of its threads
+        // exist); nothing in spechost reads the environment concurrently (config reads it at
+        // start-up, before the engine).
+        unsafe { std::env::set_var(name, value) };
+    }
 }
 
 /// How the model file is mapped into memory.

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use super::error::LoadError;
 
 /// Names of the drafters that ship with spechost, in the order they are documented.
-pub const BUILTINS: &[&str] = &["lookup"];
+pub const BUILTINS: &[&str] = &["lookup", "suffix"];
 
 /// Where the `.wasm` files of built-ins are looked for, relative to the running executable.
 const EXE_RELATIVE_DIRS: &[&str] = &[

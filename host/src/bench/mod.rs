@@ -1,0 +1,93 @@
+//! `spechost bench`: plain decoding and cascade configurations on the same workload requests,
+//! in one process with one loaded target, greedy.
+//!
+//! In order:
+//! 1. [`Workload::read`] parses each JSONL file into typed requests (a bad line is an error
+//!    naming the file and line);
+//! 2. [`measure`] loads the plugins, the target and one session, tokenizes every request, and
+//!    runs the passes: plain decoding (the baseline and the reference output) and each cascade
+//!    with each draft length, one long-lived cascade per configuration and pass, checking every
+//!    output against plain decoding token for token;
+//! 3. [`Report::new`] turns the per-pass [`Totals`] into medians, speedups, acceptance and shares
+//!    of time;
+//! 4. [`run`] prints the markdown table on stdout, writes `results.md`, `results.csv`,
+//!    `results.json`, `speedup.svg` and `acceptance-by-position.svg` into `--out`, and fails
+//!    when any output differed from plain decoding.
+//!
+//! Not here: flags (`config::BenchArgs`), the verify loop (`engine`), drafting (`cascade`,
+//! `plugins`).
+
+mod chart;
+mod report;
+mod runner;
+mod stats;
+mod workload;
+
+use std::path::Path;
+
+use anyhow::Context as _;
+
+pub use self::chart::{acceptance_svg, speedup_svg};
+pub use self::report::{ConfigurationReport, Report, SourceReport, WorkloadReport};
+pub use self::runner::{Configuration, Measurements, Mismatch, WorkloadRun, measure};
+pub use self::stats::{Summary, Totals, acceptance_by_position, speedup};
+pub use self::workload::{ChatMessage, Prompt, Workload, WorkloadError, WorkloadRequest};
+
+use crate::config::BenchConfig;
+
+/// File names written into `--out`.
+pub const RESULTS_MARKDOWN: &str = "results.md";
+/// See [`RESULTS_MARKDOWN`].
+pub const RESULTS_CSV: &str = "results.csv";
+/// See [`RESULTS_MARKDOWN`].
+pub const RESULTS_JSON: &str = "results.json";
+/// See [`RESULTS_MARKDOWN`].
+pub const SPEEDUP_SVG: &str = "speedup.svg";
+/// See [`RESULTS_MARKDOWN`].
+pub const ACCEPTANCE_SVG: &str = "acceptance-by-position.svg";
+
+/// Measures, prints the table, writes the result files; an error when any greedy output
+/// differed from plain decoding (after everything is written, so the evidence is kept).
+pub fn run(config: &BenchConfig, cache_dir: &Path) -> anyhow::Result<()> {
+    let measurements = measure(config, cache_dir)?;
+    let report = Report::new(config, measurements);
+    print!("{}", report.markdown_table());
+    if let Some(out) = &config.out {
+        write_outputs(&report, out)?;
+        eprintln!("results written to {}", out.display());
+    }
+    if !report.outputs_match {
+        anyhow::bail!(
+            "{} greedy output(s) differ from plain decoding (listed above{}); speculation must never change greedy output",
+            report.mismatches.len(),
+            if config.out.is_some() {
+                " and in results.md"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}
+
+/// Writes every result file of `report` into `dir`, creating it.
+pub fn write_outputs(report: &Report, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let charts = [
+        ("speedup by configuration", SPEEDUP_SVG),
+        ("acceptance by draft position", ACCEPTANCE_SVG),
+    ];
+    let json = serde_json::to_string_pretty(report).context("serialising the results")?;
+    let files = [
+        (RESULTS_MARKDOWN, report.markdown(&charts)),
+        (RESULTS_CSV, report.csv()),
+        (RESULTS_JSON, json + "\n"),
+        (SPEEDUP_SVG, speedup_svg(report)?),
+        (ACCEPTANCE_SVG, acceptance_svg(report)?),
+    ];
+    for (name, contents) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

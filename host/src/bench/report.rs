@@ -1,0 +1,578 @@
+//! The results of a benchmark as one serialisable value, and its markdown and CSV renderings.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::runner::{Measurements, Mismatch};
+use super::stats::{Summary, Totals, acceptance_by_position, speedup};
+use crate::cascade::SourceStats;
+use crate::config::BenchConfig;
+
+/// Everything a benchmark found; `results.json` is this value.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The target GGUF.
+    pub model: PathBuf,
+    /// Compute threads of the target.
+    pub threads: usize,
+    /// Context size, in tokens.
+    pub ctx_size: u32,
+    /// Measured passes per workload and configuration.
+    pub repeat: usize,
+    /// Unmeasured passes before them.
+    pub warmup: usize,
+    /// Cap on each request's `max_tokens`, if one was given.
+    pub max_tokens_cap: Option<usize>,
+    /// Sampling of every request (always greedy, so outputs must match plain decoding).
+    pub sampling: &'static str,
+    /// Whether every output of every configuration equalled plain decoding.
+    pub outputs_match: bool,
+    /// The outputs that did not.
+    pub mismatches: Vec<Mismatch>,
+    /// One entry per workload.
+    pub workloads: Vec<WorkloadReport>,
+}
+
+/// The results on one workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkloadReport {
+    /// The workload's name (its file stem).
+    pub name: String,
+    /// The workload file.
+    pub path: PathBuf,
+    /// Requests in the file.
+    pub requests: usize,
+    /// One entry per configuration, plain first.
+    pub configurations: Vec<ConfigurationReport>,
+}
+
+/// The results of one configuration on one workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigurationReport {
+    /// `plain` or `SOURCES K=N`.
+    pub label: String,
+    /// Source names in order; empty for plain decoding.
+    pub cascade: Vec<String>,
+    /// Most draft tokens per round; `null` for plain decoding.
+    pub draft_max: Option<usize>,
+    /// Generation tokens per second of each measured pass, in order.
+    pub tokens_per_second_by_pass: Vec<f64>,
+    /// Median, min and max of `tokens_per_second_by_pass`.
+    pub tokens_per_second: Summary,
+    /// Median tok/s over plain decoding's median tok/s; `null` when plain timed nothing.
+    pub speedup: Option<f64>,
+    /// Generated tokens per pass.
+    pub generated_tokens: u64,
+    /// Accepted over drafted tokens, over all measured passes, in [0, 1].
+    pub acceptance: f64,
+    /// Mean accepted draft tokens per round that verified a draft.
+    pub mean_accepted_per_draft_round: f64,
+    /// Share of generation time spent drafting, in [0, 1].
+    pub draft_share: f64,
+    /// Share of generation time spent in verify batches, in [0, 1].
+    pub verify_share: f64,
+    /// Verify rounds, over all measured passes.
+    pub rounds: u64,
+    /// Rounds that verified a draft, over all measured passes.
+    pub draft_rounds: u64,
+    /// Draft tokens verified, over all measured passes.
+    pub drafted: u64,
+    /// Draft tokens accepted, over all measured passes.
+    pub accepted: u64,
+    /// Per-source results, in cascade order.
+    pub sources: Vec<SourceReport>,
+    /// Whether every output equalled plain decoding.
+    pub outputs_match: bool,
+}
+
+/// The results of one source of a configuration, over all measured passes.
+#[derive(Debug, Clone, Serialize)]
+pub struct SourceReport {
+    /// The cascade's counters, summed over requests and measured passes (`time` in µs).
+    #[serde(flatten)]
+    pub stats: SourceStats,
+    /// Rounds won over all verify rounds, in [0, 1].
+    pub won_share: f64,
+    /// For draft positions 1..=K: the share of the source's winning rounds that accepted it.
+    pub acceptance_by_position: Vec<f64>,
+}
+
+impl Report {
+    /// Summarises `measurements` of a benchmark run with `config`.
+    pub fn new(config: &BenchConfig, measurements: Measurements) -> Self {
+        let Measurements {
+            configurations,
+            workloads,
+            mismatches,
+            threads,
+            ctx_size,
+        } = measurements;
+        let workloads = workloads
+            .into_iter()
+            .map(|run| {
+                let medians: Vec<Option<Summary>> = run
+                    .passes
+                    .iter()
+                    .map(|passes| Summary::of(&rates(passes)))
+                    .collect();
+                let plain = medians.first().copied().flatten();
+                let configurations = configurations
+                    .iter()
+                    .zip(&run.passes)
+                    .map(|(configuration, passes)| {
+                        let label = configuration.label();
+                        let by_pass = rates(passes);
+                        let summary = Summary::of(&by_pass).unwrap_or(Summary {
+                            median: 0.0,
+                            min: 0.0,
+                            max: 0.0,
+                        });
+                        let mut totals = Totals::default();
+                        passes.iter().for_each(|pass| totals.add(pass));
+                        let positions = configuration.draft_max.unwrap_or(0);
+                        let outputs_match = !mismatches
+                            .iter()
+                            .any(|m| m.workload == run.workload.name && m.configuration == label);
+                        ConfigurationReport {
+                            cascade: configuration
+                                .cascade
+                                .iter()
+                                .map(crate::config::SourceSpec::name)
+                                .collect(),
+                            draft_max: configuration.draft_max,
+                            speedup: plain.and_then(|plain| speedup(summary.median, plain.median)),
+                            generated_tokens: totals.generated_tokens / passes.len().max(1) as u64,
+                            acceptance: totals.acceptance(),
+                            mean_accepted_per_draft_round: totals.mean_accepted_per_draft_round(),
+                            draft_share: totals.draft_share(),
+                            verify_share: totals.verify_share(),
+                            rounds: totals.rounds,
+                            draft_rounds: totals.draft_rounds,
+                            drafted: totals.drafted,
+                            accepted: totals.accepted,
+                            sources: totals
+                                .sources
+                                .iter()
+                                .map(|stats| SourceReport {
+                                    won_share: if totals.rounds == 0 {
+                                        0.0
+                                    } else {
+                                        stats.won as f64 / totals.rounds as f64
+                                    },
+                                    acceptance_by_position: acceptance_by_position(
+                                        stats, positions,
+                                    ),
+                                    stats: stats.clone(),
+                                })
+                                .collect(),
+                            tokens_per_second_by_pass: by_pass,
+                            tokens_per_second: summary,
+                            outputs_match,
+                            label,
+                        }
+                    })
+                    .collect();
+                WorkloadReport {
+                    name: run.workload.name.clone(),
+                    path: run.workload.path.clone(),
+                    requests: run.workload.requests.len(),
+                    configurations,
+                }
+            })
+            .collect();
+        Self {
+            model: config.model.clone(),
+            threads,
+            ctx_size,
+            repeat: config.repeat,
+            warmup: config.warmup,
+            max_tokens_cap: config.max_tokens_cap,
+            sampling: "greedy",
+            outputs_match: mismatches.is_empty(),
+            mismatches,
+            workloads,
+        }
+    }
+
+    /// The results table, in markdown.
+    pub fn markdown_table(&self) -> String {
+        let mut out = String::new();
+        out.push_str(
+            "| workload | configuration | tok/s (median) | tok/s min–max | speedup | acceptance | accepted/draft round | rounds won per pass | drafting | verifying | output |\n",
+        );
+        out.push_str("|---|---|--:|--:|--:|--:|--:|---|--:|--:|---|\n");
+        for workload in &self.workloads {
+            for c in &workload.configurations {
+                let plain = c.cascade.is_empty();
+                let dash = || "–".to_owned();
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {:.1} | {:.1}–{:.1} | {} | {} | {} | {} | {} | {} | {} |",
+                    workload.name,
+                    c.label,
+                    c.tokens_per_second.median,
+                    c.tokens_per_second.min,
+                    c.tokens_per_second.max,
+                    c.speedup.map_or_else(dash, |s| format!("{s:.2}x")),
+                    if plain { dash() } else { percent(c.acceptance) },
+                    if plain {
+                        dash()
+                    } else {
+                        format!("{:.2}", c.mean_accepted_per_draft_round)
+                    },
+                    if plain {
+                        dash()
+                    } else {
+                        self.rounds_won(c, ", ")
+                    },
+                    percent(c.draft_share),
+                    percent(c.verify_share),
+                    match (c.outputs_match, plain) {
+                        (false, _) => "**DIFFERS**",
+                        (true, true) => "baseline",
+                        (true, false) => "same",
+                    },
+                );
+            }
+        }
+        out
+    }
+
+    /// `lookup 59 (58%)` for each source: rounds won per measured pass, and share of rounds.
+    fn rounds_won(&self, c: &ConfigurationReport, separator: &str) -> String {
+        let passes = self.repeat.max(1) as f64;
+        c.sources
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {:.0} ({})",
+                    s.stats.name,
+                    s.stats.won as f64 / passes,
+                    percent(s.won_share)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(separator)
+    }
+
+    /// `results.md`: the setup, the table, any mismatches and the charts.
+    pub fn markdown(&self, charts: &[(&str, &str)]) -> String {
+        let mut out = String::from("# spechost bench\n\n");
+        let _ = writeln!(
+            out,
+            "Model `{}`, {} threads, context {} tokens, greedy; {} measured pass(es) after {} warm-up pass(es){}.",
+            self.model.display(),
+            self.threads,
+            self.ctx_size,
+            self.repeat,
+            self.warmup,
+            self.max_tokens_cap
+                .map_or_else(String::new, |cap| format!(", max_tokens capped at {cap}"))
+        );
+        out.push_str(
+            "tok/s counts generated tokens after each request's first over the time after it; speedup is the ratio of medians to plain decoding.\n\n",
+        );
+        for workload in &self.workloads {
+            let _ = writeln!(
+                out,
+                "- `{}`: {} requests from `{}`",
+                workload.name,
+                workload.requests,
+                workload.path.display()
+            );
+        }
+        out.push('\n');
+        out.push_str(&self.markdown_table());
+        out.push('\n');
+        if self.outputs_match {
+            out.push_str("Every greedy output matched plain decoding token for token.\n");
+        } else {
+            let _ = writeln!(
+                out,
+                "**{} greedy output(s) differ from plain decoding:**\n",
+                self.mismatches.len()
+            );
+            for m in &self.mismatches {
+                let _ = writeln!(
+                    out,
+                    "- {} · {} · request `{}` (pass {}): first difference at token {}",
+                    m.workload, m.configuration, m.request, m.pass, m.first_difference
+                );
+            }
+        }
+        let faults: Vec<String> = self
+            .workloads
+            .iter()
+            .flat_map(|w| w.configurations.iter().map(move |c| (w, c)))
+            .flat_map(|(w, c)| {
+                c.sources
+                    .iter()
+                    .filter(|s| s.stats.faults > 0)
+                    .map(move |s| {
+                        format!(
+                            "{} · {} · {}: {} faults",
+                            w.name, c.label, s.stats.name, s.stats.faults
+                        )
+                    })
+            })
+            .collect();
+        if !faults.is_empty() {
+            out.push_str("\nSource faults (counted as empty proposals):\n\n");
+            for fault in faults {
+                let _ = writeln!(out, "- {fault}");
+            }
+        }
+        out.push('\n');
+        for (title, file) in charts {
+            let _ = writeln!(out, "![{title}]({file})");
+        }
+        out
+    }
+
+    /// `results.csv`: one row per workload and configuration.
+    pub fn csv(&self) -> String {
+        let mut out = String::from(
+            "workload,configuration,cascade,draft_max,requests,generated_tokens,tok_s_median,tok_s_min,tok_s_max,speedup,acceptance,mean_accepted_per_draft_round,draft_share,verify_share,rounds_won,outputs_match\n",
+        );
+        for workload in &self.workloads {
+            for c in &workload.configurations {
+                let passes = self.repeat.max(1) as u64;
+                let rounds_won = c
+                    .sources
+                    .iter()
+                    .map(|s| format!("{}={}", s.stats.name, s.stats.won / passes))
+                    .collect::<Vec<_>>()
+                    .join(";");
+                let fields = [
+                    workload.name.clone(),
+                    c.label.clone(),
+                    c.cascade.join(","),
+                    c.draft_max.map_or_else(String::new, |k| k.to_string()),
+                    workload.requests.to_string(),
+                    c.generated_tokens.to_string(),
+                    format!("{:.3}", c.tokens_per_second.median),
+                    format!("{:.3}", c.tokens_per_second.min),
+                    format!("{:.3}", c.tokens_per_second.max),
+                    c.speedup.map_or_else(String::new, |s| format!("{s:.4}")),
+                    format!("{:.4}", c.acceptance),
+                    format!("{:.4}", c.mean_accepted_per_draft_round),
+                    format!("{:.4}", c.draft_share),
+                    format!("{:.4}", c.verify_share),
+                    rounds_won,
+                    c.outputs_match.to_string(),
+                ];
+                let row: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
+                out.push_str(&row.join(","));
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+/// Tok/s of each pass.
+fn rates(passes: &[Totals]) -> Vec<f64> {
+    passes.iter().map(Totals::tokens_per_second).collect()
+}
+
+fn percent(fraction: f64) -> String {
+    format!("{:.1}%", 100.0 * fraction)
+}
+
+/// A CSV field, quoted (RFC 4180) when it holds a comma, a quote or a line break.
+fn csv_field(field: &str) -> String {
+    if field.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", field.replace('"', "\"\""))
+    } else {
+        field.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::bench::runner::{Configuration, WorkloadRun};
+    use crate::bench::workload::Workload;
+    use crate::config::{BenchArgs, SourceSpec};
+
+    fn config() -> BenchConfig {
+        BenchArgs {
+            model: Some("/models/m.gguf".into()),
+            workloads: vec!["w/edit.jsonl".into()],
+            cascades: vec!["lookup,suffix".into()],
+            draft_maxes: vec![4],
+            repeat: 2,
+            ..BenchArgs::default()
+        }
+        .into_config(std::path::Path::new("/tmp"))
+        .expect("valid flags")
+    }
+
+    fn pass(tokens: u64, secs: f64, sources: Vec<SourceStats>) -> Totals {
+        Totals {
+            requests: 1,
+            generated_tokens: tokens + 1,
+            timed_tokens: tokens,
+            generation_time: Duration::from_secs_f64(secs),
+            rounds: 10,
+            draft_rounds: 5,
+            drafted: 20,
+            accepted: 10,
+            verify_time: Duration::from_secs_f64(secs * 0.9),
+            draft_time: Duration::from_secs_f64(secs * 0.05),
+            sources,
+        }
+    }
+
+    fn report(mismatches: Vec<Mismatch>) -> Report {
+        let workload =
+            Workload::parse("w/edit.jsonl".as_ref(), "{\"prompt\": \"x\"}").expect("workload");
+        let mut lookup = SourceStats::named("lookup");
+        (lookup.won, lookup.drafted, lookup.accepted) = (4, 16, 8);
+        lookup.accepted_by_position = vec![4, 3, 1];
+        let suffix = SourceStats {
+            won: 1,
+            accepted_by_position: vec![1],
+            ..SourceStats::named("suffix")
+        };
+        let measurements = Measurements {
+            configurations: vec![
+                Configuration::plain(),
+                Configuration {
+                    cascade: vec![
+                        SourceSpec::Builtin("lookup".into()),
+                        SourceSpec::Builtin("suffix".into()),
+                    ],
+                    draft_max: Some(4),
+                },
+            ],
+            workloads: vec![WorkloadRun {
+                workload,
+                passes: vec![
+                    vec![pass(100, 1.0, vec![]), pass(100, 1.25, vec![])],
+                    vec![
+                        pass(100, 0.5, vec![lookup.clone(), suffix.clone()]),
+                        pass(100, 0.625, vec![lookup, suffix]),
+                    ],
+                ],
+            }],
+            mismatches,
+            threads: 2,
+            ctx_size: 4096,
+        };
+        Report::new(&config(), measurements)
+    }
+
+    #[test]
+    fn report_takes_medians_and_speedup_of_medians() {
+        let report = report(Vec::new());
+        let [plain, cascade] = &report.workloads[0].configurations[..] else {
+            panic!(
+                "two configurations, seen {:?}",
+                report.workloads[0].configurations
+            );
+        };
+        assert_eq!(plain.tokens_per_second.median, 90.0, "seen {plain:?}");
+        assert_eq!(cascade.tokens_per_second.median, 180.0, "seen {cascade:?}");
+        assert_eq!(cascade.speedup, Some(2.0));
+        assert_eq!(plain.speedup, Some(1.0));
+        assert_eq!(
+            cascade.sources[0].acceptance_by_position,
+            vec![1.0, 0.75, 0.25, 0.0]
+        );
+        assert!(
+            (cascade.sources[0].won_share - 0.4).abs() < 1e-12,
+            "seen {:?}",
+            cascade.sources[0]
+        );
+        assert!(report.outputs_match);
+    }
+
+    #[test]
+    fn markdown_table_has_one_row_per_configuration() {
+        let table = report(Vec::new()).markdown_table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 4, "header, rule and two rows in:\n{table}");
+        assert!(
+            lines[0].starts_with("| workload | configuration | tok/s (median)"),
+            "{table}"
+        );
+        assert_eq!(
+            lines[2],
+            "| edit | plain | 90.0 | 80.0–100.0 | 1.00x | – | – | – | 5.0% | 90.0% | baseline |"
+        );
+        assert_eq!(
+            lines[3],
+            "| edit | lookup,suffix K=4 | 180.0 | 160.0–200.0 | 2.00x | 50.0% | 2.00 | lookup 4 (40.0%), suffix 1 (10.0%) | 5.0% | 90.0% | same |"
+        );
+    }
+
+    #[test]
+    fn mismatches_are_loud_in_markdown_and_json() {
+        let report = report(vec![Mismatch {
+            workload: "edit".into(),
+            configuration: "lookup,suffix K=4".into(),
+            request: "line-1".into(),
+            pass: 2,
+            first_difference: 7,
+            expected_tokens: 101,
+            generated_tokens: 101,
+        }]);
+        assert!(!report.outputs_match);
+        assert!(report.markdown_table().contains("| **DIFFERS** |"));
+        let markdown = report.markdown(&[("speedup", "speedup.svg")]);
+        assert!(markdown.contains("1 greedy output(s) differ"), "{markdown}");
+        assert!(
+            markdown.contains("request `line-1` (pass 2): first difference at token 7"),
+            "{markdown}"
+        );
+        assert!(markdown.contains("![speedup](speedup.svg)"), "{markdown}");
+        let json = serde_json::to_value(&report).expect("serialisable");
+        assert_eq!(json["outputs_match"], false);
+        assert_eq!(
+            json["workloads"][0]["configurations"][1]["outputs_match"],
+            false
+        );
+        assert_eq!(
+            json["workloads"][0]["configurations"][0]["draft_max"],
+            serde_json::Value::Null
+        );
+        assert_eq!(
+            json["workloads"][0]["configurations"][1]["sources"][0]["won"],
+            8
+        );
+    }
+
+    #[test]
+    fn csv_has_a_header_and_quotes_fields_with_commas() {
+        let csv = report(Vec::new()).csv();
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines.len(), 3, "{csv}");
+        assert!(
+            lines[0].starts_with("workload,configuration,cascade,draft_max,"),
+            "{csv}"
+        );
+        assert!(
+            lines[1].starts_with("edit,plain,,,1,101,90.000,80.000,100.000,1.0000,"),
+            "{}",
+            lines[1]
+        );
+        assert!(
+            lines[2].starts_with("edit,\"lookup,suffix K=4\",\"lookup,suffix\",4,1,101,180.000,"),
+            "{}",
+            lines[2]
+        );
+        assert!(
+            lines[2].ends_with(",lookup=4;suffix=1,true"),
+            "{}",
+            lines[2]
+        );
+        let columns = lines[0].split(',').count();
+        assert_eq!(columns, 16, "{}", lines[0]);
+        assert_eq!(csv_field("a\"b"), "\"a\"\"b\"");
+    }
+}

@@ -1,0 +1,438 @@
+//! The benchmark loop: one target, one session, every configuration on the same requests.
+//!
+//! Order, for each workload: `warmup + repeat` passes; in each pass every configuration (plain
+//! first) decodes all requests in file order. Interleaving the configurations pass by pass,
+//! rather than running all passes of one then the next, spreads slow drift of the machine
+//! (heat, other load) over all of them alike.
+//!
+//! A configuration gets a fresh cascade at the start of each pass and keeps it across that
+//! pass's requests, so caches a source keeps across requests warm up as in a server. A fresh
+//! one per pass keeps the passes alike: a cascade kept across passes would see every request
+//! again and remember its answer.
+//!
+//! The first plain decoding of each request is the reference; every later output, of every
+//! configuration and pass (plain included), must equal it token for token.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use super::stats::Totals;
+use super::workload::{Prompt, Workload};
+use crate::cascade::{Cascade, ModelFacts, Token};
+use crate::config::{BenchConfig, SourceSpec};
+use crate::engine::{Request, SamplingParams, Session, StopStrings, Target};
+use crate::plugins::{LoadedPlugin, PluginHost, PluginHostConfig};
+use crate::run::build_cascade;
+
+/// How often the progress bar redraws its elapsed time while a request runs.
+const PROGRESS_TICK: Duration = Duration::from_millis(250);
+
+/// What one benchmark row decodes with: plain decoding, or a cascade with a draft length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Configuration {
+    /// Draft sources in order; empty for plain decoding.
+    pub cascade: Vec<SourceSpec>,
+    /// Most draft tokens per round; `None` for plain decoding.
+    pub draft_max: Option<usize>,
+}
+
+impl Configuration {
+    /// Plain decoding, the baseline.
+    pub fn plain() -> Self {
+        Self {
+            cascade: Vec::new(),
+            draft_max: None,
+        }
+    }
+
+    /// Plain decoding first, then every cascade with every draft length, in the order given.
+    pub fn all(config: &BenchConfig) -> Vec<Self> {
+        let mut all = vec![Self::plain()];
+        for cascade in &config.cascades {
+            for &draft_max in &config.draft_maxes {
+                all.push(Self {
+                    cascade: cascade.clone(),
+                    draft_max: Some(draft_max),
+                });
+            }
+        }
+        all
+    }
+
+    /// Whether this is the plain baseline.
+    pub fn is_plain(&self) -> bool {
+        self.cascade.is_empty()
+    }
+
+    /// Source names, comma-separated (`lookup,suffix`), or `none`.
+    pub fn cascade_name(&self) -> String {
+        if self.is_plain() {
+            return "none".into();
+        }
+        self.cascade
+            .iter()
+            .map(SourceSpec::name)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The row label: `plain`, or `lookup,suffix K=8`.
+    pub fn label(&self) -> String {
+        match self.draft_max {
+            Some(draft_max) if !self.is_plain() => format!("{} K={draft_max}", self.cascade_name()),
+            _ => "plain".into(),
+        }
+    }
+}
+
+/// A greedy output that differs from plain decoding of the same request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mismatch {
+    /// The workload's name.
+    pub workload: String,
+    /// The configuration's label.
+    pub configuration: String,
+    /// The request's id.
+    pub request: String,
+    /// The pass, from 1 (warm-up passes included).
+    pub pass: usize,
+    /// Index of the first differing token.
+    pub first_difference: usize,
+    /// Tokens plain decoding generated.
+    pub expected_tokens: usize,
+    /// Tokens this configuration generated.
+    pub generated_tokens: usize,
+}
+
+/// What was measured on one workload.
+#[derive(Debug, Clone)]
+pub struct WorkloadRun {
+    /// The workload.
+    pub workload: Workload,
+    /// `passes[c]`: the measured passes of configuration `c`, in order.
+    pub passes: Vec<Vec<Totals>>,
+}
+
+/// Everything measured: configurations, per-workload passes, and output mismatches.
+#[derive(Debug, Clone)]
+pub struct Measurements {
+    /// The configurations, plain first.
+    pub configurations: Vec<Configuration>,
+    /// One entry per workload, in the order given.
+    pub workloads: Vec<WorkloadRun>,
+    /// Every output that differed from plain decoding.
+    pub mismatches: Vec<Mismatch>,
+    /// Compute threads of the target.
+    pub threads: usize,
+    /// Context size of the session, in tokens.
+    pub ctx_size: u32,
+}
+
+/// A request ready to decode: its id and its tokenized prompt.
+struct Prepared {
+    id: String,
+    request: Request,
+}
+
+/// Loads the plugins and the target, then runs every pass; see the [module docs](self).
+pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Result<Measurements> {
+    let workloads = config
+        .workloads
+        .iter()
+        .map(|path| Workload::read(path))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    // Plugins first: a misspelt cascade entry fails before the model is loaded.
+    let host = PluginHost::new(PluginHostConfig {
+        cache_dir: Some(cache_dir.to_owned()),
+        plugin_dirs: config.plugin_dirs.clone(),
+        ..PluginHostConfig::default()
+    })
+    .context("starting the plugin host")?;
+    let configurations = Configuration::all(config);
+    // Each plugin is loaded once, however many configurations use it.
+    let mut loaded: Vec<(&SourceSpec, LoadedPlugin)> = Vec::new();
+    for spec in config.cascades.iter().flatten() {
+        if !loaded.iter().any(|(known, _)| *known == spec) {
+            loaded.push((spec, host.load(spec)?));
+        }
+    }
+    let plugins: Vec<Vec<LoadedPlugin>> = configurations
+        .iter()
+        .map(|c| {
+            c.cascade
+                .iter()
+                .map(|spec| {
+                    let (_, plugin) = loaded
+                        .iter()
+                        .find(|(known, _)| *known == spec)
+                        .expect("every spec of a configuration was loaded above");
+                    plugin.clone()
+                })
+                .collect()
+        })
+        .collect();
+
+    let target = Target::load(&config.model, &config.target)?;
+    let mut session = target.session(&config.session)?;
+    let facts = target.facts(session.ctx_size());
+    // Every plugin must accept its configuration before hours of measuring start.
+    for cascade in &plugins {
+        build_cascade(cascade, &config.plugin_configs, &facts)?;
+    }
+    let prepared = workloads
+        .iter()
+        .map(|w| prepare(&target, w, config, session.ctx_size()))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+
+    let passes = config.warmup + config.repeat;
+    let total_requests: usize =
+        prepared.iter().map(Vec::len).sum::<usize>() * passes * configurations.len();
+    let progress = progress_bar(total_requests as u64);
+    let mut mismatches = Vec::new();
+    let mut runs = Vec::new();
+    for (workload, requests) in workloads.into_iter().zip(prepared) {
+        let mut run = WorkloadRun {
+            passes: vec![Vec::new(); configurations.len()],
+            workload,
+        };
+        let mut reference: Vec<Option<Vec<Token>>> = vec![None; requests.len()];
+        for pass in 0..passes {
+            let warming_up = pass < config.warmup;
+            for (index, configuration) in configurations.iter().enumerate() {
+                progress.set_message(format!(
+                    "{} · {} · pass {}/{passes}{}",
+                    run.workload.name,
+                    configuration.label(),
+                    pass + 1,
+                    if warming_up { " (warm-up)" } else { "" }
+                ));
+                let mut cascade = new_cascade(&plugins[index], config, &facts)?;
+                let mut totals = Totals::default();
+                let mut context = PassContext {
+                    session: &mut session,
+                    cascade: &mut cascade,
+                    configuration,
+                    workload: &run.workload.name,
+                    pass: pass + 1,
+                };
+                for (request, expected) in requests.iter().zip(&mut reference) {
+                    let outcome = context.decode(request)?;
+                    totals.add_request(&outcome.stats);
+                    match expected {
+                        None => *expected = Some(outcome.tokens),
+                        Some(expected) => {
+                            if let Some(mismatch) =
+                                context.compare(request, expected, &outcome.tokens)
+                            {
+                                progress.suspend(|| report_mismatch(&mismatch));
+                                mismatches.push(mismatch);
+                            }
+                        }
+                    }
+                    progress.inc(1);
+                }
+                if !warming_up {
+                    run.passes[index].push(totals);
+                }
+            }
+        }
+        runs.push(run);
+    }
+    progress.finish_and_clear();
+    Ok(Measurements {
+        configurations,
+        workloads: runs,
+        mismatches,
+        threads: config.session.threads,
+        ctx_size: session.ctx_size(),
+    })
+}
+
+/// A fresh cascade of `plugins` (empty for plain decoding).
+fn new_cascade(
+    plugins: &[LoadedPlugin],
+    config: &BenchConfig,
+    facts: &ModelFacts,
+) -> anyhow::Result<Cascade> {
+    if plugins.is_empty() {
+        return Ok(Cascade::empty());
+    }
+    build_cascade(plugins, &config.plugin_configs, facts)
+}
+
+/// One configuration's pass over a workload.
+struct PassContext<'s, 't> {
+    session: &'s mut Session<'t>,
+    cascade: &'s mut Cascade,
+    configuration: &'s Configuration,
+    workload: &'s str,
+    pass: usize,
+}
+
+impl PassContext<'_, '_> {
+    fn decode(&mut self, prepared: &Prepared) -> anyhow::Result<crate::engine::Outcome> {
+        let request = Request {
+            draft_max: self.configuration.draft_max.unwrap_or(0),
+            ..prepared.request.clone()
+        };
+        self.session
+            .generate(&request, self.cascade, &mut |_| {})
+            .with_context(|| {
+                format!(
+                    "decoding request `{}` of workload `{}` with {}",
+                    prepared.id,
+                    self.workload,
+                    self.configuration.label()
+                )
+            })
+    }
+
+    fn compare(&self, prepared: &Prepared, expected: &[Token], got: &[Token]) -> Option<Mismatch> {
+        let first_difference = first_difference(expected, got)?;
+        Some(Mismatch {
+            workload: self.workload.to_owned(),
+            configuration: self.configuration.label(),
+            request: prepared.id.clone(),
+            pass: self.pass,
+            first_difference,
+            expected_tokens: expected.len(),
+            generated_tokens: got.len(),
+        })
+    }
+}
+
+/// Index of the first differing token, or `None` when the outputs are equal.
+pub(super) fn first_difference(a: &[Token], b: &[Token]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .or_else(|| (a.len() != b.len()).then(|| a.len().min(b.len())))
+}
+
+fn report_mismatch(mismatch: &Mismatch) {
+    eprintln!(
+        "MISMATCH: {} · {} · request `{}` (pass {}): greedy output differs from plain decoding at token {} ({} tokens, plain gave {})",
+        mismatch.workload,
+        mismatch.configuration,
+        mismatch.request,
+        mismatch.pass,
+        mismatch.first_difference,
+        mismatch.generated_tokens,
+        mismatch.expected_tokens
+    );
+}
+
+/// Tokenizes every request of `workload` and checks that it fits in the context.
+fn prepare(
+    target: &Target,
+    workload: &Workload,
+    config: &BenchConfig,
+    ctx_size: u32,
+) -> anyhow::Result<Vec<Prepared>> {
+    workload
+        .requests
+        .iter()
+        .map(|request| {
+            let where_ = || {
+                format!(
+                    "{}:{} (request `{}`)",
+                    workload.path.display(),
+                    request.line,
+                    request.id
+                )
+            };
+            let prompt = match &request.prompt {
+                Prompt::Chat(messages) => {
+                    let messages: Vec<(&str, &str)> = messages
+                        .iter()
+                        .map(|m| (m.role.as_str(), m.content.as_str()))
+                        .collect();
+                    target
+                        .tokenize_messages(&messages)
+                        .with_context(|| format!("templating {}", where_()))?
+                }
+                Prompt::Raw(text) => target.tokenize_raw(text),
+            };
+            let max_tokens = request.max_tokens.unwrap_or(config.default_max_tokens);
+            let max_tokens = config.max_tokens_cap.map_or(max_tokens, |cap| max_tokens.min(cap));
+            let needed = prompt.len() + max_tokens;
+            if needed > ctx_size as usize {
+                anyhow::bail!(
+                    "{}: prompt ({} tokens) + max_tokens ({max_tokens}) = {needed} do not fit in the context of {ctx_size} tokens; raise --ctx-size or lower --max-tokens",
+                    where_(),
+                    prompt.len()
+                );
+            }
+            Ok(Prepared {
+                id: request.id.clone(),
+                request: Request {
+                    prompt,
+                    max_tokens,
+                    sampling: SamplingParams::greedy(),
+                    stop: StopStrings::default(),
+                    draft_max: 0,
+                },
+            })
+        })
+        .collect()
+}
+
+/// A progress bar on stderr, or a hidden one when stderr is not a terminal (logs, CI).
+fn progress_bar(total_requests: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let style = ProgressStyle::with_template(
+        "{elapsed_precise} [{bar:30}] {pos}/{len} requests, eta {eta}  {msg}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    let progress = ProgressBar::new(total_requests).with_style(style);
+    progress.enable_steady_tick(PROGRESS_TICK);
+    progress
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configurations_put_plain_first_then_cascades_by_draft_length() {
+        let config = crate::config::BenchArgs {
+            workloads: vec!["edit.jsonl".into()],
+            cascades: vec!["lookup".into(), "lookup,suffix".into()],
+            draft_maxes: vec![4, 8],
+            repeat: 1,
+            ..crate::config::BenchArgs::default()
+        }
+        .into_config(std::path::Path::new("/tmp"))
+        .expect("valid flags");
+        let labels: Vec<String> = Configuration::all(&config)
+            .iter()
+            .map(Configuration::label)
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                "plain",
+                "lookup K=4",
+                "lookup K=8",
+                "lookup,suffix K=4",
+                "lookup,suffix K=8"
+            ]
+        );
+        assert_eq!(Configuration::plain().cascade_name(), "none");
+    }
+
+    #[test]
+    fn first_difference_finds_changed_and_truncated_outputs() {
+        assert_eq!(first_difference(&[1, 2, 3], &[1, 2, 3]), None);
+        assert_eq!(first_difference(&[1, 2, 3], &[1, 9, 3]), Some(1));
+        assert_eq!(first_difference(&[1, 2, 3], &[1, 2]), Some(2));
+    }
+}

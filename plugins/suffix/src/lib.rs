@@ -1,0 +1,907 @@
+//! `suffix`: suffix decoding (SuffixDecoding, NeurIPS 2025). Proposes the most frequent
+//! continuation of the context's suffixes, counted in a suffix trie over this request's context
+//! and in another over the responses of recent requests.
+//!
+//! It shines where text repeats with regular continuations: agentic loops and tool calls that
+//! send similar requests again and again (the cross-request cache learns their responses), code
+//! edits and summaries that copy their prompt, and outputs that repeat themselves. Unlike
+//! `lookup`, it weighs every earlier continuation by how often it occurred and says how sure it
+//! is, so a cascade can compare it with other sources; it needs no model.
+//!
+//! # How it works
+//!
+//! Two tries count every string of up to `max_depth` tokens (see the `trie` module):
+//!
+//! * the **request trie** indexes this request's context, prompt and generated tokens alike,
+//!   and grows with every fed token;
+//! * the **response cache** indexes the responses (generated tokens only, as in the paper) of
+//!   the last `max_cached_requests` requests. It lives at plugin level, outside any session (see
+//!   the `cache` module), and a request's response enters it when its session is dropped,
+//!   indexed in slices over the next calls so that no call runs long.
+//!
+//! For every suffix of the context that a trie holds, the session keeps the suffix's node,
+//! updated as tokens are fed. To propose, it walks from each of them along the most frequent
+//! continuation and keeps the best-scoring path (see the `speculate` module): each token's
+//! *path probability* is the product of `count(child) / continued(node)` along the way, where
+//! `count(s)` is how often string `s` occurs and `continued(s)` how many of those occurrences
+//! some token follows; the walk stops below `min_token_prob`, after
+//! `floor(alpha * m + beta)` tokens for a match of `m` tokens, or after an end-of-generation
+//! token. A path's score is the sum of its path probabilities; the higher score wins, on a tie
+//! the longer match, between suffixes and between the two tries, and on a full tie the request
+//! trie.
+//!
+//! # Config
+//!
+//! | key                   | default   | meaning                                                   |
+//! |-----------------------|-----------|-----------------------------------------------------------|
+//! | `max_depth`           | 64        | longest string counted; a match plus its proposal fit in it |
+//! | `min_token_prob`      | 0.1       | stop before a token whose path probability is below this   |
+//! | `alpha`               | 1.0       | tokens proposed per token of match                          |
+//! | `beta`                | 0.0       | tokens proposed on top of `alpha * m` (may be negative)     |
+//! | `use_global`          | true      | use and feed the cross-request response cache               |
+//! | `max_cached_requests` | 256       | responses kept in the cache, oldest evicted first           |
+//! | `max_nodes`           | 2,000,000 | nodes in the cache's trie (38 MiB), oldest evicted first    |
+//! | `max_request_nodes`   | 4,000,000 | nodes in one request's trie (76 MiB)                        |
+//!
+//! with `1 <= max_depth <= 256`, `0 <= min_token_prob <= 1`, `alpha >= 0`,
+//! `max_cached_requests >= 1` and `max_depth < max_nodes, max_request_nodes <= 2^30`. Every
+//! session of a plugin instance should use the same config: a session whose `max_depth`,
+//! `max_nodes`, `max_cached_requests` or vocabulary size differs from the cache's starts an
+//! empty cache.
+//!
+//! # Cost
+//!
+//! [`Suffix::feed`] advances each of the up to `max_depth` suffix nodes by the new token in the
+//! request trie (creating missing children) and, with `use_global`, in the cache's trie
+//! (following existing children only): `O(max_depth)` steps per token, whatever the context
+//! length. A step is a hash lookup for the two shallowest levels and a scan of a few siblings
+//! below. [`Suffix::propose`] walks at most `max_len` steps from each suffix node, longest match
+//! first, and stops early once no shorter match can win.
+//!
+//! One guest call must finish within the host's deadline, so bulk work is sliced: of a feed
+//! longer than about 2^16 / `max_depth` tokens (a long prompt; 1024 at the default depth), only
+//! the last ones are indexed at once, and the older start positions, newest first, in later
+//! feeds, about 2^16 steps per call; cache indexing and eviction run in slices of the same size.
+//! Natively a slice takes a few milliseconds.
+//!
+//! # Memory
+//!
+//! A trie node is 20 bytes, plus about 20 bytes of hash map for the few nodes of depth 1 and 2.
+//! Text that never repeats costs up to `max_depth` nodes per token, so both tries are capped:
+//!
+//! * the cache evicts its oldest responses rather than grow past `max_nodes`;
+//! * a request trie stops growing at `max_request_nodes`: from then on it still counts every
+//!   occurrence of the strings it holds, but learns no new ones (and a path cut short there
+//!   makes later probabilities err low). Older prompt tokens that are indexed late (see Cost)
+//!   may only fill it to 3/4, so the generated text keeps room; the rest of them are then left
+//!   out of the counts. At the default depth, text that rarely repeats fills the default cap
+//!   after about 64K tokens.
+//!
+//! With the defaults and both tries full, a native build peaks at about 120 MiB, inside the
+//! host's default 256 MiB per plugin.
+//!
+//! # Confidence
+//!
+//! Each proposed token's confidence is its path probability: the fraction of the matched
+//! suffix's continued occurrences that went on exactly as proposed up to that token, as far as
+//! the greedy path's counts tell. It is 1 for a suffix that was always followed the same way,
+//! and never increases along a proposal.
+
+mod cache;
+mod speculate;
+mod trie;
+
+use std::ops::Range;
+
+use spechost_sdk::config::Config;
+use spechost_sdk::{Drafter, ModelFacts, Proposal, Token, export_drafter};
+
+use crate::cache::{CACHE, CacheSettings, ResponseCache};
+use crate::speculate::{Ends, Limits};
+use crate::trie::{MAX_TRIE_NODES, NO_NODE, NodeId, ROOT, Trie};
+
+/// Default longest string counted, as in the paper's implementation.
+const DEFAULT_MAX_DEPTH: usize = 64;
+/// Largest accepted `max_depth`: each fed token costs `max_depth` steps per trie.
+const MAX_DEPTH_LIMIT: usize = 256;
+/// Default responses kept in the cross-request cache.
+const DEFAULT_MAX_CACHED_REQUESTS: usize = 256;
+/// Default cap on the cache's trie: 2M nodes of 20 bytes, 38 MiB.
+const DEFAULT_MAX_NODES: usize = 2_000_000;
+/// Default cap on one request's trie: 4M nodes of 20 bytes, 76 MiB; 64K tokens of text that
+/// never repeats at the default depth, far more of text that does.
+const DEFAULT_MAX_REQUEST_NODES: usize = 4_000_000;
+/// Default lowest path probability of a proposed token, as in the paper.
+const DEFAULT_MIN_TOKEN_PROB: f64 = 0.1;
+/// Default tokens proposed per token of match, as in the paper.
+const DEFAULT_ALPHA: f64 = 1.0;
+/// Default tokens proposed on top of `alpha * m`.
+const DEFAULT_BETA: f64 = 0.0;
+/// Trie steps a call spends on bulk work: indexing a long prompt, then its older start
+/// positions, and separately the cache's queued work. Each takes a few milliseconds natively
+/// (steps of bulk work miss the CPU cache), well inside the host's default 50 ms per call.
+const STEPS_PER_CALL: usize = 1 << 16;
+/// Share of `max_request_nodes` that late-indexed prompt start positions may fill, in quarters.
+const BACKLOG_QUARTERS: usize = 3;
+
+/// Settings parsed from the config string.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Settings {
+    max_depth: usize,
+    max_cached_requests: usize,
+    max_nodes: usize,
+    max_request_nodes: usize,
+    min_token_prob: f64,
+    alpha: f64,
+    beta: f64,
+    use_global: bool,
+}
+
+impl Settings {
+    fn parse(config: &str) -> Result<Self, String> {
+        let config = Config::parse(config)?;
+        let settings = Self {
+            max_depth: config.get_usize("max_depth", DEFAULT_MAX_DEPTH)?,
+            min_token_prob: get_f64(&config, "min_token_prob", DEFAULT_MIN_TOKEN_PROB)?,
+            alpha: get_f64(&config, "alpha", DEFAULT_ALPHA)?,
+            beta: get_f64(&config, "beta", DEFAULT_BETA)?,
+            use_global: config.get_bool("use_global", true)?,
+            max_cached_requests: config
+                .get_usize("max_cached_requests", DEFAULT_MAX_CACHED_REQUESTS)?,
+            max_nodes: config.get_usize("max_nodes", DEFAULT_MAX_NODES)?,
+            max_request_nodes: config.get_usize("max_request_nodes", DEFAULT_MAX_REQUEST_NODES)?,
+        };
+        config.finish()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let Self {
+            max_depth,
+            max_cached_requests,
+            max_nodes,
+            max_request_nodes,
+            min_token_prob,
+            alpha,
+            ..
+        } = *self;
+        if !(1..=MAX_DEPTH_LIMIT).contains(&max_depth) {
+            return Err(format!(
+                "max_depth is {max_depth}; it must be between 1 and {MAX_DEPTH_LIMIT}"
+            ));
+        }
+        if !(0.0..=1.0).contains(&min_token_prob) {
+            return Err(format!(
+                "min_token_prob is {min_token_prob}; it is a probability, between 0 and 1"
+            ));
+        }
+        if alpha < 0.0 {
+            return Err(format!(
+                "alpha is {alpha}; it must be at least 0 (tokens proposed per token of match)"
+            ));
+        }
+        if max_cached_requests == 0 {
+            return Err(
+                "max_cached_requests is 0; it must be at least 1 (to turn the cache off, \
+                 set use_global=false)"
+                    .to_owned(),
+            );
+        }
+        for (key, value) in [
+            ("max_nodes", max_nodes),
+            ("max_request_nodes", max_request_nodes),
+        ] {
+            if !(max_depth + 1..=MAX_TRIE_NODES).contains(&value) {
+                return Err(format!(
+                    "{key} is {value} and max_depth is {max_depth}; {key} must be between \
+                     max_depth + 1 (the root and one path) and {MAX_TRIE_NODES}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn cache_settings(&self, facts: &ModelFacts) -> CacheSettings {
+        CacheSettings {
+            max_depth: self.max_depth,
+            max_nodes: self.max_nodes,
+            max_cached_requests: self.max_cached_requests,
+            vocab_size: facts.vocab_size,
+        }
+    }
+
+    /// Tokens of one feed indexed at once; older ones wait in the backlog.
+    fn feed_window(&self) -> usize {
+        (STEPS_PER_CALL / self.max_depth).max(self.max_depth)
+    }
+}
+
+/// The value of `key` as a finite `f64`, or `default`.
+///
+/// The SDK parses numbers as `f32`, whose `0.7` is `0.699999988..`; parsing the same text as
+/// `f64` keeps `alpha * m + beta` from falling just short of the whole number the user meant.
+fn get_f64(config: &Config, key: &str, default: f64) -> Result<f64, String> {
+    // Checks syntax and finiteness, with the SDK's messages; `f64` accepts the same syntax.
+    config.get_f32(key, default as f32)?;
+    Ok(config
+        .get(key)
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default))
+}
+
+/// The suffix-decoding drafter; one per request.
+pub struct Suffix {
+    settings: Settings,
+    facts: ModelFacts,
+    /// Everything fed so far: the prompt, then the committed tokens.
+    context: Vec<Token>,
+    /// Length of the first feed, the prompt; what follows it is the response.
+    prompt_len: Option<usize>,
+    /// The request trie, over `context`.
+    trie: Trie,
+    /// `live[d]`: the request trie's node for the context's last `d` tokens; `live[0]` is the
+    /// root. Always present unless the trie is full.
+    live: Vec<NodeId>,
+    /// Start positions not indexed yet (the older part of a long feed), indexed from the end of
+    /// the last range. Their paths lie wholly inside `context`.
+    backlog: Vec<Range<usize>>,
+    /// Nodes of the context's suffixes in the cache's trie, like `live`.
+    cached: Vec<NodeId>,
+    /// The cache version `cached` was computed for; `None` when it must be found again.
+    cached_version: Option<u64>,
+}
+
+impl Drafter for Suffix {
+    fn new(config: &str, facts: &ModelFacts) -> Result<Self, String> {
+        let settings = Settings::parse(config)?;
+        if settings.use_global {
+            CACHE.with_borrow_mut(|slot| {
+                ResponseCache::configure(slot, settings.cache_settings(facts));
+            });
+        }
+        let mut live = vec![NO_NODE; settings.max_depth + 1];
+        live[0] = ROOT;
+        Ok(Self {
+            settings,
+            facts: facts.clone(),
+            context: Vec::new(),
+            prompt_len: None,
+            trie: Trie::new(settings.max_request_nodes),
+            cached: live.clone(),
+            live,
+            backlog: Vec::new(),
+            cached_version: None,
+        })
+    }
+
+    fn feed(&mut self, tokens: &[Token]) {
+        self.prompt_len.get_or_insert(tokens.len());
+        let old_len = self.context.len();
+        self.context.extend_from_slice(tokens);
+        let steps = self.index_fed(old_len);
+        self.index_backlog(STEPS_PER_CALL.saturating_sub(steps));
+        if self.settings.use_global {
+            self.follow_cache(tokens);
+        }
+    }
+
+    fn propose(&mut self, max_len: usize) -> Proposal {
+        if max_len == 0 {
+            return Proposal::empty();
+        }
+        let Settings {
+            min_token_prob,
+            alpha,
+            beta,
+            ..
+        } = self.settings;
+        let limits = Limits {
+            max_len,
+            min_token_prob,
+            alpha,
+            beta,
+        };
+        let ends = Ends::Live(&self.live);
+        let own = speculate::best_path(&self.trie, &self.live, ends, &limits, &self.facts);
+        if self.settings.use_global {
+            let from_cache = CACHE.with_borrow(|slot| {
+                let cache = slot.as_ref().filter(|cache| {
+                    *cache.settings() == self.settings.cache_settings(&self.facts)
+                })?;
+                if self.cached_version != Some(cache.version()) {
+                    cache.trie().find_suffixes(&self.context, &mut self.cached);
+                    self.cached_version = Some(cache.version());
+                }
+                let trie = cache.trie();
+                let choice =
+                    speculate::best_path(trie, &self.cached, Ends::Closed, &limits, &self.facts)?;
+                let wins = own.is_none_or(|own| choice.beats(&own));
+                wins.then(|| speculate::proposal(trie, &choice, Ends::Closed, &limits, &self.facts))
+            });
+            if let Some(proposal) = from_cache {
+                return proposal;
+            }
+        }
+        match own {
+            Some(choice) => speculate::proposal(&self.trie, &choice, ends, &limits, &self.facts),
+            None => Proposal::empty(),
+        }
+    }
+}
+
+/// Hands the response to the cross-request cache.
+///
+/// The session is dropped when its request ends, so the response is complete; it is queued,
+/// and the cache indexes what one call's budget allows at once, the rest in later calls.
+impl Drop for Suffix {
+    fn drop(&mut self) {
+        if !self.settings.use_global {
+            return;
+        }
+        let response = &self.context[self.prompt_len.unwrap_or(0)..];
+        let settings = self.settings.cache_settings(&self.facts);
+        // `try_with`: a thread being torn down (only in native tests) has no cache to feed.
+        let _ = CACHE.try_with(|slot| {
+            let mut slot = slot.borrow_mut();
+            // A session with other settings replaced the cache; this response does not fit it.
+            if let Some(cache) = slot.as_mut().filter(|cache| *cache.settings() == settings) {
+                cache.push(response);
+                cache.work(STEPS_PER_CALL);
+            }
+        });
+    }
+}
+
+export_drafter!(Suffix);
+
+impl Suffix {
+    /// Indexes the tokens fed since `old_len`; returns the steps taken.
+    ///
+    /// A feed of up to [`Settings::feed_window`] tokens (plus `max_depth`) is indexed token by
+    /// token. Of a longer one, the paths of the old live suffixes are finished, the last
+    /// `feed_window` tokens are indexed as the new live end, and the start positions in between
+    /// go to the backlog, whole paths that no longer touch the end.
+    fn index_fed(&mut self, old_len: usize) -> usize {
+        let max_depth = self.settings.max_depth;
+        let window = self.settings.feed_window();
+        let len = self.context.len();
+        let mut steps = 0;
+        if len - old_len <= window + max_depth {
+            for &token in &self.context[old_len..] {
+                steps += self.trie.extend_suffixes(&mut self.live, token, true);
+            }
+            return steps;
+        }
+        // Finish the paths that started before this feed, starting no new ones.
+        for &token in &self.context[old_len..old_len + max_depth - 1] {
+            steps += self.trie.extend_suffixes(&mut self.live, token, false);
+        }
+        let window_start = len - window;
+        self.backlog.push(old_len..window_start);
+        self.live.fill(NO_NODE);
+        self.live[0] = ROOT;
+        for &token in &self.context[window_start..] {
+            steps += self.trie.extend_suffixes(&mut self.live, token, true);
+        }
+        steps
+    }
+
+    /// Indexes backlog start positions, newest first, for up to `budget` steps.
+    ///
+    /// Stops for good once the request trie is 3/4 full, leaving the rest to the live end:
+    /// the abandoned start positions are simply not counted, so counts stay exact for the ones
+    /// that are.
+    fn index_backlog(&mut self, budget: usize) {
+        let max_depth = self.settings.max_depth;
+        let limit = self.settings.max_request_nodes / 4 * BACKLOG_QUARTERS;
+        let mut steps = 0;
+        while steps < budget {
+            let Some(range) = self.backlog.last_mut() else {
+                break;
+            };
+            let Some(start) = range.clone().next_back() else {
+                self.backlog.pop();
+                continue;
+            };
+            let path = &self.context[start..start + max_depth];
+            if self.trie.live_nodes() + path.len() > limit {
+                self.backlog.clear();
+                break;
+            }
+            steps += self
+                .trie
+                .insert(path)
+                .expect("below the backlog limit, so below max_request_nodes");
+            range.end = start;
+        }
+    }
+
+    /// Does a slice of the cache's queued work, then moves the suffix nodes in the cache's trie
+    /// on by `tokens`, or marks them for a fresh lookup when that is cheaper or the trie changed.
+    fn follow_cache(&mut self, tokens: &[Token]) {
+        let settings = self.settings.cache_settings(&self.facts);
+        CACHE.with_borrow_mut(|slot| {
+            let Some(cache) = slot.as_mut().filter(|cache| *cache.settings() == settings) else {
+                self.cached_version = None;
+                return;
+            };
+            cache.work(STEPS_PER_CALL);
+            if self.cached_version == Some(cache.version()) && tokens.len() <= settings.max_depth {
+                for &token in tokens {
+                    cache.trie().follow_suffixes(&mut self.cached, token);
+                }
+            } else {
+                self.cached_version = None;
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trie::tests::{Lcg, substring_counts, trie_counts};
+    use spechost_sdk::testing::{Harness, facts};
+
+    const VOCAB_SIZE: u32 = 1000;
+
+    /// A session with an empty cache. Tests run on their own threads, so each starts with its
+    /// own `CACHE`; resetting makes that explicit.
+    fn fresh(config: &str) -> Harness<Suffix> {
+        CACHE.with_borrow_mut(|slot| *slot = None);
+        session(config)
+    }
+
+    /// A session on the cache as previous sessions of this test left it.
+    fn session(config: &str) -> Harness<Suffix> {
+        Harness::new(config, facts(VOCAB_SIZE)).expect("valid suffix config")
+    }
+
+    /// The proposal of a fresh session fed `context`, without the cache.
+    fn proposal(config: &str, context: &[Token], max_len: usize) -> Proposal {
+        let config = if config.is_empty() {
+            "use_global=false".to_owned()
+        } else {
+            format!("use_global=false,{config}")
+        };
+        let mut harness = fresh(&config);
+        harness.feed(context);
+        harness.propose(max_len)
+    }
+
+    fn proposed(config: &str, context: &[Token], max_len: usize) -> Vec<Token> {
+        proposal(config, context, max_len).tokens
+    }
+
+    fn assert_confidence(actual: &[f32], expected: &[f64]) {
+        assert_eq!(actual.len(), expected.len(), "confidence {actual:?}");
+        for (actual, expected) in actual.iter().zip(expected) {
+            assert!(
+                (f64::from(*actual) - expected).abs() < 1e-6,
+                "confidence {actual:?}, expected {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn proposes_what_followed_the_suffix() {
+        // At the default alpha=1, a match of m tokens proposes at most m.
+        assert_eq!(proposed("", &[1, 2, 3, 4, 1, 2], 3), [3, 4]);
+        assert_eq!(proposed("alpha=4", &[1, 2, 3, 4, 1, 2], 3), [3, 4, 1]);
+        assert_eq!(
+            proposed("beta=10", &[5, 6, 7, 8, 9, 5], 10),
+            [6, 7, 8, 9, 5]
+        );
+    }
+
+    #[test]
+    fn proposes_nothing_without_an_earlier_occurrence() {
+        assert!(proposed("", &[], 4).is_empty());
+        assert!(proposed("", &[1], 4).is_empty());
+        assert!(proposed("", &[1, 2, 3], 4).is_empty());
+    }
+
+    #[test]
+    fn confidence_is_the_path_probability() {
+        // After 1: 2 twice, 3 once, so P(2 | 1) = 2/3. The live 1 at the end has no
+        // continuation and is left out. After [1, 2]: 5 both times.
+        let proposal = proposal("alpha=0,beta=2", &[1, 2, 5, 1, 2, 5, 1, 3, 0, 1], 2);
+        assert_eq!(proposal.tokens, [2, 5]);
+        assert_confidence(&proposal.confidence, &[2.0 / 3.0, 2.0 / 3.0]);
+    }
+
+    #[test]
+    fn continued_occurrences_leave_out_the_live_end() {
+        // 7 occurs three times; the last, at the end, is not followed by anything yet, so
+        // P(8 | 7) = 2/2. Counting it would give 2/3.
+        let proposal = proposal("", &[7, 8, 0, 7, 8, 1, 7], 1);
+        assert_eq!(proposal.tokens, [8]);
+        assert_confidence(&proposal.confidence, &[1.0]);
+    }
+
+    #[test]
+    fn a_shorter_match_wins_with_a_higher_score() {
+        // [1..=6] four times, then [9, 1, 7, 9, 1]. The match [9, 1] was followed by [7, 9, 1]
+        // once (probability 1 each, up to the live end). The match [1] is followed by 2 four
+        // times out of five (0.8), then by [3, 4, 5] always.
+        let context = [
+            1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 9, 1, 7, 9, 1,
+        ];
+        // alpha=1: [9, 1] may propose 2 tokens (score 2), [1] only 1 (score 0.8).
+        assert_eq!(proposed("", &context, 8), [7, 9]);
+        // alpha=4: [9, 1] proposes [7, 9, 1] (score 3), [1] proposes [2, 3, 4, 5] (score 3.2).
+        let proposal = proposal("alpha=4", &context, 8);
+        assert_eq!(proposal.tokens, [2, 3, 4, 5]);
+        assert_confidence(&proposal.confidence, &[0.8, 0.8, 0.8, 0.8]);
+        // Capped at 3 tokens, [1] scores 2.4 and [9, 1] wins again.
+        assert_eq!(proposed("alpha=4", &context, 3), [7, 9, 1]);
+    }
+
+    #[test]
+    fn equal_scores_go_to_the_longer_match() {
+        // After [1, 2]: 5 once, 6 once; the tie goes to the latest, 6, with probability 1/2.
+        // After [2]: 5, 3, 6, 3, so 3 with probability 2/4. Both score 0.5 for one token.
+        let context = [1, 2, 5, 0, 2, 3, 7, 1, 2, 6, 0, 2, 3, 8, 1, 2];
+        let proposal = proposal("alpha=0,beta=1", &context, 4);
+        assert_eq!(proposal.tokens, [6], "the match of 2 wins the tie");
+        assert_confidence(&proposal.confidence, &[0.5]);
+        // Where [1, 2] occurs only at the end, the match of 1 proposes 3.
+        let context = [0, 2, 5, 0, 2, 3, 7, 4, 2, 6, 0, 2, 3, 8, 1, 2];
+        assert_eq!(proposed("alpha=0,beta=1", &context, 4), [3]);
+    }
+
+    #[test]
+    fn equal_scores_between_the_tries_go_to_the_request() {
+        let mut earlier = fresh("");
+        earlier.feed(&[0]);
+        earlier.feed(&[1, 2, 3, 4]);
+        drop(earlier);
+        let mut current = session("");
+        current.feed(&[1, 2, 8, 9, 1, 2]);
+        // Both tries match [1, 2] and continue it with probability 1: the request trie wins.
+        assert_eq!(current.propose(2).tokens, [8, 9]);
+        // The cache's longer match [1, 2, 3] wins outright.
+        current.feed(&[3]);
+        assert_eq!(current.propose(2).tokens, [4]);
+    }
+
+    #[test]
+    fn children_tied_on_count_resolve_to_the_latest() {
+        // After 1: 2 once, then 3 once. The most recent continuation wins the tie.
+        let proposal = proposal("", &[1, 2, 5, 1, 3, 6, 1], 1);
+        assert_eq!(proposal.tokens, [3]);
+        assert_confidence(&proposal.confidence, &[0.5]);
+    }
+
+    #[test]
+    fn alpha_and_beta_cap_the_proposal_by_match_length() {
+        let context = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];
+        assert_eq!(
+            proposed("", &context, 10),
+            [3, 4],
+            "alpha=1: 2 tokens for m=2"
+        );
+        assert_eq!(proposed("alpha=2", &context, 10), [3, 4, 5, 6]);
+        assert_eq!(proposed("alpha=0.5", &context, 10), [3]);
+        assert_eq!(proposed("alpha=0.5,beta=2", &context, 10), [3, 4, 5]);
+        assert_eq!(proposed("alpha=0,beta=1", &context, 10), [3]);
+        assert!(proposed("alpha=1,beta=-2", &context, 10).is_empty());
+        // A match of 10 at alpha=0.7 proposes 7 tokens, though 0.7 as f32 is 0.6999999.
+        let twice: Vec<Token> = [1, 2, 3, 4, 5, 6, 7, 8, 9, 9].repeat(2);
+        assert_eq!(proposed("alpha=0.7", &twice, 20), [1, 2, 3, 4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn stops_below_min_token_prob() {
+        // After [1, 2]: 3 always. After [1, 2, 3]: 4 twice, 5 once, 6 once: 1/2.
+        let context = [
+            1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 5, 0, 1, 2, 3, 6, 0, 1, 2,
+        ];
+        let config = "alpha=0,beta=4";
+        assert_eq!(
+            proposed(&format!("{config},min_token_prob=0.6"), &context, 4),
+            [3]
+        );
+        let proposal = proposal(&format!("{config},min_token_prob=0.5"), &context, 4);
+        assert_eq!(proposal.tokens, [3, 4, 0, 1]);
+        assert_confidence(&proposal.confidence, &[1.0, 0.5, 0.5, 0.5]);
+        assert!(proposed(&format!("{config},min_token_prob=1"), &[1, 2, 1, 3, 1], 4).is_empty());
+    }
+
+    #[test]
+    fn respects_max_len() {
+        let context = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4];
+        for max_len in 0..6 {
+            assert_eq!(proposed("", &context, max_len), context[4..4 + max_len]);
+        }
+    }
+
+    #[test]
+    fn stops_after_an_end_of_generation_token() {
+        CACHE.with_borrow_mut(|slot| *slot = None);
+        let facts = ModelFacts {
+            eog: vec![0],
+            ..facts(VOCAB_SIZE)
+        };
+        let mut harness = Harness::<Suffix>::new("use_global=false", facts).expect("valid");
+        harness.feed(&[1, 2, 3, 0, 5, 1, 2, 3]);
+        assert_eq!(harness.propose(4).tokens, [0]);
+    }
+
+    #[test]
+    fn feeding_in_pieces_equals_feeding_at_once() {
+        let mut random = Lcg(21);
+        let context = random.text(300, 5);
+        let mut at_once = fresh("use_global=false,max_depth=8");
+        at_once.feed(&context);
+        let mut pieces = fresh("use_global=false,max_depth=8");
+        let mut fed = 0;
+        while fed < context.len() {
+            let piece = (1 + random.below(7) as usize).min(context.len() - fed);
+            pieces.feed(&context[fed..fed + piece]);
+            pieces.feed(&[]);
+            fed += piece;
+        }
+        assert_eq!(
+            trie_counts(&pieces.drafter().trie),
+            trie_counts(&at_once.drafter().trie)
+        );
+        for max_len in [1, 4, 8] {
+            assert_eq!(pieces.propose(max_len), at_once.propose(max_len));
+        }
+    }
+
+    #[test]
+    fn request_trie_counts_every_substring_of_the_context() {
+        let mut random = Lcg(4);
+        for (max_depth, alphabet) in [(1, 3), (3, 2), (4, 5), (7, 3)] {
+            let mut harness = fresh(&format!("use_global=false,max_depth={max_depth}"));
+            let mut context = Vec::new();
+            for _ in 0..40 {
+                let len = 1 + random.below(5) as usize;
+                let chunk = random.text(len, alphabet);
+                harness.feed(&chunk);
+                context.extend_from_slice(&chunk);
+                assert_eq!(
+                    trie_counts(&harness.drafter().trie),
+                    substring_counts([&context[..]], max_depth),
+                    "max_depth {max_depth}, context {context:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_long_feed_is_indexed_over_later_calls_to_the_same_counts() {
+        let mut random = Lcg(13);
+        let max_depth = 64;
+        let config = format!("use_global=false,max_depth={max_depth}");
+        let window = STEPS_PER_CALL / max_depth;
+        // Some text before, so that live paths cross into the long feed.
+        let head = random.text(100, 50);
+        let prompt = random.text(3 * window, 50);
+        let mut harness = fresh(&config);
+        harness.feed(&head);
+        harness.feed(&prompt);
+        assert!(!harness.drafter().backlog.is_empty(), "a backlog is left");
+        let mut context = [head, prompt].concat();
+        while !harness.drafter().backlog.is_empty() {
+            let token = random.below(50);
+            harness.feed(&[token]);
+            context.push(token);
+        }
+        assert_eq!(
+            trie_counts(&harness.drafter().trie),
+            substring_counts([&context[..]], max_depth)
+        );
+    }
+
+    #[test]
+    fn request_trie_stops_growing_at_max_request_nodes_and_keeps_counting() {
+        let mut random = Lcg(6);
+        let config = "use_global=false,max_depth=6,max_request_nodes=100";
+        let mut harness = fresh(config);
+        let context = random.text(300, 4);
+        harness.feed(&context);
+        let trie = &harness.drafter().trie;
+        assert_eq!(trie.live_nodes(), 100);
+        let expected = substring_counts([&context[..]], 6);
+        for (path, count) in trie_counts(trie) {
+            assert_eq!(expected[&path], count, "count of {path:?}");
+        }
+        // Repeating a known piece still proposes its continuation.
+        let mut harness = fresh(config);
+        harness.feed(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        harness.feed(&random.text(200, 50));
+        harness.feed(&[1, 2]);
+        assert_eq!(harness.propose(2).tokens, [3, 4]);
+    }
+
+    #[test]
+    fn cache_helps_a_request_that_repeats_an_earlier_response() {
+        let mut random = Lcg(17);
+        let prompt = random.text(20, VOCAB_SIZE);
+        let response = random.text(300, VOCAB_SIZE);
+        let first = fresh("").replay(&prompt, &response, 8);
+        let second = session("").replay(&prompt, &response, 8);
+        assert!(
+            second.mean_accepted_per_round() > first.mean_accepted_per_round() + 3.0,
+            "first {first:?}, second {second:?}"
+        );
+        assert!(
+            second.acceptance() > 0.9,
+            "second acceptance {:.3} in {second:?}",
+            second.acceptance()
+        );
+        // Without the cache the second request is no better than the first.
+        let again = fresh("use_global=false").replay(&prompt, &response, 8);
+        let without = session("use_global=false").replay(&prompt, &response, 8);
+        assert_eq!(again, without);
+    }
+
+    #[test]
+    fn cache_counts_the_end_of_a_response_as_an_outcome() {
+        CACHE.with_borrow_mut(|slot| *slot = None);
+        for response in [&[1, 2, 3][..], &[1, 2, 3], &[1, 2]] {
+            let mut earlier = session("");
+            earlier.feed(&[9, 9]);
+            earlier.feed(response);
+        }
+        let mut current = session("");
+        current.feed(&[5, 1, 2]);
+        // After [1, 2]: 3 twice, the end of a response once. The path stops where the
+        // responses ended.
+        let proposal = current.propose(4);
+        assert_eq!(proposal.tokens, [3]);
+        assert_confidence(&proposal.confidence, &[2.0 / 3.0]);
+    }
+
+    #[test]
+    fn cache_forgets_the_oldest_beyond_max_cached_requests() {
+        let config = "max_cached_requests=2";
+        let responses = [[11, 12, 13, 14], [21, 22, 23, 24], [31, 32, 33, 34]];
+        CACHE.with_borrow_mut(|slot| *slot = None);
+        for response in responses {
+            let mut harness = session(config);
+            harness.feed(&[1]);
+            harness.feed(&response);
+        }
+        for (response, remembered) in responses.iter().zip([false, true, true]) {
+            let mut harness = session(config);
+            harness.feed(&response[..2]);
+            let proposal = harness.propose(2);
+            assert_eq!(
+                !proposal.is_empty(),
+                remembered,
+                "response {response:?}: {proposal:?}"
+            );
+            // Dropping an empty response adds nothing.
+            harness.feed(&[]);
+        }
+        CACHE.with_borrow(|slot| {
+            let cache = slot.as_ref().expect("cache built");
+            assert_eq!(cache.len(), 2);
+            assert_eq!(
+                trie_counts(cache.trie()),
+                crate::cache::tests::expected_counts(cache)
+            );
+        });
+    }
+
+    #[test]
+    fn cache_stays_within_max_nodes() {
+        let mut random = Lcg(23);
+        let config = "max_depth=8,max_nodes=500";
+        CACHE.with_borrow_mut(|slot| *slot = None);
+        for _ in 0..30 {
+            let mut harness = session(config);
+            harness.feed(&random.text(5, 20));
+            for _ in 0..10 {
+                let len = 1 + random.below(4) as usize;
+                harness.feed(&random.text(len, 20));
+                harness.propose(4);
+                CACHE.with_borrow(|slot| {
+                    let cache = slot.as_ref().expect("cache built");
+                    assert!(cache.trie().live_nodes() <= 500);
+                });
+            }
+        }
+        CACHE.with_borrow_mut(|slot| {
+            let cache = slot.as_mut().expect("cache built");
+            cache.work(usize::MAX);
+            assert_eq!(
+                trie_counts(cache.trie()),
+                crate::cache::tests::expected_counts(cache)
+            );
+            cache.evict_all();
+            assert_eq!(cache.trie().live_nodes(), 1, "empty after evicting all");
+        });
+    }
+
+    #[test]
+    fn session_sees_responses_indexed_after_it_started() {
+        let mut earlier = fresh("");
+        earlier.feed(&[0]);
+        earlier.feed(&[1, 2, 3, 4, 5]);
+        let mut current = session("");
+        current.feed(&[7, 1, 2]);
+        assert!(current.propose(2).is_empty(), "nothing cached yet");
+        drop(earlier);
+        assert_eq!(current.propose(2).tokens, [3, 4]);
+        current.feed(&[3]);
+        assert_eq!(current.propose(2).tokens, [4, 5]);
+    }
+
+    #[test]
+    fn a_session_with_other_settings_starts_a_new_cache() {
+        let mut first = fresh("");
+        first.feed(&[0]);
+        first.feed(&[1, 2, 3, 4]);
+        drop(first);
+        let mut other = session("max_depth=32");
+        other.feed(&[1, 2]);
+        assert!(other.propose(2).is_empty(), "the cache was replaced");
+    }
+
+    #[test]
+    fn rejects_bad_settings() {
+        let error = |config| Harness::<Suffix>::new(config, facts(VOCAB_SIZE)).unwrap_err();
+        assert_eq!(
+            error("max_depth=0"),
+            "max_depth is 0; it must be between 1 and 256"
+        );
+        assert_eq!(
+            error("max_depth=257"),
+            "max_depth is 257; it must be between 1 and 256"
+        );
+        assert_eq!(
+            error("min_token_prob=1.5"),
+            "min_token_prob is 1.5; it is a probability, between 0 and 1"
+        );
+        assert_eq!(
+            error("alpha=-1"),
+            "alpha is -1; it must be at least 0 (tokens proposed per token of match)"
+        );
+        assert!(error("max_cached_requests=0").contains("use_global=false"));
+        assert_eq!(
+            error("max_depth=8,max_nodes=8"),
+            "max_nodes is 8 and max_depth is 8; max_nodes must be between max_depth + 1 \
+             (the root and one path) and 1073741824"
+        );
+        assert!(error("max_request_nodes=2000000000").contains("max_request_nodes is"));
+        assert!(error("beta=inf").contains("finite"));
+        assert!(error("use_global=maybe").contains("`use_global` has value `maybe`"));
+    }
+
+    #[test]
+    fn rejects_unknown_keys() {
+        let error = Harness::<Suffix>::new("max_dpeth=3", facts(VOCAB_SIZE)).unwrap_err();
+        assert_eq!(
+            error,
+            "unknown setting `max_dpeth` (value `3`); known settings are `max_depth`, \
+             `min_token_prob`, `alpha`, `beta`, `use_global`, `max_cached_requests`, \
+             `max_nodes`, `max_request_nodes`"
+        );
+    }
+
+    #[test]
+    fn defaults_are_documented_values() {
+        let settings = Settings::parse("").expect("empty config");
+        assert_eq!(
+            settings,
+            Settings {
+                max_depth: 64,
+                max_cached_requests: 256,
+                max_nodes: 2_000_000,
+                max_request_nodes: 4_000_000,
+                min_token_prob: 0.1,
+                alpha: 1.0,
+                beta: 0.0,
+                use_global: true,
+            }
+        );
+        let precise = Settings::parse("alpha=0.7").expect("valid");
+        assert_eq!(precise.alpha, 0.7, "parsed as f64, not widened from f32");
+    }
+}

@@ -1,0 +1,144 @@
+//! `spechost bench` end to end on SmolLM2-135M (`spechost models fetch smollm2`) with the
+//! `lookup` plugin (`scripts/build-plugins.sh`): a tiny workload, every output file written,
+//! and every greedy output equal to plain decoding.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use spechost::config::cache_dir;
+use spechost::models::DefaultModel;
+
+fn spechost(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_spechost"))
+        .args(args)
+        .output()
+        .expect("spechost runs")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("spechost-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir.join(name)
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+fn smollm2() -> PathBuf {
+    let path = DefaultModel::SmolLm2.path(&cache_dir());
+    assert!(
+        path.exists(),
+        "SmolLM2-135M is missing at {}; fetch it with `spechost models fetch smollm2`",
+        path.display()
+    );
+    path
+}
+
+/// Two requests, one of each format: repetitive text, so `lookup` finds drafts to verify.
+const WORKLOAD: &str = concat!(
+    r#"{"id": "repeat", "category": "edit", "messages": [{"role": "user", "content": "Copy this list exactly: red apple, green pear, red apple, green pear, red apple, green pear."}], "max_tokens": 64}"#,
+    "\n",
+    r#"{"prompt": "one two three four, one two three four, one two three four, one two"}"#,
+    "\n",
+);
+
+#[test]
+fn bench_writes_every_result_and_outputs_match_plain_decoding() {
+    let _guard = common::exclusive();
+    let model = smollm2();
+    let workload = scratch("tiny.jsonl");
+    std::fs::write(&workload, WORKLOAD).expect("write workload");
+    let out_dir = scratch("results");
+    let out = spechost(&[
+        "bench",
+        "--model",
+        s(&model),
+        "--workload",
+        s(&workload),
+        "--cascade",
+        "lookup",
+        "--draft-max",
+        "4",
+        "--repeat",
+        "1",
+        "--warmup",
+        "0",
+        "--max-tokens",
+        "24",
+        "--ctx-size",
+        "1024",
+        "--out",
+        s(&out_dir),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("| tiny | plain |") && stdout.contains("| tiny | lookup K=4 |"),
+        "table rows missing from stdout:\n{stdout}"
+    );
+    assert!(!stdout.contains("DIFFERS"), "an output differed:\n{stdout}");
+
+    for file in ["results.md", "results.csv"] {
+        let text = std::fs::read_to_string(out_dir.join(file)).expect(file);
+        assert!(
+            text.contains("lookup K=4"),
+            "{file} lacks the cascade row:\n{text}"
+        );
+    }
+    let json = std::fs::read_to_string(out_dir.join("results.json")).expect("results.json");
+    let report: serde_json::Value = serde_json::from_str(&json).expect("results.json parses");
+    assert_eq!(report["outputs_match"], true, "{json}");
+    let configurations = report["workloads"][0]["configurations"]
+        .as_array()
+        .expect("configurations");
+    assert_eq!(configurations.len(), 2, "plain and lookup K=4: {json}");
+    for configuration in configurations {
+        assert_eq!(configuration["outputs_match"], true, "{configuration}");
+        let generated = configuration["generated_tokens"].as_u64().expect("tokens");
+        assert!(
+            (2..=48).contains(&generated),
+            "2 requests of at most 24 tokens: {configuration}"
+        );
+    }
+    assert_eq!(configurations[1]["sources"][0]["name"], "lookup", "{json}");
+    assert!(
+        configurations[1]["drafted"].as_u64() > Some(0),
+        "lookup drafted nothing on repetitive text: {json}"
+    );
+
+    for file in ["speedup.svg", "acceptance-by-position.svg"] {
+        let svg = std::fs::read_to_string(out_dir.join(file)).expect(file);
+        assert!(
+            svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>") && svg.len() > 500,
+            "{file} is not a drawn SVG: {svg}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(out_dir);
+}
+
+#[test]
+fn bad_workload_line_is_an_error_naming_file_and_line() {
+    let workload = scratch("bad.jsonl");
+    std::fs::write(&workload, "{\"prompt\": \"ok\"}\n{\"messages\": \"hi\"}\n").expect("write");
+    let out = spechost(&[
+        "bench",
+        "--model",
+        "/nonexistent/m.gguf",
+        "--workload",
+        s(&workload),
+        "--cascade",
+        "lookup",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure: {stderr}");
+    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
+    let needle = format!("{}:2: ", workload.display());
+    assert!(
+        stderr.contains(&needle) && stderr.contains("invalid type"),
+        "wanted `{needle}` and the problem in: {stderr}"
+    );
+}
