@@ -82,14 +82,13 @@ impl TokenSampler {
 }
 
 /// Index of the largest logit; the first one on ties, so the choice is deterministic.
+///
+/// Two passes over the vocabulary (a branch-free maximum the compiler vectorises, then a search
+/// for its first position) beat one branchy pass: on a 262K-token vocabulary this runs once per
+/// verified position and shows up in decode speed.
 fn argmax(logits: &[f32]) -> Token {
-    let mut best = 0;
-    for (i, &logit) in logits.iter().enumerate() {
-        if logit > logits[best] {
-            best = i;
-        }
-    }
-    best as Token
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    logits.iter().position(|&logit| logit == max).unwrap_or(0) as Token
 }
 
 #[cfg(test)]
