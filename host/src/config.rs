@@ -419,12 +419,7 @@ impl RunArgs {
             .collect();
         merge_plugin_settings(&mut plugin_configs, &self.plugin_config)?;
 
-        let model = self
-            .model
-            .or(run.model)
-            .unwrap_or_else(|| DefaultModel::SmolLm2.alias().to_owned());
-        let model = DefaultModel::from_alias(&model)
-            .map_or_else(|| PathBuf::from(&model), |m| m.path(cache_dir));
+        let model = resolve_model(self.model.or(run.model), cache_dir);
 
         let cascade_spec = self
             .cascade
@@ -447,19 +442,7 @@ impl RunArgs {
         if draft_max == 0 {
             return Err(ConfigError::ZeroDraftMax);
         }
-        let mut session = SessionParams::default();
-        if let Some(threads) = self.threads.or(run.threads) {
-            if threads == 0 {
-                return Err(ConfigError::ZeroThreads);
-            }
-            session.threads = threads;
-        }
-        if let Some(ctx_size) = self.ctx_size.or(run.ctx_size) {
-            if ctx_size < MIN_CTX_SIZE {
-                return Err(ConfigError::CtxTooSmall(ctx_size));
-            }
-            session.ctx_size = ctx_size;
-        }
+        let session = session_params(self.threads.or(run.threads), self.ctx_size.or(run.ctx_size))?;
         let sampling = sampling_params(
             self.temp.or(run.temp),
             self.top_k.or(run.top_k),
@@ -581,11 +564,7 @@ pub struct BenchConfig {
 impl BenchArgs {
     /// Validates the flags into a [`BenchConfig`].
     pub fn into_config(self, cache_dir: &Path) -> Result<BenchConfig, ConfigError> {
-        let model = self
-            .model
-            .unwrap_or_else(|| DefaultModel::SmolLm2.alias().to_owned());
-        let model = DefaultModel::from_alias(&model)
-            .map_or_else(|| PathBuf::from(&model), |m| m.path(cache_dir));
+        let model = resolve_model(self.model, cache_dir);
 
         let mut stems = Vec::new();
         for path in &self.workloads {
@@ -647,19 +626,7 @@ impl BenchArgs {
         if self.max_tokens == Some(0) {
             return Err(ConfigError::ZeroMaxTokens);
         }
-        let mut session = SessionParams::default();
-        if let Some(threads) = self.threads {
-            if threads == 0 {
-                return Err(ConfigError::ZeroThreads);
-            }
-            session.threads = threads;
-        }
-        if let Some(ctx_size) = self.ctx_size {
-            if ctx_size < MIN_CTX_SIZE {
-                return Err(ConfigError::CtxTooSmall(ctx_size));
-            }
-            session.ctx_size = ctx_size;
-        }
+        let session = session_params(self.threads, self.ctx_size)?;
         Ok(BenchConfig {
             model,
             workloads: self.workloads,
@@ -680,6 +647,34 @@ impl BenchArgs {
             out: self.out,
         })
     }
+}
+
+/// The model path: a default model's cached file for its alias, else the path as given; the
+/// default target when none was given.
+fn resolve_model(model: Option<String>, cache_dir: &Path) -> PathBuf {
+    let model = model.unwrap_or_else(|| DefaultModel::SmolLm2.alias().to_owned());
+    DefaultModel::from_alias(&model).map_or_else(|| PathBuf::from(&model), |m| m.path(cache_dir))
+}
+
+/// Context settings from `--threads` and `--ctx-size`, checked.
+fn session_params(
+    threads: Option<usize>,
+    ctx_size: Option<u32>,
+) -> Result<SessionParams, ConfigError> {
+    let mut session = SessionParams::default();
+    if let Some(threads) = threads {
+        if threads == 0 {
+            return Err(ConfigError::ZeroThreads);
+        }
+        session.threads = threads;
+    }
+    if let Some(ctx_size) = ctx_size {
+        if ctx_size < MIN_CTX_SIZE {
+            return Err(ConfigError::CtxTooSmall(ctx_size));
+        }
+        session.ctx_size = ctx_size;
+    }
+    Ok(session)
 }
 
 fn sampling_params(
