@@ -54,12 +54,58 @@ pub enum ModelsCommand {
     },
 }
 
-/// Flags of `spechost run`.
+/// Flags shared by `run` and `bench`: the target model, its threads and context, and where
+/// plugins come from and how they are configured.
 #[derive(Debug, Args, Default)]
-pub struct RunArgs {
+pub struct TargetArgs {
     /// Target model: a .gguf path or a default model name (smollm2, gemma3).
     #[arg(long, short = 'm')]
     pub model: Option<String>,
+    /// Compute threads of the target (default: all available cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Context size in tokens.
+    #[arg(long)]
+    pub ctx_size: Option<u32>,
+    /// Lock the model in RAM.
+    #[arg(long)]
+    pub mlock: bool,
+    /// Read the model into memory instead of mapping it.
+    #[arg(long)]
+    pub no_mmap: bool,
+    /// A plugin setting, `plugin.key=value` (repeatable).
+    #[arg(long = "plugin-config", value_name = "PLUGIN.KEY=VALUE")]
+    pub plugin_config: Vec<String>,
+    /// Extra directory to search for built-in plugins (repeatable).
+    #[arg(long = "plugin-dir")]
+    pub plugin_dirs: Vec<PathBuf>,
+}
+
+impl TargetArgs {
+    /// Model loading settings.
+    fn target_params(&self) -> TargetParams {
+        TargetParams {
+            use_mmap: !self.no_mmap,
+            use_mlock: self.mlock,
+        }
+    }
+
+    /// Plugin directories: the flags' first, then `$SPECHOST_PLUGIN_DIR`'s.
+    fn plugin_dirs(&self) -> Vec<PathBuf> {
+        self.plugin_dirs
+            .iter()
+            .cloned()
+            .chain(env_plugin_dirs())
+            .collect()
+    }
+}
+
+/// Flags of `spechost run`.
+#[derive(Debug, Args, Default)]
+pub struct RunArgs {
+    /// The target and where plugins come from.
+    #[command(flatten)]
+    pub target: TargetArgs,
     /// Prompt text (the user message, unless --raw).
     #[arg(long, short = 'p', conflicts_with = "prompt_file")]
     pub prompt: Option<String>,
@@ -73,12 +119,6 @@ pub struct RunArgs {
     /// `none` decodes without speculation.
     #[arg(long, short = 'c')]
     pub cascade: Option<String>,
-    /// A plugin setting, `plugin.key=value` (repeatable).
-    #[arg(long = "plugin-config", value_name = "PLUGIN.KEY=VALUE")]
-    pub plugin_config: Vec<String>,
-    /// Extra directory to search for built-in plugins (repeatable).
-    #[arg(long = "plugin-dir")]
-    pub plugin_dirs: Vec<PathBuf>,
     /// TOML configuration file; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -88,12 +128,6 @@ pub struct RunArgs {
     /// Most draft tokens verified per round (K).
     #[arg(long)]
     pub draft_max: Option<usize>,
-    /// Compute threads of the target (default: all available cores).
-    #[arg(long, short = 't')]
-    pub threads: Option<usize>,
-    /// Context size in tokens.
-    #[arg(long)]
-    pub ctx_size: Option<u32>,
     /// Sampling temperature; 0 is greedy.
     #[arg(long)]
     pub temp: Option<f32>,
@@ -115,12 +149,6 @@ pub struct RunArgs {
     /// Print the stats as JSON on stderr.
     #[arg(long)]
     pub json: bool,
-    /// Lock the model in RAM.
-    #[arg(long)]
-    pub mlock: bool,
-    /// Read the model into memory instead of mapping it.
-    #[arg(long)]
-    pub no_mmap: bool,
 }
 
 /// Default number of tokens to generate.
@@ -417,16 +445,16 @@ impl RunArgs {
             .iter()
             .map(|(name, table)| (name.clone(), table_to_plugin_config(table)))
             .collect();
-        merge_plugin_settings(&mut plugin_configs, &self.plugin_config)?;
+        merge_plugin_settings(&mut plugin_configs, &self.target.plugin_config)?;
 
-        let model = resolve_model(self.model.or(run.model), cache_dir);
+        let model = resolve_model(self.target.model.clone().or(run.model), cache_dir);
 
         let cascade_spec = self
             .cascade
             .or(run.cascade)
             .unwrap_or_else(|| "lookup".into());
         let cascade = parse_cascade(&cascade_spec)?;
-        check_plugin_settings_target_cascade(&self.plugin_config, &cascade)?;
+        check_plugin_settings_target_cascade(&self.target.plugin_config, &cascade)?;
 
         let max_tokens = self
             .max_tokens
@@ -442,7 +470,10 @@ impl RunArgs {
         if draft_max == 0 {
             return Err(ConfigError::ZeroDraftMax);
         }
-        let session = session_params(self.threads.or(run.threads), self.ctx_size.or(run.ctx_size))?;
+        let session = session_params(
+            self.target.threads.or(run.threads),
+            self.target.ctx_size.or(run.ctx_size),
+        )?;
         let sampling = sampling_params(
             self.temp.or(run.temp),
             self.top_k.or(run.top_k),
@@ -458,20 +489,13 @@ impl RunArgs {
             raw: self.raw,
             cascade,
             plugin_configs,
-            plugin_dirs: self
-                .plugin_dirs
-                .into_iter()
-                .chain(env_plugin_dirs())
-                .collect(),
+            plugin_dirs: self.target.plugin_dirs(),
             max_tokens,
             draft_max,
             sampling,
             stop,
             session,
-            target: TargetParams {
-                use_mmap: !self.no_mmap,
-                use_mlock: self.mlock,
-            },
+            target: self.target.target_params(),
             json: self.json,
         })
     }
@@ -480,9 +504,10 @@ impl RunArgs {
 /// Flags of `spechost bench`.
 #[derive(Debug, Args, Default)]
 pub struct BenchArgs {
-    /// Target model: a .gguf path or a default model name (smollm2, gemma3).
-    #[arg(long, short = 'm')]
-    pub model: Option<String>,
+    /// The target and where plugins come from; a plugin setting applies in every cascade
+    /// that has the plugin.
+    #[command(flatten)]
+    pub target: TargetArgs,
     /// A JSONL workload file, one request per line (repeatable); requests run in file order.
     #[arg(
         long = "workload",
@@ -507,21 +532,9 @@ pub struct BenchArgs {
     /// Cap on each request's max_tokens.
     #[arg(long, short = 'n')]
     pub max_tokens: Option<usize>,
-    /// Compute threads of the target (default: all available cores).
-    #[arg(long, short = 't')]
-    pub threads: Option<usize>,
-    /// Context size in tokens.
-    #[arg(long)]
-    pub ctx_size: Option<u32>,
     /// Directory for results.md, results.csv, results.json and the SVG charts.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// A plugin setting, `plugin.key=value` (repeatable); applies in every cascade with it.
-    #[arg(long = "plugin-config", value_name = "PLUGIN.KEY=VALUE")]
-    pub plugin_config: Vec<String>,
-    /// Extra directory to search for built-in plugins (repeatable).
-    #[arg(long = "plugin-dir")]
-    pub plugin_dirs: Vec<PathBuf>,
 }
 
 /// Default `--repeat` of `spechost bench`.
@@ -564,7 +577,7 @@ pub struct BenchConfig {
 impl BenchArgs {
     /// Validates the flags into a [`BenchConfig`].
     pub fn into_config(self, cache_dir: &Path) -> Result<BenchConfig, ConfigError> {
-        let model = resolve_model(self.model, cache_dir);
+        let model = resolve_model(self.target.model.clone(), cache_dir);
 
         let mut stems = Vec::new();
         for path in &self.workloads {
@@ -600,9 +613,9 @@ impl BenchArgs {
             cascades.push(cascade);
         }
         let all_sources: Vec<SourceSpec> = cascades.iter().flatten().cloned().collect();
-        check_plugin_settings_target_cascade(&self.plugin_config, &all_sources)?;
+        check_plugin_settings_target_cascade(&self.target.plugin_config, &all_sources)?;
         let mut plugin_configs = BTreeMap::new();
-        merge_plugin_settings(&mut plugin_configs, &self.plugin_config)?;
+        merge_plugin_settings(&mut plugin_configs, &self.target.plugin_config)?;
 
         let mut draft_maxes = Vec::new();
         for draft_max in self.draft_maxes {
@@ -626,7 +639,7 @@ impl BenchArgs {
         if self.max_tokens == Some(0) {
             return Err(ConfigError::ZeroMaxTokens);
         }
-        let session = session_params(self.threads, self.ctx_size)?;
+        let session = session_params(self.target.threads, self.target.ctx_size)?;
         Ok(BenchConfig {
             model,
             workloads: self.workloads,
@@ -637,13 +650,9 @@ impl BenchArgs {
             max_tokens_cap: self.max_tokens,
             default_max_tokens: DEFAULT_MAX_TOKENS,
             plugin_configs,
-            plugin_dirs: self
-                .plugin_dirs
-                .into_iter()
-                .chain(env_plugin_dirs())
-                .collect(),
+            plugin_dirs: self.target.plugin_dirs(),
             session,
-            target: TargetParams::default(),
+            target: self.target.target_params(),
             out: self.out,
         })
     }

@@ -401,7 +401,10 @@ mod tests {
 
     fn config() -> BenchConfig {
         BenchArgs {
-            model: Some("/models/m.gguf".into()),
+            target: crate::config::TargetArgs {
+                model: Some("/models/m.gguf".into()),
+                ..Default::default()
+            },
             workloads: vec!["w/edit.jsonl".into()],
             cascades: vec!["lookup,suffix".into()],
             draft_maxes: vec![4],
