@@ -12,10 +12,12 @@
 //! (`plugins`), and the model (`engine`). The cascade is one value built from configuration, so
 //! it can be replaced between rounds.
 
+mod draft_model;
 mod ordered;
 mod source;
 mod stats;
 
+pub use self::draft_model::{DraftModel, DraftModelFactory, DraftedToken};
 pub use self::ordered::{Cascade, CascadeSettings, DEFAULT_MIN_LEN, Draft};
 pub use self::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 pub use self::stats::SourceStats;

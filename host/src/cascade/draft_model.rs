@@ -1,0 +1,44 @@
+//! The draft-model bridge as the cascade sees it: a native model a source may drive.
+//!
+//! The engine implements these traits over a second GGUF (`--draft-model`); `plugins` hands one
+//! [`DraftModel`] to each plugin instance through the WIT `draft-model` import, so a drafter
+//! plugin decides how to use the model while the tensor work stays native. Nothing here names
+//! llama.cpp or wasmtime.
+
+use super::source::Token;
+
+/// One token a draft model proposes, with the probability it gave it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DraftedToken {
+    /// The draft model's greedy choice.
+    pub token: Token,
+    /// Its probability under the draft model (softmax over the whole vocabulary), in [0, 1].
+    pub prob: f32,
+}
+
+/// A draft model's context for one source: the tokens it has been fed, and its cache.
+///
+/// Call order: [`reset`](Self::reset) at the start of a request, [`feed`](Self::feed) with the
+/// prompt and then with each round's committed tokens, [`propose`](Self::propose) whenever a
+/// draft is wanted. Implementations evaluate fed tokens lazily, at the next `propose`, and reuse
+/// their cache for tokens they drafted earlier that were then fed (accepted drafts).
+pub trait DraftModel: Send {
+    /// Empties the context.
+    fn reset(&mut self);
+
+    /// Appends committed tokens to the context.
+    fn feed(&mut self, tokens: &[Token]);
+
+    /// Greedily drafts up to `max_len` tokens after the context, stopping after the first token
+    /// whose probability is below `p_min` (that token is included). The drafted tokens are not
+    /// added to the context. Returns nothing when the model fails (the failure is logged) or
+    /// the context is full.
+    fn propose(&mut self, max_len: usize, p_min: f32) -> Vec<DraftedToken>;
+}
+
+/// Makes one [`DraftModel`] context per source that asks for one. Shared by every plugin
+/// instance of a process; the model weights are loaded once.
+pub trait DraftModelFactory: Send + Sync {
+    /// A fresh, empty context. `Err` says why none could be made (out of memory, ...).
+    fn open(&self) -> Result<Box<dyn DraftModel>, String>;
+}
