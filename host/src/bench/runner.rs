@@ -22,22 +22,27 @@ use serde::Serialize;
 
 use super::stats::Totals;
 use super::workload::{Prompt, Workload};
-use crate::cascade::{Cascade, ModelFacts, Token};
-use crate::config::{BenchConfig, SourceSpec};
+use crate::cascade::{Cascade, CascadeMode, CascadeSettings, ModelFacts, Token};
+use crate::config::{BenchConfig, PolicySpec, SourceSpec};
 use crate::engine::{Request, SamplingParams, Session, StopStrings, Target};
-use crate::plugins::{LoadedPlugin, PluginHost, PluginHostConfig};
+use crate::plugins::{LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
 use crate::run::build_cascade;
 
 /// How often the progress bar redraws its elapsed time while a request runs.
 const PROGRESS_TICK: Duration = Duration::from_millis(250);
 
-/// What one benchmark row decodes with: plain decoding, or a cascade with a draft length.
+/// What one benchmark row decodes with: plain decoding, or a cascade with a policy, a mode
+/// and a draft length.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Configuration {
     /// Draft sources in order; empty for plain decoding.
     pub cascade: Vec<SourceSpec>,
     /// Most draft tokens per round; `None` for plain decoding.
     pub draft_max: Option<usize>,
+    /// The draft-length policy; `None` for plain decoding.
+    pub policy: Option<PolicySpec>,
+    /// How the cascade picks a draft.
+    pub mode: CascadeMode,
 }
 
 impl Configuration {
@@ -46,21 +51,39 @@ impl Configuration {
         Self {
             cascade: Vec::new(),
             draft_max: None,
+            policy: None,
+            mode: CascadeMode::First,
         }
     }
 
-    /// Plain decoding first, then every cascade with every draft length, in the order given.
+    /// Plain decoding first, then every cascade with every mode, policy and draft length, in
+    /// the order given.
     pub fn all(config: &BenchConfig) -> Vec<Self> {
         let mut all = vec![Self::plain()];
         for cascade in &config.cascades {
-            for &draft_max in &config.draft_maxes {
-                all.push(Self {
-                    cascade: cascade.clone(),
-                    draft_max: Some(draft_max),
-                });
+            for &mode in &config.cascade_modes {
+                for policy in &config.policies {
+                    for &draft_max in &config.draft_maxes {
+                        all.push(Self {
+                            cascade: cascade.clone(),
+                            draft_max: Some(draft_max),
+                            policy: Some(policy.clone()),
+                            mode,
+                        });
+                    }
+                }
             }
         }
         all
+    }
+
+    /// The policy's name and settings as given (`window,raise=0.9`), or `none`.
+    pub fn policy_name(&self) -> String {
+        match &self.policy {
+            Some(policy) if policy.config.is_empty() => policy.name(),
+            Some(policy) => format!("{},{}", policy.name(), policy.config),
+            None => "none".into(),
+        }
     }
 
     /// Whether this is the plain baseline.
@@ -80,11 +103,21 @@ impl Configuration {
             .join(",")
     }
 
-    /// The row label: `plain`, or `lookup,suffix K=8`.
+    /// The row label: `plain`; `lookup,suffix K=8` with the fixed policy; otherwise
+    /// `lookup,suffix window K≤24`, with ` scored` in scored mode.
     pub fn label(&self) -> String {
-        match self.draft_max {
-            Some(draft_max) if !self.is_plain() => format!("{} K={draft_max}", self.cascade_name()),
-            _ => "plain".into(),
+        let Some(draft_max) = self.draft_max.filter(|_| !self.is_plain()) else {
+            return "plain".into();
+        };
+        let mode = match self.mode {
+            CascadeMode::First => "",
+            CascadeMode::Scored => " scored",
+        };
+        let policy = self.policy_name();
+        if policy == "fixed" {
+            format!("{} K={draft_max}{mode}", self.cascade_name())
+        } else {
+            format!("{} {policy} K≤{draft_max}{mode}", self.cascade_name())
         }
     }
 }
@@ -180,9 +213,35 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
     let target = Target::load(&config.model, &config.target)?;
     let mut session = target.session(&config.session)?;
     let facts = target.facts(session.ctx_size());
+    let mut loaded_policies: Vec<(&SourceSpec, LoadedPolicy)> = Vec::new();
+    for spec in configurations
+        .iter()
+        .filter_map(|c| c.policy.as_ref())
+        .map(|p| &p.plugin)
+    {
+        if !loaded_policies.iter().any(|(known, _)| *known == spec) {
+            loaded_policies.push((spec, host.load_policy(spec)?));
+        }
+    }
+    let policies: Vec<Option<LoadedPolicy>> = configurations
+        .iter()
+        .map(|c| {
+            let spec = &c.policy.as_ref()?.plugin;
+            loaded_policies
+                .iter()
+                .find(|(known, _)| *known == spec)
+                .map(|(_, policy)| policy.clone())
+        })
+        .collect();
     // Every plugin must accept its configuration before hours of measuring start.
-    for cascade in &plugins {
-        build_cascade(cascade, &config.plugin_configs, &facts)?;
+    for (index, configuration) in configurations.iter().enumerate() {
+        new_cascade(
+            &plugins[index],
+            policies[index].as_ref(),
+            configuration,
+            config,
+            &facts,
+        )?;
     }
     let prepared = workloads
         .iter()
@@ -211,7 +270,13 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
                     pass + 1,
                     if warming_up { " (warm-up)" } else { "" }
                 ));
-                let mut cascade = new_cascade(&plugins[index], config, &facts)?;
+                let mut cascade = new_cascade(
+                    &plugins[index],
+                    policies[index].as_ref(),
+                    configuration,
+                    config,
+                    &facts,
+                )?;
                 let mut totals = Totals::default();
                 let mut context = PassContext {
                     session: &mut session,
@@ -253,16 +318,34 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
     })
 }
 
-/// A fresh cascade of `plugins` (empty for plain decoding).
+/// A fresh cascade of `plugins` with `policy`, as `configuration` says (empty for plain
+/// decoding).
 fn new_cascade(
     plugins: &[LoadedPlugin],
+    policy: Option<&LoadedPolicy>,
+    configuration: &Configuration,
     config: &BenchConfig,
     facts: &ModelFacts,
 ) -> anyhow::Result<Cascade> {
     if plugins.is_empty() {
         return Ok(Cascade::empty());
     }
-    build_cascade(plugins, &config.plugin_configs, facts)
+    let settings = CascadeSettings {
+        mode: configuration.mode,
+        ..CascadeSettings::default()
+    };
+    let policy_config = configuration
+        .policy
+        .as_ref()
+        .map_or("", |policy| policy.config.as_str());
+    build_cascade(
+        plugins,
+        &config.plugin_configs,
+        facts,
+        settings,
+        policy.map(|policy| (policy, policy_config)),
+        configuration.draft_max.unwrap_or(0),
+    )
 }
 
 /// One configuration's pass over a workload.
@@ -376,6 +459,7 @@ fn prepare(
                     sampling: SamplingParams::greedy(),
                     stop: StopStrings::default(),
                     draft_max: 0,
+                    verify_costs: Vec::new(),
                 },
             })
         })

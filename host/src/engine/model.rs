@@ -196,6 +196,20 @@ impl Target {
             .token_to_piece_into(to_llama(token), out, false, None);
     }
 
+    /// The text of `tokens`, lossily decoded (a character split across tokens at either end
+    /// becomes U+FFFD): for content-aware policies, not for output.
+    pub fn text_of(&self, tokens: &[Token]) -> String {
+        let mut bytes = Vec::new();
+        let mut piece = Vec::new();
+        for &token in tokens {
+            if !self.is_eog(token) {
+                self.token_bytes(token, &mut piece);
+                bytes.extend_from_slice(&piece);
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
     /// Creates a session: a llama.cpp context with its own KV cache.
     pub fn session(&self, params: &SessionParams) -> Result<Session<'_>, EngineError> {
         let context_error = |reason: String| EngineError::Context {
