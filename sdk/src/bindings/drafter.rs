@@ -1,9 +1,5 @@
-//! The only code generated from `wit/drafter.wit`, and the glue between it and [`Drafter`].
-//!
-//! `wit_bindgen::generate!` runs once, in the private `generated` module. Nothing generated
-//! appears in a public signature: [`SessionCell`] implements the generated session trait for any
-//! [`Drafter`], converting WIT records to and from the plain types of [`crate::types`], and
-//! [`crate::export_drafter!`] reaches it through the hidden `__private` module.
+//! Glue between the generated `drafter` world and [`Drafter`], [`crate::state`] and
+//! [`crate::draft_model`].
 //!
 //! Proposals pass through unchanged, even invalid ones: checking them is the host's job (it must
 //! distrust every plugin anyway), and hostile test plugins rely on reaching it unfiltered.
@@ -11,24 +7,13 @@
 use std::cell::RefCell;
 
 use crate::drafter::Drafter;
-use crate::types::{Feedback, ModelFacts, Proposal, Token};
+use crate::types::{Feedback, Proposal, Token};
 
-use self::generated::exports::spechost::drafter::drafter_api as api;
-use self::generated::spechost::drafter::types as wit;
+use super::drafter_world::exports::spechost::drafter::drafter_api as api;
+use super::drafter_world::spechost::drafter::types as wit;
+use super::{forward_panics_to_host_log, model_facts};
 
-// The generated ABI code is unsafe by nature, and its items, reachable only through the hidden
-// `__private` module, are not API; both allowances stop at this module.
-#[allow(unsafe_code, missing_docs)]
-mod generated {
-    wit_bindgen::generate!({
-        path: "../wit",
-        world: "drafter",
-        pub_export_macro: true,
-        default_bindings_module: "spechost_sdk::__private",
-    });
-}
-
-pub use self::generated::{export, exports};
+pub use super::drafter_world::{export, exports};
 
 /// A drafter as the generated bindings see it: one per session resource.
 ///
@@ -39,11 +24,15 @@ pub struct SessionCell<D>(RefCell<D>);
 
 impl<D: Drafter> api::Guest for SessionCell<D> {
     type Session = Self;
+
+    fn checkpoint() {
+        forward_panics_to_host_log();
+        D::checkpoint();
+    }
 }
 
 impl<D: Drafter> api::GuestSession for SessionCell<D> {
     fn open(config: String, facts: wit::ModelFacts) -> Result<api::Session, String> {
-        #[cfg(target_arch = "wasm32")]
         forward_panics_to_host_log();
         let drafter = D::new(&config, &model_facts(facts))?;
         Ok(api::Session::new(SessionCell(RefCell::new(drafter))))
@@ -54,8 +43,7 @@ impl<D: Drafter> api::GuestSession for SessionCell<D> {
     }
 
     fn propose(&self, max_len: u32) -> wit::Proposal {
-        // `usize` has at least 32 bits on every target spechost plugins build for.
-        let max_len = usize::try_from(max_len).unwrap_or(usize::MAX);
+        let max_len = usize_from(max_len);
         let Proposal { tokens, confidence } = self.0.borrow_mut().propose(max_len);
         wit::Proposal { tokens, confidence }
     }
@@ -73,57 +61,51 @@ impl<D: Drafter> api::GuestSession for SessionCell<D> {
 /// readable error, and check the type natively, where nothing is exported.
 pub const fn assert_drafter<D: Drafter>() {}
 
-fn model_facts(facts: wit::ModelFacts) -> ModelFacts {
-    let wit::ModelFacts {
-        vocab_size,
-        bos,
-        eos,
-        eog,
-        context_size,
-    } = facts;
-    ModelFacts {
-        vocab_size,
-        bos,
-        eos,
-        eog,
-        context_size,
+/// `usize` has at least 32 bits on every target spechost plugins build for.
+fn usize_from(value: u32) -> usize {
+    usize::try_from(value).unwrap_or(usize::MAX)
+}
+
+/// The host's `state` import.
+#[cfg(target_arch = "wasm32")]
+pub(crate) mod state {
+    use crate::bindings::drafter_world::spechost::drafter::state as wit;
+
+    pub(crate) fn load() -> Option<Vec<u8>> {
+        wit::load()
+    }
+
+    pub(crate) fn save(blob: &[u8]) -> Result<(), String> {
+        wit::save(blob)
     }
 }
 
-/// Makes every panic also log its message and location at error level, before the default hook
-/// runs and the instance traps.
-///
-/// Runs at the start of every session, so before any other guest code. Without it the host
-/// would see only "unreachable executed": a sandboxed plugin's stderr is usually discarded.
+/// The host's `draft-model` import.
 #[cfg(target_arch = "wasm32")]
-fn forward_panics_to_host_log() {
-    static INSTALL: std::sync::Once = std::sync::Once::new();
-    INSTALL.call_once(|| {
-        let default_hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let message = info.payload_as_str().unwrap_or("(non-string payload)");
-            let line = match info.location() {
-                Some(location) => format!("panicked at {location}: {message}"),
-                None => format!("panicked: {message}"),
-            };
-            host_log(crate::log::Level::Error, &line);
-            default_hook(info);
-        }));
-    });
-}
+pub(crate) mod draft_model {
+    use crate::bindings::drafter_world::spechost::drafter::draft_model as wit;
+    use crate::types::{DraftedToken, Token};
 
-/// Sends a log line through the host's `log` import.
-#[cfg(target_arch = "wasm32")]
-pub(crate) fn host_log(level: crate::log::Level, message: &str) {
-    use self::generated::spechost::drafter::host;
-    use crate::log::Level;
+    pub(crate) fn available() -> bool {
+        wit::available()
+    }
 
-    let level = match level {
-        Level::Trace => host::Level::Trace,
-        Level::Debug => host::Level::Debug,
-        Level::Info => host::Level::Info,
-        Level::Warn => host::Level::Warn,
-        Level::Error => host::Level::Error,
-    };
-    host::log(level, message);
+    pub(crate) fn reset() {
+        wit::reset();
+    }
+
+    pub(crate) fn feed(tokens: &[Token]) {
+        wit::feed(tokens);
+    }
+
+    pub(crate) fn propose(max_len: usize, p_min: f32) -> Vec<DraftedToken> {
+        let max_len = u32::try_from(max_len).unwrap_or(u32::MAX);
+        wit::propose(max_len, p_min)
+            .into_iter()
+            .map(|drafted| DraftedToken {
+                token: drafted.token,
+                prob: drafted.prob,
+            })
+            .collect()
+    }
 }
