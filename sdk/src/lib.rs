@@ -25,6 +25,8 @@
 //!
 //! A *policy* chooses how many tokens to draft each round: implement [`Policy`] (it observes a
 //! [`RoundRecord`] per round and returns a [`Decision`]) and export it with [`export_policy!`].
+//! [`adaptive`] has the pieces most policies share: a rolling acceptance rate and a back-off
+//! that turns speculation off while it does not pay.
 //!
 //! Around them: [`config::Config`] parses the plugin's `key=value` settings, [`log`] writes to
 //! the host's log, and [`testing`] runs drafters ([`testing::Harness`]) and policies
@@ -91,6 +93,7 @@
 
 #![deny(missing_docs)]
 
+pub mod adaptive;
 mod bindings;
 pub mod config;
 pub mod draft_model;
