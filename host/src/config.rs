@@ -34,6 +34,71 @@ pub enum Command {
     Models(ModelsCommand),
     /// Measure cascades against plain decoding on workload files (greedy), in one process.
     Bench(Box<BenchArgs>),
+    /// Tools for the suffix drafter's cross-request cache.
+    #[command(subcommand)]
+    Suffix(SuffixCommand),
+}
+
+/// `spechost suffix ...`
+#[derive(Debug, Subcommand)]
+pub enum SuffixCommand {
+    /// Fill a suffix cache file from a corpus of earlier responses (JSONL), to load with
+    /// `--state-dir` (name it `suffix.state` there).
+    Warm(WarmArgs),
+}
+
+/// Flags of `spechost suffix warm`.
+#[derive(Debug, Args)]
+pub struct WarmArgs {
+    /// JSONL corpus: one text per line (a JSON string, `{"text": ...}`, `{"response": ...}`, or
+    /// a workload request whose assistant messages are used).
+    #[arg(long)]
+    pub corpus: PathBuf,
+    /// The cache file to write (extended if it exists).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Model whose tokenizer is used: the target the cache will serve (default: smollm2).
+    #[arg(long, short = 'm')]
+    pub model: Option<String>,
+    /// The drafter to warm: `suffix` or a .wasm path.
+    #[arg(long, default_value = "suffix")]
+    pub plugin: String,
+    /// A plugin setting, `key=value` (repeatable), e.g. `max_depth=32`.
+    #[arg(long = "plugin-config", value_name = "KEY=VALUE")]
+    pub plugin_config: Vec<String>,
+    /// Extra directory to search for built-in plugins (repeatable).
+    #[arg(long = "plugin-dir")]
+    pub plugin_dirs: Vec<PathBuf>,
+}
+
+impl WarmArgs {
+    /// Validates the flags into a [`WarmConfig`](crate::warm::WarmConfig).
+    pub fn into_config(self, cache_dir: &Path) -> Result<crate::warm::WarmConfig, ConfigError> {
+        let mut plugins = parse_cascade(&self.plugin)?;
+        if plugins.len() != 1 {
+            return Err(ConfigError::Cascade {
+                spec: self.plugin,
+                problem: "name exactly one drafter to warm, e.g. `suffix`".into(),
+            });
+        }
+        if let Some(bad) = self.plugin_config.iter().find(|s| !s.contains('=')) {
+            return Err(ConfigError::PluginConfig(bad.clone()));
+        }
+        let plugin_dirs = self
+            .plugin_dirs
+            .iter()
+            .cloned()
+            .chain(env_plugin_dirs())
+            .collect();
+        Ok(crate::warm::WarmConfig {
+            model: resolve_model(self.model, cache_dir),
+            plugin: plugins.remove(0),
+            plugin_config: self.plugin_config.join(","),
+            plugin_dirs,
+            corpus: self.corpus,
+            out: self.out,
+        })
+    }
 }
 
 /// `spechost models ...`
@@ -368,10 +433,11 @@ pub fn parse_policy(spec: &str) -> Result<PolicySpec, ConfigError> {
         ));
     }
     let settings: Vec<&str> = parts.collect();
-    if let Some(bad) = settings
-        .iter()
-        .find(|setting| setting.split_once('=').is_none_or(|(k, _)| k.trim().is_empty()))
-    {
+    if let Some(bad) = settings.iter().find(|setting| {
+        setting
+            .split_once('=')
+            .is_none_or(|(k, _)| k.trim().is_empty())
+    }) {
         return Err(problem(&format!(
             "setting `{bad}` is not key=value; write e.g. `window,raise=0.85`"
         )));
@@ -1025,7 +1091,10 @@ mod tests {
         assert_eq!(defaults.draft_maxes, vec![DEFAULT_BENCH_DRAFT_MAX]);
         assert_eq!(
             (defaults.policies.clone(), defaults.cascade_modes.clone()),
-            (vec![parse_policy("fixed").expect("valid")], vec![CascadeMode::First])
+            (
+                vec![parse_policy("fixed").expect("valid")],
+                vec![CascadeMode::First]
+            )
         );
         for (bad, needle) in [
             (args(&["none"], &[4], 1), "baseline"),
@@ -1074,7 +1143,10 @@ mod tests {
 
     #[test]
     fn cascade_mode_defaults_to_first_and_names_the_choices() {
-        assert_eq!(parse_cascade_mode(None).expect("default"), CascadeMode::First);
+        assert_eq!(
+            parse_cascade_mode(None).expect("default"),
+            CascadeMode::First
+        );
         assert_eq!(
             parse_cascade_mode(Some("scored".into())).expect("valid"),
             CascadeMode::Scored
@@ -1082,6 +1154,9 @@ mod tests {
         let message = parse_cascade_mode(Some("best".into()))
             .expect_err("unknown")
             .to_string();
-        assert!(message.contains("`first`") && message.contains("`scored`"), "message: {message}");
+        assert!(
+            message.contains("`first`") && message.contains("`scored`"),
+            "message: {message}"
+        );
     }
 }

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 
 use crate::cascade::{Cascade, CascadeSettings, DraftSource, ModelFacts, PolicySetup};
 use crate::config::RunConfig;
-use crate::engine::{Request, Target};
+use crate::engine::{Request, Session, Target};
 use crate::plugins::{LoadError, LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
 
 /// Loads the target and the cascade, generates, streams the text and prints the stats.
@@ -44,7 +44,9 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         mode: config.cascade_mode,
         ..CascadeSettings::default()
     };
-    let policy = policy.as_ref().map(|policy| (policy, config.policy.config.as_str()));
+    let policy = policy
+        .as_ref()
+        .map(|policy| (policy, config.policy.config.as_str()));
     let mut cascade = build_cascade(
         &plugins,
         &config.plugin_configs,
@@ -53,13 +55,18 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         policy,
         config.draft_max,
     )?;
+    let verify_costs = if cascade.is_empty() {
+        Vec::new()
+    } else {
+        measure_verify_costs(&mut session, config.draft_max)?
+    };
     let request = Request {
         prompt,
         max_tokens: config.max_tokens,
         sampling: config.sampling.clone(),
         stop: config.stop.clone(),
         draft_max: config.draft_max,
-        verify_costs: Vec::new(),
+        verify_costs,
     };
     let mut stdout = std::io::stdout().lock();
     let outcome = session.generate(&request, &mut cascade, &mut |text| {
@@ -98,6 +105,29 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Measures the target's verify cost for 1..=`draft_max + 1` tokens (for the policy), logging
+/// the curve.
+pub fn measure_verify_costs(
+    session: &mut Session<'_>,
+    draft_max: usize,
+) -> anyhow::Result<Vec<std::time::Duration>> {
+    let started = std::time::Instant::now();
+    let costs = session
+        .measure_verify_costs(draft_max + 1)
+        .context("measuring the target's verify cost")?;
+    let first = costs.first().copied().unwrap_or_default();
+    let last = costs.last().copied().unwrap_or_default();
+    tracing::info!(
+        one_token_ms = first.as_secs_f64() * 1e3,
+        tokens = costs.len(),
+        all_tokens_ms = last.as_secs_f64() * 1e3,
+        relative = last.as_secs_f64() / first.as_secs_f64().max(1e-9),
+        took_ms = started.elapsed().as_secs_f64() * 1e3,
+        "measured the verify cost curve"
+    );
+    Ok(costs)
 }
 
 /// Asks the cascade's sources to save their cross-request state, then writes each plugin's
@@ -151,8 +181,7 @@ pub fn build_cascade(
         max_draft_len,
         verify_costs: Vec::new(),
     };
-    if let Err(error @ LoadError::Config { .. }) =
-        policy.check_config(policy_config, facts, &setup)
+    if let Err(error @ LoadError::Config { .. }) = policy.check_config(policy_config, facts, &setup)
     {
         return Err(error.into());
     }

@@ -26,7 +26,7 @@ use crate::cascade::{Cascade, CascadeMode, CascadeSettings, ModelFacts, Token};
 use crate::config::{BenchConfig, PolicySpec, SourceSpec};
 use crate::engine::{Request, SamplingParams, Session, StopStrings, Target};
 use crate::plugins::{LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
-use crate::run::build_cascade;
+use crate::run::{build_cascade, measure_verify_costs};
 
 /// How often the progress bar redraws its elapsed time while a request runs.
 const PROGRESS_TICK: Duration = Duration::from_millis(250);
@@ -243,6 +243,16 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
             &facts,
         )?;
     }
+    let largest_draft_max = configurations
+        .iter()
+        .filter_map(|c| c.draft_max)
+        .max()
+        .unwrap_or(0);
+    let verify_costs = if largest_draft_max > 0 {
+        measure_verify_costs(&mut session, largest_draft_max)?
+    } else {
+        Vec::new()
+    };
     let prepared = workloads
         .iter()
         .map(|w| prepare(&target, w, config, session.ctx_size()))
@@ -280,6 +290,7 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
                 let mut totals = Totals::default();
                 let mut context = PassContext {
                     session: &mut session,
+                    verify_costs: &verify_costs,
                     cascade: &mut cascade,
                     configuration,
                     workload: &run.workload.name,
@@ -351,6 +362,8 @@ fn new_cascade(
 /// One configuration's pass over a workload.
 struct PassContext<'s, 't> {
     session: &'s mut Session<'t>,
+    /// The target's verify cost curve, for policies.
+    verify_costs: &'s [Duration],
     cascade: &'s mut Cascade,
     configuration: &'s Configuration,
     workload: &'s str,
@@ -359,8 +372,10 @@ struct PassContext<'s, 't> {
 
 impl PassContext<'_, '_> {
     fn decode(&mut self, prepared: &Prepared) -> anyhow::Result<crate::engine::Outcome> {
+        let draft_max = self.configuration.draft_max.unwrap_or(0);
         let request = Request {
-            draft_max: self.configuration.draft_max.unwrap_or(0),
+            draft_max,
+            verify_costs: self.verify_costs[..self.verify_costs.len().min(draft_max + 1)].to_vec(),
             ..prepared.request.clone()
         };
         self.session

@@ -399,7 +399,10 @@ impl Cascade {
                     // Verification checked every drafted position up to the first mismatch.
                     (n_accepted, drafted)
                 } else {
-                    (matching_prefix(&proposal.tokens, committed), committed.len())
+                    (
+                        matching_prefix(&proposal.tokens, committed),
+                        committed.len(),
+                    )
                 };
                 slot.history.record(drafted, matched, known);
                 if won {
@@ -712,7 +715,11 @@ mod tests {
         let mut cascade = Cascade::new(vec![model, good], scored());
         cascade.begin(&facts(), &[1], 8, &[]);
         let draft = cascade.propose(8);
-        assert_eq!(draft.source, Some(1), "cheap proposal is good enough: {draft:?}");
+        assert_eq!(
+            draft.source,
+            Some(1),
+            "cheap proposal is good enough: {draft:?}"
+        );
         assert_eq!(*model_asked.lock().expect("counter"), 0, "model not asked");
     }
 
@@ -734,7 +741,11 @@ mod tests {
             cascade.accept(&draft, n_accepted, &committed, RoundTiming::default(), "");
         }
         let draft = cascade.propose(4);
-        assert_eq!(draft.source, Some(1), "losing proposals taught the cascade: {draft:?}");
+        assert_eq!(
+            draft.source,
+            Some(1),
+            "losing proposals taught the cascade: {draft:?}"
+        );
     }
 
     /// A policy that returns scripted decisions and records what it observed.
@@ -787,12 +798,27 @@ mod tests {
             assert!(draft.tokens.is_empty(), "no draft at K=0: {draft:?}");
             cascade.accept(&draft, 0, &[committed], RoundTiming::default(), "");
         }
-        assert_eq!(*asked.lock().expect("counter"), 1, "one shadow pending at a time");
-        assert_eq!(*model_asked.lock().expect("counter"), 0, "expensive never shadows");
+        assert_eq!(
+            *asked.lock().expect("counter"),
+            1,
+            "one shadow pending at a time"
+        );
+        assert_eq!(
+            *model_asked.lock().expect("counter"),
+            0,
+            "expensive never shadows"
+        );
         let observed = observed.lock().expect("observed");
         let settled: Vec<&SourceRound> = observed.iter().flat_map(|r| &r.sources).collect();
-        assert_eq!(settled.len(), 1, "settled once, at the mismatch: {observed:?}");
-        assert_eq!((settled[0].drafted, settled[0].accepted, settled[0].shadow), (3, 2, true));
+        assert_eq!(
+            settled.len(),
+            1,
+            "settled once, at the mismatch: {observed:?}"
+        );
+        assert_eq!(
+            (settled[0].drafted, settled[0].accepted, settled[0].shadow),
+            (3, 2, true)
+        );
         assert_eq!(cascade.stats()[0].shadow_matched, 2);
         // The policy ran out of decisions: a faulty policy means plain decoding.
         assert_eq!(cascade.propose(8), Draft::default());

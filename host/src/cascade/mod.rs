@@ -17,22 +17,20 @@
 //! and quarantine (`plugins`), and the model (`engine`). The cascade is one value built from
 //! configuration, so it can be replaced between requests.
 
-mod draft_model;
 mod chain;
+mod draft_model;
 mod estimate;
 mod policy;
 mod source;
 mod stats;
 
-pub use self::draft_model::{DraftModel, DraftModelFactory, DraftedToken};
-pub use self::policy::{
-    Decision, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound,
-};
 pub use self::chain::{
     Cascade, CascadeMode, CascadeSettings, DEFAULT_EXPENSIVE_THRESHOLD, DEFAULT_MIN_LEN, Draft,
     MAX_SHADOW_LEN, RoundTiming,
 };
+pub use self::draft_model::{DraftModel, DraftModelFactory, DraftedToken};
 pub use self::estimate::{PositionAcceptance, expected_accepted, matching_prefix};
+pub use self::policy::{Decision, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound};
 pub use self::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 pub use self::stats::SourceStats;
 pub(crate) use self::stats::ratio;

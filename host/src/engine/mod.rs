@@ -10,6 +10,7 @@
 //! Not here: where drafts come from (`cascade`, `plugins`) and how requests arrive (`main`,
 //! `server`).
 
+mod costs;
 mod error;
 mod model;
 mod sample;

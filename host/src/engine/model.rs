@@ -188,6 +188,17 @@ impl Target {
             .collect()
     }
 
+    /// Tokens of `text` as it would appear inside generated output: no BOS, and special-token
+    /// markup is not parsed (it is ordinary text).
+    pub fn tokenize_text(&self, text: &str) -> Vec<Token> {
+        self.model
+            .vocab()
+            .tokenize(text.as_bytes(), false, false)
+            .into_iter()
+            .map(from_llama)
+            .collect()
+    }
+
     /// The bytes `token` stands for in generated text (special tokens render as nothing).
     pub fn token_bytes(&self, token: Token, out: &mut Vec<u8>) {
         out.clear();

@@ -311,15 +311,57 @@ impl<'a> Session<'a> {
         draft: &[Token],
         n_past: usize,
     ) -> Result<(), EngineError> {
+        let tokens: Vec<Token> = std::iter::once(last).chain(draft.iter().copied()).collect();
+        self.decode_at(&tokens, n_past, true)
+    }
+
+    /// Decodes `tokens` at positions `position..` in one batch (at most the batch size), with
+    /// logits at every position when `all_logits`, else at the last only.
+    pub(super) fn decode_at(
+        &mut self,
+        tokens: &[Token],
+        position: usize,
+        all_logits: bool,
+    ) -> Result<(), EngineError> {
+        let needed = position + tokens.len();
+        if needed > self.ctx_size() as usize || tokens.len() > self.batch_size {
+            return Err(EngineError::ContextOverflow {
+                prompt: position,
+                max_tokens: tokens.len(),
+                ctx_size: self.ctx_size(),
+                needed,
+            });
+        }
         self.batch.clear();
-        for (i, &token) in std::iter::once(&last).chain(draft).enumerate() {
+        for (i, &token) in tokens.iter().enumerate() {
+            let logits = all_logits || i + 1 == tokens.len();
             self.batch
-                .add(to_llama(token), (n_past + i) as i32, &[SEQ], true)
-                .map_err(|e| decode_error(draft.len() + 1, e))?;
+                .add(to_llama(token), (position + i) as i32, &[SEQ], logits)
+                .map_err(|e| decode_error(tokens.len(), e))?;
         }
         self.context
             .decode(&mut self.batch)
-            .map_err(|e| decode_error(draft.len() + 1, e))
+            .map_err(|e| decode_error(tokens.len(), e))
+    }
+
+    /// Drops every KV entry at position `len` and after.
+    pub(super) fn truncate(&mut self, len: usize) -> Result<(), EngineError> {
+        self.context
+            .kv_cache_seq_rm(SEQ, Some(len as u32), None)
+            .map_err(|e| decode_error(0, e))
+    }
+
+    /// Empties the KV cache.
+    pub(super) fn clear(&mut self) {
+        self.context.clear_kv_cache();
+    }
+
+    /// `n` tokens of ordinary English text, for measurements that need a context.
+    pub(super) fn filler_tokens(&self, n: usize) -> Vec<Token> {
+        const FILLER: &str = "The quick brown fox jumps over the lazy dog while the cache \
+                              keeps every key and value it has seen so far. ";
+        let tokens = self.target.tokenize_text(FILLER);
+        tokens.iter().cycle().take(n).copied().collect()
     }
 }
 

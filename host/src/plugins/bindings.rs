@@ -10,7 +10,10 @@
 //! implemented once.
 
 use crate::cascade;
-use crate::cascade::{Decision as CascadeDecision, PolicySetup as CascadeSetup, RoundRecord as CascadeRecord, SourceRound as CascadeSourceRound};
+use crate::cascade::{
+    Decision as CascadeDecision, PolicySetup as CascadeSetup, RoundRecord as CascadeRecord,
+    SourceRound as CascadeSourceRound,
+};
 
 mod generated {
     wasmtime::component::bindgen!({

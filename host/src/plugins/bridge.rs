@@ -41,7 +41,10 @@ impl DraftBridge {
                 Ok(model) => self.model = Some(model),
                 Err(reason) => {
                     self.failed = true;
-                    tracing::warn!(plugin, "cannot open a draft-model context: {reason}; the plugin gets no draft tokens");
+                    tracing::warn!(
+                        plugin,
+                        "cannot open a draft-model context: {reason}; the plugin gets no draft tokens"
+                    );
                 }
             }
         }

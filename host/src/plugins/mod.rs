@@ -75,10 +75,10 @@ pub use self::loader::{LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig}
 pub use self::log::{LOG_BURST, LOG_LINES_PER_SECOND, MAX_LOG_MESSAGE_CHARS};
 pub use self::policy::PluginPolicy;
 pub use self::registry::{BUILTIN_POLICIES, BUILTINS, PluginKind};
-pub use self::state::{DEFAULT_MAX_STATE_BYTES, StateSlot};
 pub use self::sandbox::{
     DEFAULT_CALL_DEADLINE, DEFAULT_MAX_FAULTS, DEFAULT_MAX_HOST_RESOURCES, DEFAULT_MAX_INSTANCES,
     DEFAULT_MAX_MEMORIES, DEFAULT_MAX_TABLES, DEFAULT_MEMORY_LIMIT, DEFAULT_TABLE_ELEMENTS,
     EPOCH_TICK, SandboxLimits,
 };
 pub use self::source::PluginSource;
+pub use self::state::{DEFAULT_MAX_STATE_BYTES, StateSlot};

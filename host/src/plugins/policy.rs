@@ -17,9 +17,7 @@ use super::loader::LoadedPolicy;
 use super::sandbox::{
     EPOCH_TICK, HostState, Services, arm_call, deadline_ticks, enforce_deadline, sanitize,
 };
-use crate::cascade::{
-    Decision, ModelFacts, PolicySetup, RoundPolicy, RoundRecord, SourceFault,
-};
+use crate::cascade::{Decision, ModelFacts, PolicySetup, RoundPolicy, RoundRecord, SourceFault};
 
 /// Longest error string from a policy's `open` kept in a fault, in characters.
 const MAX_GUEST_ERROR_CHARS: usize = 500;
@@ -294,10 +292,7 @@ impl RoundPolicy for PluginPolicy {
         };
         arm_call(&mut live.store, deadline_ticks);
         let api = live.policy.spechost_drafter_policy_api();
-        match api
-            .policy_session()
-            .call_decide(&mut live.store, session)
-        {
+        match api.policy_session().call_decide(&mut live.store, session) {
             Ok(decision) => Ok(Decision::from(decision)),
             Err(error) => Err(self.trap("decide", &error)),
         }

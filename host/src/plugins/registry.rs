@@ -150,7 +150,9 @@ mod tests {
 
     #[test]
     fn builtin_policy_is_a_prefixed_file() {
-        let found = resolve_builtin(PluginKind::Policy, "window", &[PathBuf::from("/p")], |_| true);
+        let found = resolve_builtin(PluginKind::Policy, "window", &[PathBuf::from("/p")], |_| {
+            true
+        });
         assert_eq!(found.ok(), Some(PathBuf::from("/p/policy_window.wasm")));
         let err = resolve_builtin(PluginKind::Policy, "lookup", &[], |_| true)
             .expect_err("lookup is a drafter, not a policy");
@@ -162,7 +164,8 @@ mod tests {
 
     #[test]
     fn unknown_builtin_lists_known_names() {
-        let err = resolve_builtin(PluginKind::Drafter, "nope", &[], |_| true).expect_err("`nope` is not a built-in");
+        let err = resolve_builtin(PluginKind::Drafter, "nope", &[], |_| true)
+            .expect_err("`nope` is not a built-in");
         let message = err.to_string();
         assert!(
             message.contains("`nope`") && message.contains("lookup") && message.contains(".wasm"),
@@ -173,7 +176,8 @@ mod tests {
     #[test]
     fn missing_builtin_names_the_searched_dirs_and_the_fix() {
         let dirs = [PathBuf::from("/a"), PathBuf::from("/b")];
-        let err = resolve_builtin(PluginKind::Drafter, "lookup", &dirs, |_| false).expect_err("no file exists");
+        let err = resolve_builtin(PluginKind::Drafter, "lookup", &dirs, |_| false)
+            .expect_err("no file exists");
         let message = err.to_string();
         assert!(
             message.contains("/a, /b") && message.contains("build-plugins.sh"),

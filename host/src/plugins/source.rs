@@ -19,8 +19,8 @@ use super::bindings::{self, Drafter};
 use super::error::LoadError;
 use super::loader::LoadedPlugin;
 use super::sandbox::{
-    EPOCH_TICK, HostState, SandboxLimits, arm_call, deadline_ticks, enforce_deadline,
-    format_bytes, format_duration, sanitize,
+    EPOCH_TICK, HostState, SandboxLimits, arm_call, deadline_ticks, enforce_deadline, format_bytes,
+    format_duration, sanitize,
 };
 use crate::cascade::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 

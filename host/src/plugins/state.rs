@@ -157,7 +157,8 @@ mod tests {
     use super::*;
 
     fn temp_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("spechost-state-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("spechost-state-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
         dir
@@ -169,14 +170,27 @@ mod tests {
         let file = dir.join("suffix.state");
         let slot = StateSlot::open("suffix", Some(file.clone()), 1 << 20);
         assert!(slot.blob().is_none(), "a missing file is an empty slot");
-        assert!(!slot.persist().expect("persist"), "nothing saved, nothing written");
+        assert!(
+            !slot.persist().expect("persist"),
+            "nothing saved, nothing written"
+        );
         slot.save(b"v1".to_vec()).expect("save");
         assert!(slot.persist().expect("persist"), "a saved blob is written");
-        assert!(!slot.persist().expect("persist"), "unchanged blob is not rewritten");
+        assert!(
+            !slot.persist().expect("persist"),
+            "unchanged blob is not rewritten"
+        );
         let reopened = StateSlot::open("suffix", Some(file), 1 << 20);
-        assert_eq!(reopened.blob().as_deref().map(Vec::as_slice), Some(&b"v1"[..]));
+        assert_eq!(
+            reopened.blob().as_deref().map(Vec::as_slice),
+            Some(&b"v1"[..])
+        );
         let leftovers: Vec<_> = std::fs::read_dir(&dir).expect("dir").collect();
-        assert_eq!(leftovers.len(), 1, "only the state file remains: {leftovers:?}");
+        assert_eq!(
+            leftovers.len(),
+            1,
+            "only the state file remains: {leftovers:?}"
+        );
     }
 
     #[test]
@@ -187,6 +201,9 @@ mod tests {
         let slot = StateSlot::open("big", Some(file), 10);
         assert!(slot.blob().is_none(), "oversized file ignored");
         let err = slot.save(vec![0; 11]).expect_err("too big");
-        assert_eq!(err, "state blob of 11 bytes exceeds the host's limit of 10 bytes");
+        assert_eq!(
+            err,
+            "state blob of 11 bytes exceeds the host's limit of 10 bytes"
+        );
     }
 }
