@@ -1,8 +1,9 @@
 //! `spechost suffix warm`: fills a drafter's cross-request state from a corpus, offline.
 //!
 //! The suffix drafter's global tree holds earlier *responses*. Warming replays each corpus text
-//! through the plugin exactly as a request whose response it was: a session opens with an empty
-//! prompt, the text's tokens are fed as if the target had generated them, and the session ends,
+//! through the plugin exactly as a request whose response it was: a session opens with a
+//! one-token prompt (BOS, or the text's first token when the model has none), the text's tokens
+//! are fed as if the target had generated them, and the session ends,
 //! at which point the plugin files the text in its cache. Then the plugin is asked to
 //! checkpoint, and its state blob is written atomically to `--out`. Nothing here knows the
 //! blob's format: any drafter that keeps cross-request state can be warmed this way.
@@ -73,16 +74,22 @@ pub fn warm(config: &WarmConfig, cache_dir: &Path) -> anyhow::Result<WarmReport>
     let mut tokens_fed = 0;
     for text in &texts {
         let tokens = target.tokenize_text(text);
+        // A drafter takes its first feed as the prompt; the response is what follows.
+        let (prompt, response) = match facts.bos {
+            Some(bos) => (vec![bos], tokens.as_slice()),
+            None if tokens.len() > 1 => (tokens[..1].to_vec(), &tokens[1..]),
+            None => continue,
+        };
         source
-            .begin(&facts, &[])
+            .begin(&facts, &prompt)
             .map_err(|fault| anyhow::anyhow!("{fault}"))?;
-        for chunk in tokens.chunks(FEED_CHUNK) {
+        for chunk in response.chunks(FEED_CHUNK) {
             source
                 .feed(chunk)
                 .map_err(|fault| anyhow::anyhow!("{fault}"))?;
         }
         source.end();
-        tokens_fed += tokens.len();
+        tokens_fed += response.len();
     }
     source
         .checkpoint()
