@@ -20,7 +20,7 @@ use super::error::LoadError;
 pub const BUILTINS: &[&str] = &["lookup", "suffix", "draft"];
 
 /// Names of the draft-length policies that ship with spechost, in the order they are documented.
-pub const BUILTIN_POLICIES: &[&str] = &["window", "fixed", "heuristic", "content", "cost"];
+pub const BUILTIN_POLICIES: &[&str] = &["cost", "window", "fixed", "heuristic", "content"];
 
 /// What a plugin is: a draft source or a draft-length policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
