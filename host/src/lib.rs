@@ -37,6 +37,7 @@ pub mod cascade;
 pub mod config;
 pub mod engine;
 pub mod models;
+pub mod placement;
 pub mod plugins;
 pub mod run;
 pub mod telemetry;
