@@ -36,6 +36,7 @@ pub mod bench;
 pub mod cascade;
 pub mod config;
 pub mod engine;
+pub mod info;
 pub mod models;
 pub mod placement;
 pub mod plugins;

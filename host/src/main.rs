@@ -29,6 +29,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             let config = args.into_config(&cache)?;
             spechost::bench::run(&config, &cache)
         }
+        Command::Info(args) => spechost::info::run(args.into_config()?),
         Command::Models(ModelsCommand::Fetch { models }) => {
             let models = if models.is_empty() {
                 DefaultModel::ALL.to_vec()

@@ -3,6 +3,8 @@
 //! and reserved 1 GB hugepages go unused unless the engine maps with `MAP_HUGETLB` (llama.cpp
 //! does not).
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use super::memory::MemorySettings;
@@ -27,7 +29,7 @@ pub fn advise(
     topology: &Topology,
     memory: &MemorySettings,
     plan: &Plan,
-    openmp_env: &[(String, String)],
+    openmp_env: &BTreeMap<String, String>,
 ) -> Vec<Advice> {
     let mut advice = Vec::new();
     let mut say = |topic, text: String| advice.push(Advice { topic, text });
@@ -127,7 +129,7 @@ mod tests {
         let topology = Topology::read(&root).expect("fixture reads");
         let memory = MemorySettings::read(&root);
         let plan = Plan::new(&topology, &PlacementRequest::default()).expect("valid");
-        let env: Vec<(String, String)> = env
+        let env: BTreeMap<String, String> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();

@@ -7,14 +7,15 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 
 /// The largest CPU number accepted: Linux supports at most 8192 CPUs (`CONFIG_NR_CPUS`).
 pub const MAX_CPU: usize = 8191;
 
 /// A set of logical CPU numbers, kept sorted and without duplicates. May be empty (e.g. the CPUs
 /// left over by a plan); parsing a user's list never gives an empty one.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(try_from = "String")]
 pub struct CpuList {
     cpus: Vec<usize>,
 }
@@ -136,6 +137,15 @@ impl FromStr for CpuList {
             }
         }
         Ok(Self::from_cpus(cpus))
+    }
+}
+
+impl TryFrom<String> for CpuList {
+    type Error = CpuListError;
+
+    /// Parses the list, as [`FromStr`] does (for config files).
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        text.parse()
     }
 }
 

@@ -1,6 +1,7 @@
 //! The placement half of `spechost info`: the machine's layout, its memory settings, the plan
 //! and the advice, as text for people and as JSON (serde) for scripts.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -22,7 +23,7 @@ pub struct PlacementReport {
     /// THP, hugetlb pools, NUMA balancing.
     pub memory: MemorySettings,
     /// The `OMP_*` and `GOMP_*` variables of the environment.
-    pub openmp_env: Vec<(String, String)>,
+    pub openmp_env: BTreeMap<String, String>,
     /// What spechost would do with the given flags.
     pub plan: Plan,
     /// What to change on this machine.
@@ -35,7 +36,7 @@ impl PlacementReport {
         topology: Topology,
         memory: MemorySettings,
         plan: Plan,
-        openmp_env: Vec<(String, String)>,
+        openmp_env: BTreeMap<String, String>,
     ) -> Self {
         let advice = advise(&topology, &memory, &plan, &openmp_env);
         Self {
@@ -254,13 +255,15 @@ fn optional_size(kib: Option<u64>) -> String {
     kib.map_or_else(|| "unknown".into(), size)
 }
 
-/// `48 KiB`, `32 MiB`, `1133.0 GiB`.
+/// `48 KiB`, `32 MiB`, `1 GiB`, `1133.0 GiB`.
 fn size(kib: u64) -> String {
     const MIB: u64 = 1024;
     const GIB: u64 = 1024 * 1024;
-    if kib >= GIB {
+    if kib >= GIB && kib.is_multiple_of(GIB) {
+        format!("{} GiB", kib / GIB)
+    } else if kib >= GIB {
         format!("{:.1} GiB", kib as f64 / GIB as f64)
-    } else if kib >= MIB && kib % MIB == 0 {
+    } else if kib >= MIB && kib.is_multiple_of(MIB) {
         format!("{} MiB", kib / MIB)
     } else if kib >= MIB {
         format!("{:.1} MiB", kib as f64 / MIB as f64)
@@ -279,7 +282,7 @@ mod tests {
         let root = fixture(machine);
         let topology = Topology::read(&root).expect("fixture reads");
         let plan = Plan::new(&topology, &request).expect("valid plan");
-        PlacementReport::new(topology, MemorySettings::read(&root), plan, Vec::new())
+        PlacementReport::new(topology, MemorySettings::read(&root), plan, BTreeMap::new())
     }
 
     #[test]
@@ -316,7 +319,7 @@ mod tests {
             assert!(text.contains(needle), "`{needle}` not in:\n{text}");
         }
         assert!(
-            text.contains("1.0 GiB pages: 16 reserved, 16 free"),
+            text.contains("1 GiB pages: 16 reserved, 16 free"),
             "hugetlb pool line missing:\n{text}"
         );
     }
@@ -338,5 +341,6 @@ mod tests {
         assert_eq!(size(32 * 1024), "32 MiB");
         assert_eq!(size(1536), "1.5 MiB");
         assert_eq!(size(1_188_003_840), "1133.0 GiB");
+        assert_eq!(size(1_048_576), "1 GiB");
     }
 }
