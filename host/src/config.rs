@@ -933,6 +933,22 @@ mod tests {
     }
 
     #[test]
+    fn toml_run_table_takes_cpus_and_numa() {
+        let file: FileConfig =
+            toml::from_str("[run]\ncpus = \"0-3,8\"\nnuma = \"numactl\"\nthreads = 2\n")
+                .expect("valid toml");
+        assert_eq!(
+            file.run.cpus.map(|c| c.to_string()).as_deref(),
+            Some("0-3,8")
+        );
+        assert_eq!(file.run.numa, Some(NumaMode::Numactl));
+        let err = toml::from_str::<FileConfig>("[run]\ncpus = \"3-1\"\n")
+            .expect_err("backwards range")
+            .to_string();
+        assert!(err.contains("write `1-3`"), "got {err}");
+    }
+
+    #[test]
     fn zero_draft_max_is_an_error_naming_the_fix() {
         let args = RunArgs {
             prompt: Some("hi".into()),

@@ -71,15 +71,15 @@ pub fn advise(
     match memory.thp_enabled.as_deref() {
         Some("never") => say(
             "thp",
-            "transparent huge pages are off, so the weights sit in 4 KiB pages; `echo always > /sys/kernel/mm/transparent_hugepage/enabled` and load with --no-mmap to back them with 2 MiB pages.".into(),
+            "transparent huge pages are off, so llama.cpp's buffers (the weights with --no-mmap, the KV cache) get 4 KiB pages; `echo always > /sys/kernel/mm/transparent_hugepage/enabled` and load with --no-mmap to back the weights with 2 MiB pages.".into(),
         ),
         Some("madvise") => say(
             "thp",
-            "transparent huge pages are `madvise`, and llama.cpp never asks for them, so the weights sit in 4 KiB pages; `echo always > /sys/kernel/mm/transparent_hugepage/enabled` and load with --no-mmap to back them with 2 MiB pages.".into(),
+            "transparent huge pages are `madvise` and llama.cpp never asks for them, so its buffers (the weights with --no-mmap, the KV cache) get 4 KiB pages; `echo always > /sys/kernel/mm/transparent_hugepage/enabled` and load with --no-mmap to back the weights with 2 MiB pages.".into(),
         ),
         Some("always") => say(
             "thp",
-            "transparent huge pages are `always`: with --no-mmap the weights are anonymous memory backed by 2 MiB pages; with the default mmap they are page cache, whose page size depends on the filesystem.".into(),
+            "transparent huge pages are `always`: with --no-mmap the weights are anonymous memory that THP backs with 2 MiB pages; with the default mmap they stay page cache, whose page size depends on the kernel and filesystem.".into(),
         ),
         _ => {}
     }

@@ -169,8 +169,9 @@ fn render_plan(plan: &Plan, topology: &Topology) -> String {
     line(
         "threads",
         format!(
-            "{} compute threads on {} physical cores",
-            plan.threads, plan.compute_cores
+            "{} on {}",
+            count(plan.threads, "compute thread"),
+            count(plan.compute_cores, "physical core")
         ),
     );
     line(
@@ -249,6 +250,11 @@ fn cache_value(cache: &Cache) -> String {
         if sharing == 1 { "" } else { "s" },
         cache.shared_cpus
     )
+}
+
+/// `1 core`, `2 cores`.
+fn count(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
 
 fn optional_size(kib: Option<u64>) -> String {
