@@ -14,6 +14,9 @@ use serde::Deserialize;
 use crate::cascade::CascadeMode;
 use crate::engine::{SamplingParams, SessionParams, StopStrings, TargetParams};
 use crate::models::DefaultModel;
+use crate::placement::{
+    CpuList, NumaMode, PlacementError, PlacementRequest, Plan, Topology, TopologyError,
+};
 
 /// Speculative decoding on CPU servers, with draft sources as sandboxed WebAssembly plugins.
 #[derive(Debug, Parser)]
@@ -34,6 +37,9 @@ pub enum Command {
     Models(ModelsCommand),
     /// Measure cascades against plain decoding on workload files (greedy), in one process.
     Bench(Box<BenchArgs>),
+    /// Describe this machine (CPUs, NUMA, caches, memory paging), the thread and pinning plan
+    /// spechost would use, and the llama.cpp build.
+    Info(InfoArgs),
     /// Tools for the suffix drafter's cross-request cache.
     #[command(subcommand)]
     Suffix(SuffixCommand),
@@ -120,6 +126,40 @@ pub enum ModelsCommand {
     },
 }
 
+/// Where the compute threads run: flags shared by `run`, `bench` and `info`.
+#[derive(Debug, Args, Default)]
+pub struct PlacementArgs {
+    /// Compute threads of the target (default: one per physical core of --cpus, or of the CPUs
+    /// the process may use; SMT siblings are not counted).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Pin the target's compute threads to these CPUs, e.g. `0-95` or `0-47,96-143`; other
+    /// threads run on the CPUs left over. `spechost info` shows the layout.
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<CpuList>,
+    /// Pin the draft model's compute threads to these CPUs (kept out of the CPUs left over).
+    #[arg(long, value_name = "LIST")]
+    pub draft_cpus: Option<CpuList>,
+    /// llama.cpp's NUMA strategy: distribute threads over all nodes, isolate them on the
+    /// starting node, keep them on the CPUs given by numactl/taskset/--cpus, or off.
+    #[arg(long, value_enum)]
+    pub numa: Option<NumaMode>,
+}
+
+impl PlacementArgs {
+    /// The plan for this machine, with `file`'s values under the flags.
+    fn plan(&self, file: &FileRun) -> Result<Plan, ConfigError> {
+        let request = PlacementRequest {
+            threads: self.threads.or(file.threads),
+            cpus: self.cpus.clone().or_else(|| file.cpus.clone()),
+            draft_cpus: self.draft_cpus.clone(),
+            numa: self.numa.or(file.numa).unwrap_or_default(),
+        };
+        let topology = Topology::read_host()?;
+        Ok(Plan::new(&topology, &request)?)
+    }
+}
+
 /// Flags shared by `run` and `bench`: the target model, its threads and context, and where
 /// plugins come from and how they are configured.
 #[derive(Debug, Args, Default)]
@@ -127,9 +167,9 @@ pub struct TargetArgs {
     /// Target model: a .gguf path or a default model name (smollm2, gemma3).
     #[arg(long, short = 'm')]
     pub model: Option<String>,
-    /// Compute threads of the target (default: all available cores).
-    #[arg(long, short = 't')]
-    pub threads: Option<usize>,
+    /// Threads, CPUs and NUMA.
+    #[command(flatten)]
+    pub placement: PlacementArgs,
     /// Context size in tokens.
     #[arg(long)]
     pub ctx_size: Option<u32>,
@@ -153,10 +193,11 @@ pub struct TargetArgs {
 
 impl TargetArgs {
     /// Model loading settings.
-    fn target_params(&self) -> TargetParams {
+    fn target_params(&self, plan: &Plan) -> TargetParams {
         TargetParams {
             use_mmap: !self.no_mmap,
             use_mlock: self.mlock,
+            numa: plan.numa,
         }
     }
 
@@ -229,6 +270,43 @@ pub struct RunArgs {
     pub json: bool,
 }
 
+/// Flags of `spechost info`.
+#[derive(Debug, Args, Default)]
+pub struct InfoArgs {
+    /// The placement to plan, as for `run`.
+    #[command(flatten)]
+    pub placement: PlacementArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Everything `spechost info` needs, validated.
+#[derive(Debug, Clone)]
+pub struct InfoConfig {
+    /// This machine's CPU layout.
+    pub topology: Topology,
+    /// The plan for the flags given.
+    pub plan: Plan,
+    /// The `OMP_*` and `GOMP_*` variables of the environment.
+    pub openmp_env: BTreeMap<String, String>,
+    /// JSON output.
+    pub json: bool,
+}
+
+impl InfoArgs {
+    /// Reads this machine's layout and plans the placement the flags ask for.
+    pub fn into_config(self) -> Result<InfoConfig, ConfigError> {
+        let plan = self.placement.plan(&FileRun::default())?;
+        Ok(InfoConfig {
+            topology: Topology::read_host()?,
+            plan,
+            openmp_env: openmp_env(),
+            json: self.json,
+        })
+    }
+}
+
 /// Default number of tokens to generate.
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 
@@ -244,9 +322,6 @@ pub enum ConfigError {
     /// `--max-tokens 0`.
     #[error("--max-tokens must be at least 1")]
     ZeroMaxTokens,
-    /// `--threads 0`.
-    #[error("--threads must be at least 1")]
-    ZeroThreads,
     /// A context too small to hold anything useful.
     #[error("--ctx-size {0} is too small; use at least {MIN_CTX_SIZE} tokens")]
     CtxTooSmall(u32),
@@ -317,6 +392,12 @@ pub enum ConfigError {
     /// Stdin cannot be read.
     #[error("cannot read the prompt from stdin: {0}")]
     Stdin(std::io::Error),
+    /// Threads or CPUs that do not fit this machine.
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
+    /// This machine's CPU layout cannot be read.
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
     /// The TOML file cannot be read or parsed.
     #[error("cannot use config file {path}: {problem}")]
     File {
@@ -492,10 +573,12 @@ pub struct RunConfig {
     pub sampling: SamplingParams,
     /// Stop strings.
     pub stop: StopStrings,
-    /// llama.cpp context settings.
+    /// llama.cpp context settings; `threads` is the plan's.
     pub session: SessionParams,
     /// Model loading settings.
     pub target: TargetParams,
+    /// Threads and CPU pinning.
+    pub placement: Plan,
     /// Stats as JSON.
     pub json: bool,
 }
@@ -521,6 +604,8 @@ struct FileRun {
     max_tokens: Option<usize>,
     draft_max: Option<usize>,
     threads: Option<usize>,
+    cpus: Option<CpuList>,
+    numa: Option<NumaMode>,
     ctx_size: Option<u32>,
     temp: Option<f32>,
     top_k: Option<i32>,
@@ -607,6 +692,7 @@ impl RunArgs {
             None => FileConfig::default(),
         };
         let run = file.run;
+        let placement = self.target.placement.plan(&run)?;
         let mut plugin_configs: BTreeMap<String, String> = file
             .plugins
             .iter()
@@ -644,10 +730,7 @@ impl RunArgs {
         if draft_max == 0 {
             return Err(ConfigError::ZeroDraftMax);
         }
-        let session = session_params(
-            self.target.threads.or(run.threads),
-            self.target.ctx_size.or(run.ctx_size),
-        )?;
+        let session = session_params(placement.threads, self.target.ctx_size.or(run.ctx_size))?;
         let sampling = sampling_params(
             self.temp.or(run.temp),
             self.top_k.or(run.top_k),
@@ -672,7 +755,8 @@ impl RunArgs {
             sampling,
             stop,
             session,
-            target: self.target.target_params(),
+            target: self.target.target_params(&placement),
+            placement,
             json: self.json,
         })
     }
@@ -760,10 +844,12 @@ pub struct BenchConfig {
     pub plugin_configs: BTreeMap<String, String>,
     /// Extra directories searched for built-in plugins, before the default ones.
     pub plugin_dirs: Vec<PathBuf>,
-    /// llama.cpp context settings.
+    /// llama.cpp context settings; `threads` is the plan's.
     pub session: SessionParams,
     /// Model loading settings.
     pub target: TargetParams,
+    /// Threads and CPU pinning.
+    pub placement: Plan,
     /// Where to write the result files, if anywhere.
     pub out: Option<PathBuf>,
 }
@@ -857,7 +943,8 @@ impl BenchArgs {
         if self.max_tokens == Some(0) {
             return Err(ConfigError::ZeroMaxTokens);
         }
-        let session = session_params(self.target.threads, self.target.ctx_size)?;
+        let placement = self.target.placement.plan(&FileRun::default())?;
+        let session = session_params(placement.threads, self.target.ctx_size)?;
         Ok(BenchConfig {
             model,
             workloads: self.workloads,
@@ -872,7 +959,8 @@ impl BenchArgs {
             plugin_configs,
             plugin_dirs: self.target.plugin_dirs(),
             session,
-            target: self.target.target_params(),
+            target: self.target.target_params(&placement),
+            placement,
             out: self.out,
         })
     }
@@ -885,18 +973,12 @@ fn resolve_model(model: Option<String>, cache_dir: &Path) -> PathBuf {
     DefaultModel::from_alias(&model).map_or_else(|| PathBuf::from(&model), |m| m.path(cache_dir))
 }
 
-/// Context settings from `--threads` and `--ctx-size`, checked.
-fn session_params(
-    threads: Option<usize>,
-    ctx_size: Option<u32>,
-) -> Result<SessionParams, ConfigError> {
-    let mut session = SessionParams::default();
-    if let Some(threads) = threads {
-        if threads == 0 {
-            return Err(ConfigError::ZeroThreads);
-        }
-        session.threads = threads;
-    }
+/// Context settings: the plan's thread count and `--ctx-size`, checked.
+fn session_params(threads: usize, ctx_size: Option<u32>) -> Result<SessionParams, ConfigError> {
+    let mut session = SessionParams {
+        threads,
+        ..SessionParams::default()
+    };
     if let Some(ctx_size) = ctx_size {
         if ctx_size < MIN_CTX_SIZE {
             return Err(ConfigError::CtxTooSmall(ctx_size));
@@ -985,6 +1067,15 @@ fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result<String, Co
     Ok(text)
 }
 
+/// The OpenMP variables of the environment (`OMP_*`, `GOMP_*`): libgomp reads them when it
+/// loads, and some override spechost's pinning.
+fn openmp_env() -> BTreeMap<String, String> {
+    std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+        .filter(|(name, _)| name.starts_with("OMP_") || name.starts_with("GOMP_"))
+        .collect()
+}
+
 /// Directories from `SPECHOST_PLUGIN_DIR` (colon-separated).
 fn env_plugin_dirs() -> Vec<PathBuf> {
     std::env::var_os("SPECHOST_PLUGIN_DIR")
@@ -1059,6 +1150,22 @@ mod tests {
             table_to_plugin_config(&file.plugins["lookup"]),
             "max_ngram=3,mode=fast"
         );
+    }
+
+    #[test]
+    fn toml_run_table_takes_cpus_and_numa() {
+        let file: FileConfig =
+            toml::from_str("[run]\ncpus = \"0-3,8\"\nnuma = \"numactl\"\nthreads = 2\n")
+                .expect("valid toml");
+        assert_eq!(
+            file.run.cpus.map(|c| c.to_string()).as_deref(),
+            Some("0-3,8")
+        );
+        assert_eq!(file.run.numa, Some(NumaMode::Numactl));
+        let err = toml::from_str::<FileConfig>("[run]\ncpus = \"3-1\"\n")
+            .expect_err("backwards range")
+            .to_string();
+        assert!(err.contains("write `1-3`"), "got {err}");
     }
 
     #[test]

@@ -41,6 +41,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Info(args) => spechost::info::run(args.into_config()?),
         Command::Models(ModelsCommand::Fetch { models }) => {
             let models = if models.is_empty() {
                 DefaultModel::ALL.to_vec()

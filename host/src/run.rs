@@ -10,10 +10,19 @@ use anyhow::Context as _;
 use crate::cascade::{Cascade, CascadeSettings, DraftSource, ModelFacts, PolicySetup};
 use crate::config::RunConfig;
 use crate::engine::{Request, Session, Target};
+use crate::placement;
 use crate::plugins::{LoadError, LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
 
 /// Loads the target and the cascade, generates, streams the text and prints the stats.
 pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
+    for warning in &config.placement.warnings {
+        tracing::warn!("{warning}");
+    }
+    // Threads started from here on (the plugin host's) inherit the auxiliary CPUs.
+    config
+        .placement
+        .pin_auxiliary()
+        .context("pinning the plugin host's threads")?;
     // Plugins first: a misspelt cascade entry fails before the model is loaded.
     let host = PluginHost::new(PluginHostConfig {
         cache_dir: Some(cache_dir.to_owned()),
@@ -32,6 +41,11 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
     } else {
         Some(host.load_policy(&config.policy.plugin)?)
     };
+    // llama.cpp's OpenMP workers, started at the first decode, inherit the compute CPUs.
+    config
+        .placement
+        .pin_compute()
+        .context("pinning the target's compute threads")?;
     let target = Target::load(&config.model, &config.target)?;
     let prompt = if config.raw {
         target.tokenize_raw(&config.prompt)
@@ -96,6 +110,10 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
             "overhead": outcome.stats.overhead(),
             "mean_accepted_per_draft_round": outcome.stats.mean_accepted_per_draft_round(),
             "stats": outcome.stats,
+            "placement": {
+                "plan": config.placement,
+                "threads": placement::thread_cpus()?,
+            },
         });
         eprintln!("{report}");
     } else {

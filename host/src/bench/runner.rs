@@ -179,6 +179,11 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         .map(|path| Workload::read(path))
         .collect::<Result<Vec<_>, _>>()?;
 
+    // Threads started from here on (the plugin host's) inherit the auxiliary CPUs.
+    config
+        .placement
+        .pin_auxiliary()
+        .context("pinning the plugin host's threads")?;
     // Plugins first: a misspelt cascade entry fails before the model is loaded.
     let host = PluginHost::new(PluginHostConfig {
         cache_dir: Some(cache_dir.to_owned()),
@@ -210,6 +215,14 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         })
         .collect();
 
+    // Its ticker thread is started here, so it runs on the auxiliary CPUs; the length is
+    // known once the requests are tokenized.
+    let progress = progress_bar(0);
+    // llama.cpp's OpenMP workers, started at the first decode, inherit the compute CPUs.
+    config
+        .placement
+        .pin_compute()
+        .context("pinning the target's compute threads")?;
     let target = Target::load(&config.model, &config.target)?;
     let mut session = target.session(&config.session)?;
     let facts = target.facts(session.ctx_size());
@@ -261,7 +274,7 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
     let passes = config.warmup + config.repeat;
     let total_requests: usize =
         prepared.iter().map(Vec::len).sum::<usize>() * passes * configurations.len();
-    let progress = progress_bar(total_requests as u64);
+    progress.set_length(total_requests as u64);
     let mut mismatches = Vec::new();
     let mut runs = Vec::new();
     for (workload, requests) in workloads.into_iter().zip(prepared) {

@@ -43,6 +43,16 @@ pub enum EngineError {
     /// llama.cpp could not be initialised.
     #[error("cannot initialise llama.cpp: {0}")]
     Backend(String),
+    /// A second target asked for another NUMA strategy than the process started llama.cpp with.
+    #[error(
+        "llama.cpp already runs with --numa {active} in this process and cannot switch to {requested}; load every model with the same --numa"
+    )]
+    NumaAlreadySet {
+        /// The strategy asked for.
+        requested: &'static str,
+        /// The strategy in effect.
+        active: &'static str,
+    },
     /// A llama.cpp context could not be created.
     #[error(
         "cannot create a context of {ctx_size} tokens: {reason}; lower --ctx-size or free memory"

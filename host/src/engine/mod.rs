@@ -10,6 +10,7 @@
 //! Not here: where drafts come from (`cascade`, `plugins`) and how requests arrive (`main`,
 //! `server`).
 
+mod build_info;
 mod costs;
 mod error;
 mod model;
@@ -18,6 +19,7 @@ mod stats;
 mod text;
 mod verify;
 
+pub use self::build_info::{BackendDevice, BuildInfo};
 pub use self::error::EngineError;
 pub use self::model::{Target, TargetParams};
 pub use self::sample::SamplingParams;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
-use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_backend::{LlamaBackend, NumaStrategy};
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
@@ -14,28 +14,52 @@ use llama_cpp_2::token::LlamaToken;
 use super::error::EngineError;
 use super::verify::{Session, SessionParams};
 use crate::cascade::{ModelFacts, Token};
+use crate::placement::NumaMode;
 
 /// `LLAMA_FLASH_ATTN_TYPE_ENABLED` in llama.cpp's `llama_flash_attn_type`.
 const FLASH_ATTENTION_ON: i32 = 1;
 
 /// llama.cpp's backend is process-wide state that may be initialised only once; every model of
-/// the process shares it.
-static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
+/// the process shares it, and the NUMA strategy it was started with.
+static BACKEND: OnceLock<(LlamaBackend, NumaMode)> = OnceLock::new();
 
 /// ggml's tiled CPU matmul handles batches of 8+ rows of K-quant weights with another kernel
 /// than single rows; this variable (read once, at the first matmul) turns it off, so verify
 /// batches round exactly like single-token decoding. See `docs/exactness.md`.
 const TILED_MATMUL_SWITCH: (&str, &str) = ("GGML_CPU_TILED_MM", "0");
 
-fn backend() -> Result<&'static LlamaBackend, EngineError> {
-    if let Some(backend) = BACKEND.get() {
+/// The backend, started with `numa` on first use. llama.cpp reads the calling thread's CPU set
+/// when it starts with `--numa numactl`, so the engine thread must be pinned before this runs.
+fn backend(numa: NumaMode) -> Result<&'static LlamaBackend, EngineError> {
+    if let Some((backend, active)) = BACKEND.get() {
+        if *active != numa {
+            return Err(EngineError::NumaAlreadySet {
+                requested: numa.name(),
+                active: active.name(),
+            });
+        }
         return Ok(backend);
     }
     disable_tiled_matmul();
-    let mut backend = LlamaBackend::init().map_err(|e| EngineError::Backend(e.to_string()))?;
+    let init = match numa_strategy(numa) {
+        Some(strategy) => LlamaBackend::init_numa(strategy),
+        None => LlamaBackend::init(),
+    };
+    let mut backend = init.map_err(|e| EngineError::Backend(e.to_string()))?;
     // llama.cpp logs every tensor at load; our own tracing says what matters.
     backend.void_logs();
-    Ok(BACKEND.get_or_init(|| backend))
+    tracing::debug!(numa = numa.name(), "started llama.cpp");
+    Ok(&BACKEND.get_or_init(|| (backend, numa)).0)
+}
+
+/// llama.cpp's strategy for `--numa`; `None` for `off`, which skips its NUMA set-up entirely.
+fn numa_strategy(numa: NumaMode) -> Option<NumaStrategy> {
+    match numa {
+        NumaMode::Distribute => Some(NumaStrategy::DISTRIBUTE),
+        NumaMode::Isolate => Some(NumaStrategy::ISOLATE),
+        NumaMode::Numactl => Some(NumaStrategy::NUMACTL),
+        NumaMode::Off => None,
+    }
 }
 
 /// Sets [`TILED_MATMUL_SWITCH`] unless the user set the variable.
@@ -50,13 +74,15 @@ fn disable_tiled_matmul() {
     }
 }
 
-/// How the model file is mapped into memory.
+/// How the model file is mapped into memory, and llama.cpp's NUMA strategy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetParams {
     /// Map the file instead of reading it (llama.cpp's default).
     pub use_mmap: bool,
     /// Lock the weights in RAM so they are never paged out.
     pub use_mlock: bool,
+    /// llama.cpp's NUMA strategy; process-wide, so every target of a process must agree.
+    pub numa: NumaMode,
 }
 
 impl Default for TargetParams {
@@ -64,6 +90,7 @@ impl Default for TargetParams {
         Self {
             use_mmap: true,
             use_mlock: false,
+            numa: NumaMode::Off,
         }
     }
 }
@@ -72,13 +99,15 @@ impl Default for TargetParams {
 pub struct Target {
     model: LlamaModel,
     path: PathBuf,
+    /// The NUMA strategy the backend was started with.
+    numa: NumaMode,
 }
 
 impl Target {
     /// Loads the GGUF at `path`, checking first that it exists and is a GGUF file.
     pub fn load(path: &Path, params: &TargetParams) -> Result<Self, EngineError> {
         check_gguf(path)?;
-        let backend = backend()?;
+        let backend = backend(params.numa)?;
         let model_params = LlamaModelParams::default()
             .with_use_mmap(params.use_mmap)
             .with_use_mlock(params.use_mlock);
@@ -91,6 +120,7 @@ impl Target {
         Ok(Self {
             model,
             path: path.to_owned(),
+            numa: params.numa,
         })
     }
 
@@ -248,7 +278,7 @@ impl Target {
             .with_type_v(KvCacheType::Q8_0);
         let context = self
             .model
-            .new_context(backend()?, context_params)
+            .new_context(backend(self.numa)?, context_params)
             .map_err(|e| context_error(e.to_string()))?;
         Ok(Session::new(self, context))
     }
