@@ -4,12 +4,13 @@
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 
 use crate::cascade::{Cascade, CascadeSettings, DraftSource, ModelFacts};
-use crate::config::RunConfig;
-use crate::engine::{Request, Target};
+use crate::config::{DraftSettings, RunConfig};
+use crate::engine::{DraftModelHost, Request, Target, TargetParams};
 use crate::plugins::{LoadError, LoadedPlugin, PluginHost, PluginHostConfig};
 
 /// Loads the target and the cascade, generates, streams the text and prints the stats.
@@ -27,6 +28,8 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         .map(|spec| host.load(spec))
         .collect::<Result<Vec<_>, _>>()?;
     let target = Target::load(&config.model, &config.target)?;
+    // Offered to drafter plugins through the WIT `draft-model` import (wired in `plugins`).
+    let _draft_model = load_draft_model(config.draft.as_ref(), &target, &config.target, cache_dir)?;
     let prompt = if config.raw {
         target.tokenize_raw(&config.prompt)
     } else {
@@ -76,6 +79,27 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Loads the draft model of `settings` for `target`, if any: makes a default draft from its base
+/// model on first use (with the draft's threads), loads it as `loading` says, and checks that it
+/// shares the target's tokenizer.
+pub fn load_draft_model(
+    settings: Option<&DraftSettings>,
+    target: &Target,
+    loading: &TargetParams,
+    cache_dir: &Path,
+) -> anyhow::Result<Option<Arc<DraftModelHost>>> {
+    let Some(settings) = settings else {
+        return Ok(None);
+    };
+    if let Some(default_draft) = settings.default_draft {
+        default_draft
+            .make(cache_dir, settings.model.threads)
+            .with_context(|| format!("making the default draft model {}", default_draft.name()))?;
+    }
+    let draft = DraftModelHost::load_for(target, &settings.model, loading)?;
+    Ok(Some(Arc::new(draft)))
 }
 
 /// Makes one source per loaded plugin, in cascade order, configured from `plugin_configs` (by

@@ -26,7 +26,7 @@ use crate::cascade::{Cascade, ModelFacts, Token};
 use crate::config::{BenchConfig, SourceSpec};
 use crate::engine::{Request, SamplingParams, Session, StopStrings, Target};
 use crate::plugins::{LoadedPlugin, PluginHost, PluginHostConfig};
-use crate::run::build_cascade;
+use crate::run::{build_cascade, load_draft_model};
 
 /// How often the progress bar redraws its elapsed time while a request runs.
 const PROGRESS_TICK: Duration = Duration::from_millis(250);
@@ -178,6 +178,8 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         .collect();
 
     let target = Target::load(&config.model, &config.target)?;
+    // Offered to drafter plugins through the WIT `draft-model` import (wired in `plugins`).
+    let _draft_model = load_draft_model(config.draft.as_ref(), &target, &config.target, cache_dir)?;
     let mut session = target.session(&config.session)?;
     let facts = target.facts(session.ctx_size());
     // Every plugin must accept its configuration before hours of measuring start.

@@ -16,7 +16,7 @@ use super::verify::{Session, SessionParams};
 use crate::cascade::{ModelFacts, Token};
 
 /// `LLAMA_FLASH_ATTN_TYPE_ENABLED` in llama.cpp's `llama_flash_attn_type`.
-const FLASH_ATTENTION_ON: i32 = 1;
+pub(super) const FLASH_ATTENTION_ON: i32 = 1;
 
 /// llama.cpp's backend is process-wide state that may be initialised only once; every model of
 /// the process shares it.
@@ -27,7 +27,8 @@ static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
 /// batches round exactly like single-token decoding. See `docs/exactness.md`.
 const TILED_MATMUL_SWITCH: (&str, &str) = ("GGML_CPU_TILED_MM", "0");
 
-fn backend() -> Result<&'static LlamaBackend, EngineError> {
+/// The process's llama.cpp backend, initialised on first use.
+pub(crate) fn backend() -> Result<&'static LlamaBackend, EngineError> {
     if let Some(backend) = BACKEND.get() {
         return Ok(backend);
     }
@@ -102,6 +103,11 @@ impl Target {
     /// Number of tokens in the vocabulary.
     pub fn vocab_size(&self) -> u32 {
         self.model.n_vocab().max(0) as u32
+    }
+
+    /// The llama.cpp model, for the engine's other modules.
+    pub(super) fn llama_model(&self) -> &LlamaModel {
+        &self.model
     }
 
     /// Context length the model was trained with.
@@ -230,7 +236,7 @@ impl Target {
 }
 
 /// Checks that `path` exists, is readable and starts with the GGUF magic.
-fn check_gguf(path: &Path) -> Result<(), EngineError> {
+pub(super) fn check_gguf(path: &Path) -> Result<(), EngineError> {
     if !path.exists() {
         return Err(EngineError::ModelNotFound {
             path: path.to_owned(),
