@@ -371,7 +371,7 @@ fn cli_auto_draft_loads_next_to_the_default_target() {
 }
 
 #[test]
-fn cli_quantize_rejects_a_missing_model_and_keeps_an_existing_output() {
+fn cli_quantize_writes_once_per_recipe_and_refuses_bad_paths() {
     let out = spechost(&[
         "models",
         "quantize",
@@ -381,20 +381,59 @@ fn cli_quantize_rejects_a_missing_model_and_keeps_an_existing_output() {
         "Q4_0",
     ]);
     assert_fails_with(&out, &["/nonexistent/m.gguf", "not a GGUF file"]);
-    let _guard = exclusive();
-    let path = smollm2_draft_path();
-    let quant_type = DefaultDraft::of(DefaultModel::SmolLm2).quant_type().name();
+    let smollm2 = DefaultModel::SmolLm2.path(&cache_dir());
     let out = spechost(&[
-        "models", "quantize", "--model", "smollm2", "--type", quant_type,
+        "models",
+        "quantize",
+        "--model",
+        "smollm2",
+        "--type",
+        "Q4_0",
+        "--out",
+        &smollm2.to_string_lossy(),
     ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "stderr: {stderr}");
-    assert!(
-        stderr.contains("kept"),
-        "the existing draft was rewritten: {stderr}"
-    );
+    assert_fails_with(&out, &["is the input model"]);
+
+    let _guard = exclusive();
+    let dir = std::env::temp_dir().join(format!("spechost-quantize-cli-{}", std::process::id()));
+    let path = dir.join("draft.gguf");
+    let quantize = |embeddings: Option<&str>| {
+        let mut args = vec![
+            "models".to_owned(),
+            "quantize".into(),
+            "--model".into(),
+            "smollm2".into(),
+            "--type".into(),
+            "q4_0".into(),
+            "--out".into(),
+            path.to_string_lossy().into_owned(),
+        ];
+        if let Some(embeddings) = embeddings {
+            args.extend(["--embeddings".into(), embeddings.to_owned()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = spechost(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "stderr: {stderr}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            path.to_string_lossy()
+        );
+        let size = std::fs::metadata(&path).expect("output written").len();
+        (stderr.contains("kept"), size)
+    };
+    let (kept, small) = quantize(Some("Q4_0"));
+    assert!(!kept, "a new output was reported as kept");
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        path.to_string_lossy()
+        quantize(Some("Q4_0")),
+        (true, small),
+        "the same recipe again is kept"
     );
+    let (kept, large) = quantize(None);
+    assert!(!kept, "another recipe must rewrite the output");
+    assert!(
+        large > small,
+        "Q8_0 embeddings ({large} bytes) should be larger than Q4_0 ones ({small} bytes)"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }

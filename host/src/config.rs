@@ -12,7 +12,9 @@ use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
 use crate::engine::{DraftModelConfig, SamplingParams, SessionParams, StopStrings, TargetParams};
-use crate::models::{DefaultDraft, DefaultModel, QuantType};
+use crate::models::{
+    DefaultDraft, DefaultModel, EmbeddingsType, QuantType, QuantizeRequest, default_output,
+};
 
 /// Speculative decoding on CPU servers, with draft sources as sandboxed WebAssembly plugins.
 #[derive(Debug, Parser)]
@@ -66,12 +68,39 @@ pub struct QuantizeArgs {
     /// The quantization type.
     #[arg(long = "type", value_enum, ignore_case = true)]
     pub quant_type: QuantType,
-    /// Output file (default: `<cache>/models/<model stem>.<TYPE>.gguf`).
+    /// Type of the token embeddings and output matrix (default: llama.cpp's choice, often
+    /// Q8_0); a cheaper type here makes the largest difference to a small model's speed.
+    #[arg(long, value_enum, ignore_case = true)]
+    pub embeddings: Option<EmbeddingsType>,
+    /// Output file (default: `<cache>/models/<model stem>.<TYPE>[-emb<TYPE>].gguf`).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Threads to quantize with (default: all available cores).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+}
+
+impl QuantizeArgs {
+    /// The quantization to run: the model resolved as `--model` is, the output in the model
+    /// cache unless `--out` says otherwise.
+    pub fn into_request(self, cache_dir: &Path) -> Result<QuantizeRequest, ConfigError> {
+        let input = resolve_model(Some(self.model), cache_dir);
+        let output = self
+            .out
+            .unwrap_or_else(|| default_output(cache_dir, &input, self.quant_type, self.embeddings));
+        let threads = match self.threads {
+            Some(0) => return Err(ConfigError::ZeroThreads),
+            Some(threads) => threads,
+            None => SessionParams::default().threads,
+        };
+        Ok(QuantizeRequest {
+            input,
+            output,
+            quant_type: self.quant_type,
+            embeddings: self.embeddings,
+            threads,
+        })
+    }
 }
 
 /// Flags shared by `run` and `bench`: the target model, its threads and context, and where

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use spechost::config::{Cli, Command, ModelsCommand, QuantizeArgs, cache_dir};
-use spechost::models::{DefaultModel, QuantizeRequest, Quantized, default_output, quantize};
+use spechost::models::{DefaultModel, Quantized, quantize};
 
 fn main() -> ExitCode {
     spechost::telemetry::init();
@@ -64,25 +64,12 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
 
 /// `spechost models quantize`: prints the output path on stdout.
 fn quantize_model(args: QuantizeArgs, cache: &std::path::Path) -> anyhow::Result<()> {
-    let input = DefaultModel::from_alias(&args.model)
-        .map_or_else(|| args.model.clone().into(), |m| m.path(cache));
-    let output = args
-        .out
-        .unwrap_or_else(|| default_output(cache, &input, args.quant_type));
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let request = QuantizeRequest {
-        input,
-        output,
-        quant_type: args.quant_type,
-        threads,
-    };
+    let request = args.into_request(cache)?;
     if quantize(&request)? == Quantized::AlreadyThere {
         eprintln!(
-            "{} is already {}; kept",
+            "{} was already made as {}; kept",
             request.output.display(),
-            args.quant_type.name()
+            request.recipe()
         );
     }
     println!("{}", request.output.display());

@@ -16,7 +16,8 @@ use sha2::{Digest, Sha256};
 mod quantize;
 
 pub use self::quantize::{
-    DefaultDraft, QuantType, QuantizeError, QuantizeRequest, Quantized, default_output, quantize,
+    DefaultDraft, EmbeddingsType, QuantType, QuantizeError, QuantizeRequest, Quantized, RECIPE_KEY,
+    default_output, quantize,
 };
 
 /// A wheel and the member of it that holds (part of) a model file.
