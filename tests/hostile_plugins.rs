@@ -186,3 +186,88 @@ fn sleeping_in_a_host_call_cannot_stall_generation() {
         "the sleep was not cut short, so it hit the deadline; logs:\n{logs}"
     );
 }
+
+/// Runs `lookup` under the hostile policy `stem` and plain decoding on the same prompt; returns
+/// the warnings logged and the speculative run's stats.
+fn run_hostile_policy(stem: &str) -> (String, spechost::engine::GenerationStats) {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let host = plugin_host();
+    let message = &fixtures()[0].user_message;
+    let plain = generate(
+        &target,
+        message,
+        MAX_TOKENS,
+        SamplingParams::greedy(),
+        8,
+        &mut Cascade::empty(),
+    );
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let spec = tracing::subscriber::with_default(subscriber, || {
+        let policy = host
+            .load_policy(&wasm(stem))
+            .unwrap_or_else(|e| panic!("{e:#}; build the plugins with scripts/build-plugins.sh"));
+        let mut cascade = cascade(&host, &[SourceSpec::Builtin("lookup".into())])
+            .with_policy(Box::new(policy.policy("")));
+        generate(
+            &target,
+            message,
+            MAX_TOKENS,
+            SamplingParams::greedy(),
+            8,
+            &mut cascade,
+        )
+    });
+    assert_eq!(
+        spec.tokens,
+        plain.tokens,
+        "{stem}: output differs from plain decoding at token {:?}",
+        first_difference(&spec.tokens, &plain.tokens)
+    );
+    (logs.text(), spec.stats)
+}
+
+#[test]
+fn panicking_policy_is_quarantined_and_speculation_turns_off() {
+    let (logs, stats) = run_hostile_policy("hostile_policy_panic");
+    assert!(
+        logs.contains("hostile_policy_panic") && logs.contains("quarantined"),
+        "no quarantine warning naming the policy:\n{logs}"
+    );
+    assert!(
+        logs.contains("speculation is off"),
+        "the warning does not say what happens next:\n{logs}"
+    );
+    // Each instance decides one round before it panics; a restarted instance starts afresh,
+    // so the three instances before quarantine draft at most three rounds in all.
+    assert!(
+        (1..=3).contains(&stats.draft_rounds),
+        "drafted in {} rounds; only the healthy first decision of each instance may draft",
+        stats.draft_rounds
+    );
+}
+
+#[test]
+fn absurd_policy_decisions_are_bounded() {
+    let (logs, stats) = run_hostile_policy("hostile_policy_absurd");
+    assert!(
+        !logs.contains("quarantined"),
+        "absurd but valid decisions must not count as faults:\n{logs}"
+    );
+    assert!(
+        stats.drafted <= 8 * stats.draft_rounds,
+        "drafts exceeded --draft-max 8: {} tokens in {} rounds",
+        stats.drafted,
+        stats.draft_rounds
+    );
+    assert_eq!(
+        stats.sources[0].faults, 0,
+        "lookup faulted: shadow drafts were not capped"
+    );
+}

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
+use crate::cascade::CascadeMode;
 use crate::engine::{DraftModelConfig, SamplingParams, SessionParams, StopStrings, TargetParams};
 use crate::models::{
     DefaultDraft, DefaultModel, EmbeddingsType, QuantType, QuantizeRequest, default_output,
@@ -35,6 +36,71 @@ pub enum Command {
     Models(ModelsCommand),
     /// Measure cascades against plain decoding on workload files (greedy), in one process.
     Bench(Box<BenchArgs>),
+    /// Tools for the suffix drafter's cross-request cache.
+    #[command(subcommand)]
+    Suffix(SuffixCommand),
+}
+
+/// `spechost suffix ...`
+#[derive(Debug, Subcommand)]
+pub enum SuffixCommand {
+    /// Fill a suffix cache file from a corpus of earlier responses (JSONL), to load with
+    /// `--state-dir` (name it `suffix.state` there).
+    Warm(WarmArgs),
+}
+
+/// Flags of `spechost suffix warm`.
+#[derive(Debug, Args)]
+pub struct WarmArgs {
+    /// JSONL corpus: one text per line (a JSON string, `{"text": ...}`, `{"response": ...}`, or
+    /// a workload request whose assistant messages are used).
+    #[arg(long)]
+    pub corpus: PathBuf,
+    /// The cache file to write (extended if it exists).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Model whose tokenizer is used: the target the cache will serve (default: smollm2).
+    #[arg(long, short = 'm')]
+    pub model: Option<String>,
+    /// The drafter to warm: `suffix` or a .wasm path.
+    #[arg(long, default_value = "suffix")]
+    pub plugin: String,
+    /// A plugin setting, `key=value` (repeatable), e.g. `max_depth=32`.
+    #[arg(long = "plugin-config", value_name = "KEY=VALUE")]
+    pub plugin_config: Vec<String>,
+    /// Extra directory to search for built-in plugins (repeatable).
+    #[arg(long = "plugin-dir")]
+    pub plugin_dirs: Vec<PathBuf>,
+}
+
+impl WarmArgs {
+    /// Validates the flags into a [`WarmConfig`](crate::warm::WarmConfig).
+    pub fn into_config(self, cache_dir: &Path) -> Result<crate::warm::WarmConfig, ConfigError> {
+        let mut plugins = parse_cascade(&self.plugin)?;
+        if plugins.len() != 1 {
+            return Err(ConfigError::Cascade {
+                spec: self.plugin,
+                problem: "name exactly one drafter to warm, e.g. `suffix`".into(),
+            });
+        }
+        if let Some(bad) = self.plugin_config.iter().find(|s| !s.contains('=')) {
+            return Err(ConfigError::PluginConfig(bad.clone()));
+        }
+        let plugin_dirs = self
+            .plugin_dirs
+            .iter()
+            .cloned()
+            .chain(env_plugin_dirs())
+            .collect();
+        Ok(crate::warm::WarmConfig {
+            model: resolve_model(self.model, cache_dir),
+            plugin: plugins.remove(0),
+            plugin_config: self.plugin_config.join(","),
+            plugin_dirs,
+            corpus: self.corpus,
+            out: self.out,
+        })
+    }
 }
 
 /// `spechost models ...`
@@ -136,6 +202,10 @@ pub struct TargetArgs {
     /// Extra directory to search for built-in plugins (repeatable).
     #[arg(long = "plugin-dir")]
     pub plugin_dirs: Vec<PathBuf>,
+    /// Directory where plugins' cross-request state (the suffix tree's cache of earlier
+    /// responses) is loaded from at start and saved to at the end, as `<plugin>.state`.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
 }
 
 impl TargetArgs {
@@ -176,13 +246,21 @@ pub struct RunArgs {
     /// `none` decodes without speculation.
     #[arg(long, short = 'c')]
     pub cascade: Option<String>,
+    /// Draft-length policy: a built-in (window, fixed, heuristic, content, cost) or a .wasm
+    /// path, then its settings: `window,raise=0.85,window=64`.
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// How the cascade picks a draft: `first` (first source with a proposal, in order) or
+    /// `scored` (highest expected accepted length; the draft model only when others fall short).
+    #[arg(long)]
+    pub cascade_mode: Option<String>,
     /// TOML configuration file; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Most tokens to generate.
     #[arg(long, short = 'n')]
     pub max_tokens: Option<usize>,
-    /// Most draft tokens verified per round (K).
+    /// Most draft tokens verified per round; the policy chooses up to this many.
     #[arg(long)]
     pub draft_max: Option<usize>,
     /// Sampling temperature; 0 is greedy.
@@ -266,6 +344,17 @@ pub enum ConfigError {
     /// Bad `--plugin-config`.
     #[error("invalid --plugin-config `{0}`: write it as plugin.key=value, e.g. lookup.max_ngram=3")]
     PluginConfig(String),
+    /// Bad `--policy`.
+    #[error("invalid --policy `{spec}`: {problem}")]
+    Policy {
+        /// The whole spec.
+        spec: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// Bad `--cascade-mode`.
+    #[error("invalid --cascade-mode: {0}")]
+    CascadeMode(String),
     /// `--plugin-config` for a source that is not in the cascade.
     #[error(
         "--plugin-config names `{name}`, which is not in the cascade ({cascade}); use a source name from --cascade (a path's file stem for .wasm files)"
@@ -378,6 +467,75 @@ pub fn parse_cascade(spec: &str) -> Result<Vec<SourceSpec>, ConfigError> {
     Ok(sources)
 }
 
+/// The default `--policy`: the one that weighs expected accepted tokens against the target's
+/// measured verify cost, so it drafts only what pays and falls back to plain decoding (with
+/// shadow drafts to notice when speculation would pay again) when nothing does. On CPU the
+/// verify batch is far from free (on 2 cores, 9 tokens cost ~5x one on SmolLM2-135M), which is
+/// what acceptance-threshold controllers like `window` do not see.
+pub const DEFAULT_POLICY: &str = "cost";
+
+/// A `--policy`: which policy plugin, and its settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicySpec {
+    /// A built-in policy name or a component path.
+    pub plugin: SourceSpec,
+    /// The policy's own settings, `key=value,key=value` (may be empty).
+    pub config: String,
+}
+
+impl PolicySpec {
+    /// The name shown in stats: the built-in name or the file stem.
+    pub fn name(&self) -> String {
+        self.plugin.name()
+    }
+}
+
+/// Parses a policy spec: a built-in name or `.wasm` path, then `,key=value` settings.
+pub fn parse_policy(spec: &str) -> Result<PolicySpec, ConfigError> {
+    let problem = |problem: &str| ConfigError::Policy {
+        spec: spec.to_owned(),
+        problem: problem.to_owned(),
+    };
+    let mut parts = spec.trim().split(',').map(str::trim);
+    let name = parts.next().unwrap_or_default();
+    if name.is_empty() {
+        return Err(problem(
+            "it has no policy name; write e.g. `window` or `fixed,k=8`",
+        ));
+    }
+    if name.contains('=') {
+        return Err(problem(
+            "it starts with a setting; put the policy name first, e.g. `window,raise=0.85`",
+        ));
+    }
+    let settings: Vec<&str> = parts.collect();
+    if let Some(bad) = settings.iter().find(|setting| {
+        setting
+            .split_once('=')
+            .is_none_or(|(k, _)| k.trim().is_empty())
+    }) {
+        return Err(problem(&format!(
+            "setting `{bad}` is not key=value; write e.g. `window,raise=0.85`"
+        )));
+    }
+    let plugin = if name.contains('/') || name.ends_with(".wasm") {
+        SourceSpec::Path(PathBuf::from(name))
+    } else {
+        SourceSpec::Builtin(name.to_owned())
+    };
+    Ok(PolicySpec {
+        plugin,
+        config: settings.join(","),
+    })
+}
+
+/// Parses `--cascade-mode`.
+fn parse_cascade_mode(mode: Option<String>) -> Result<CascadeMode, ConfigError> {
+    mode.map_or(Ok(CascadeMode::First), |mode| {
+        mode.trim().parse().map_err(ConfigError::CascadeMode)
+    })
+}
+
 /// Everything `spechost run` needs, validated.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -393,6 +551,12 @@ pub struct RunConfig {
     pub plugin_configs: BTreeMap<String, String>,
     /// Extra directories searched for built-in plugins, before the default ones.
     pub plugin_dirs: Vec<PathBuf>,
+    /// Where plugins' cross-request state is kept, if anywhere.
+    pub state_dir: Option<PathBuf>,
+    /// The draft-length policy.
+    pub policy: PolicySpec,
+    /// How the cascade picks a draft.
+    pub cascade_mode: CascadeMode,
     /// Most tokens to generate.
     pub max_tokens: usize,
     /// Most draft tokens per round.
@@ -436,6 +600,9 @@ struct FileConfig {
 struct FileRun {
     model: Option<String>,
     cascade: Option<String>,
+    policy: Option<String>,
+    cascade_mode: Option<String>,
+    state_dir: Option<PathBuf>,
     max_tokens: Option<usize>,
     draft_max: Option<usize>,
     threads: Option<usize>,
@@ -543,6 +710,13 @@ impl RunArgs {
             .unwrap_or_else(|| "lookup".into());
         let cascade = parse_cascade(&cascade_spec)?;
         check_plugin_settings_target_cascade(&self.target.plugin_config, &cascade)?;
+        let policy = parse_policy(
+            self.policy
+                .as_deref()
+                .or(run.policy.as_deref())
+                .unwrap_or(DEFAULT_POLICY),
+        )?;
+        let cascade_mode = parse_cascade_mode(self.cascade_mode.or(run.cascade_mode))?;
 
         let max_tokens = self
             .max_tokens
@@ -585,6 +759,9 @@ impl RunArgs {
             cascade,
             plugin_configs,
             plugin_dirs: self.target.plugin_dirs(),
+            state_dir: self.target.state_dir.clone().or(run.state_dir),
+            policy,
+            cascade_mode,
             max_tokens,
             draft_max,
             sampling,
@@ -616,9 +793,17 @@ pub struct BenchArgs {
     /// the baseline.
     #[arg(long = "cascade", short = 'c', value_name = "SOURCES", required = true)]
     pub cascades: Vec<String>,
-    /// Draft lengths (K) to measure each cascade with, comma-separated (default: 8).
+    /// Draft lengths (K) to measure each cascade with, comma-separated (default: 8). With an
+    /// adaptive policy it is the largest K the policy may choose.
     #[arg(long = "draft-max", value_name = "K,K,...", value_delimiter = ',')]
     pub draft_maxes: Vec<usize>,
+    /// A draft-length policy to measure each cascade with, as for `run --policy` (repeatable;
+    /// default: `fixed`, which drafts exactly K every round).
+    #[arg(long = "policy", value_name = "POLICY[,KEY=VALUE...]")]
+    pub policies: Vec<String>,
+    /// Cascade modes to measure, comma-separated: `first`, `scored` (default: first).
+    #[arg(long = "cascade-mode", value_name = "MODE,MODE", value_delimiter = ',')]
+    pub cascade_modes: Vec<String>,
     /// Measured passes over each workload; tok/s is the median over them.
     #[arg(long, default_value_t = DEFAULT_BENCH_REPEAT)]
     pub repeat: usize,
@@ -632,6 +817,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
+
+/// Default `--draft-max` of `spechost bench`.
+pub const DEFAULT_BENCH_DRAFT_MAX: usize = 8;
+/// Default `--policy` of `spechost bench`: exactly K tokens each round, so `--draft-max` sweeps K.
+pub const BENCH_DEFAULT_POLICY: &str = "fixed";
 
 /// Default `--repeat` of `spechost bench`.
 pub const DEFAULT_BENCH_REPEAT: usize = 3;
@@ -650,6 +840,10 @@ pub struct BenchConfig {
     pub cascades: Vec<Vec<SourceSpec>>,
     /// Draft lengths to measure every cascade with, in the order given.
     pub draft_maxes: Vec<usize>,
+    /// Policies to measure every cascade with, in the order given.
+    pub policies: Vec<PolicySpec>,
+    /// Cascade modes to measure every cascade with, in the order given.
+    pub cascade_modes: Vec<CascadeMode>,
     /// Measured passes over each workload.
     pub repeat: usize,
     /// Unmeasured passes before them.
@@ -729,7 +923,31 @@ impl BenchArgs {
             draft_maxes.push(draft_max);
         }
         if draft_maxes.is_empty() {
-            draft_maxes.push(crate::engine::DEFAULT_DRAFT_MAX);
+            draft_maxes.push(DEFAULT_BENCH_DRAFT_MAX);
+        }
+        let mut policies = Vec::new();
+        for spec in &self.policies {
+            let policy = parse_policy(spec)?;
+            if policies.contains(&policy) {
+                return Err(ConfigError::Repeated {
+                    flag: "--policy",
+                    value: spec.clone(),
+                });
+            }
+            policies.push(policy);
+        }
+        if policies.is_empty() {
+            policies.push(parse_policy(BENCH_DEFAULT_POLICY)?);
+        }
+        let mut cascade_modes = Vec::new();
+        for mode in self.cascade_modes {
+            let mode = parse_cascade_mode(Some(mode))?;
+            if !cascade_modes.contains(&mode) {
+                cascade_modes.push(mode);
+            }
+        }
+        if cascade_modes.is_empty() {
+            cascade_modes.push(CascadeMode::First);
         }
         if self.repeat == 0 {
             return Err(ConfigError::ZeroRepeat);
@@ -750,6 +968,8 @@ impl BenchArgs {
             workloads: self.workloads,
             cascades,
             draft_maxes,
+            policies,
+            cascade_modes,
             repeat: self.repeat,
             warmup: self.warmup,
             max_tokens_cap: self.max_tokens,
@@ -1026,7 +1246,14 @@ mod tests {
         let defaults = args(&["lookup"], &[], 1)
             .into_config(Path::new("/tmp"))
             .expect("valid");
-        assert_eq!(defaults.draft_maxes, vec![crate::engine::DEFAULT_DRAFT_MAX]);
+        assert_eq!(defaults.draft_maxes, vec![DEFAULT_BENCH_DRAFT_MAX]);
+        assert_eq!(
+            (defaults.policies.clone(), defaults.cascade_modes.clone()),
+            (
+                vec![parse_policy("fixed").expect("valid")],
+                vec![CascadeMode::First]
+            )
+        );
         for (bad, needle) in [
             (args(&["none"], &[4], 1), "baseline"),
             (args(&["lookup", "lookup"], &[4], 1), "appears twice"),
@@ -1132,5 +1359,43 @@ mod tests {
         assert!(sampling_params(None, None, Some(0.0), None, Some(1)).is_err());
         let p = sampling_params(Some(0.7), Some(40), Some(0.9), Some(0.05), Some(7)).expect("ok");
         assert_eq!((p.top_k, p.seed), (40, 7));
+    }
+
+    #[test]
+    fn policy_spec_is_a_name_then_settings() {
+        let policy = parse_policy("window, raise=0.85,window=64").expect("valid");
+        assert_eq!(policy.plugin, SourceSpec::Builtin("window".into()));
+        assert_eq!(policy.config, "raise=0.85,window=64");
+        let path = parse_policy("./my_policy.wasm").expect("valid");
+        assert_eq!(path.plugin, SourceSpec::Path("./my_policy.wasm".into()));
+        assert_eq!(path.name(), "my_policy");
+        for (bad, needle) in [
+            ("", "no policy name"),
+            ("k=8", "policy name first"),
+            ("fixed,k", "not key=value"),
+            ("fixed,=3", "not key=value"),
+        ] {
+            let message = parse_policy(bad).expect_err(bad).to_string();
+            assert!(message.contains(needle), "{bad:?} gave: {message}");
+        }
+    }
+
+    #[test]
+    fn cascade_mode_defaults_to_first_and_names_the_choices() {
+        assert_eq!(
+            parse_cascade_mode(None).expect("default"),
+            CascadeMode::First
+        );
+        assert_eq!(
+            parse_cascade_mode(Some("scored".into())).expect("valid"),
+            CascadeMode::Scored
+        );
+        let message = parse_cascade_mode(Some("best".into()))
+            .expect_err("unknown")
+            .to_string();
+        assert!(
+            message.contains("`first`") && message.contains("`scored`"),
+            "message: {message}"
+        );
     }
 }

@@ -7,10 +7,12 @@
 //! 2. [`engine::Target`] loads the target GGUF through llama.cpp and tokenizes the prompt with the
 //!    model's chat template; [`engine::Session`] owns one llama.cpp context (KV cache).
 //! 3. Each round of [`engine::Session::generate`] asks the [`cascade::Cascade`] for a draft of at
-//!    most `draft_max` tokens; the cascade asks its sources in order and the first that proposes
-//!    enough tokens wins the round.
+//!    most `draft_max` tokens; the cascade's [`cascade::RoundPolicy`] (a policy plugin) picks
+//!    this round's draft length (0 = plain decoding), and the cascade asks its sources: in order,
+//!    the first that proposes enough tokens winning, or all cheap ones, the best expected
+//!    acceptance winning (scored mode).
 //! 4. A source is a [`cascade::DraftSource`]: a WebAssembly component run by [`plugins`] in a
-//!    sandbox, or a native test double.
+//!    sandbox (which may drive a native draft model through the host), or a native test double.
 //! 5. The engine decodes `[last, d1..dK]` in one batch, samples the target at every position,
 //!    accepts the draft while it equals the samples, keeps one target token, and rolls the KV cache
 //!    back past the accepted prefix. The output is exactly what plain decoding would produce.
@@ -40,3 +42,4 @@ pub mod models;
 pub mod plugins;
 pub mod run;
 pub mod telemetry;
+pub mod warm;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use spechost::config::{Cli, Command, ModelsCommand, QuantizeArgs, cache_dir};
+use spechost::config::{Cli, Command, ModelsCommand, QuantizeArgs, SuffixCommand, cache_dir};
 use spechost::models::{DefaultModel, Quantized, quantize};
 
 fn main() -> ExitCode {
@@ -28,6 +28,18 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Bench(args) => {
             let config = args.into_config(&cache)?;
             spechost::bench::run(&config, &cache)
+        }
+        Command::Suffix(SuffixCommand::Warm(args)) => {
+            let config = args.into_config(&cache)?;
+            let report = spechost::warm::warm(&config, &cache)?;
+            eprintln!(
+                "warmed {} from {} texts ({} tokens): {} bytes",
+                config.out.display(),
+                report.texts,
+                report.tokens,
+                report.bytes
+            );
+            Ok(())
         }
         Command::Models(ModelsCommand::Fetch { models }) => {
             let models = if models.is_empty() {

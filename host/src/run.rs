@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
-use crate::cascade::{Cascade, CascadeSettings, DraftSource, ModelFacts};
+use crate::cascade::{Cascade, CascadeSettings, DraftSource, ModelFacts, PolicySetup};
 use crate::config::{DraftSettings, RunConfig};
-use crate::engine::{DraftModelHost, Request, Target, TargetParams};
-use crate::plugins::{LoadError, LoadedPlugin, PluginHost, PluginHostConfig};
+use crate::engine::{DraftModelHost, Request, Session, Target, TargetParams};
+use crate::plugins::{LoadError, LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
 
 /// Loads the target and the cascade, generates, streams the text and prints the stats.
 pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
@@ -19,6 +19,7 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
     let host = PluginHost::new(PluginHostConfig {
         cache_dir: Some(cache_dir.to_owned()),
         plugin_dirs: config.plugin_dirs.clone(),
+        state_dir: config.state_dir.clone(),
         ..PluginHostConfig::default()
     })
     .context("starting the plugin host")?;
@@ -27,9 +28,19 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         .iter()
         .map(|spec| host.load(spec))
         .collect::<Result<Vec<_>, _>>()?;
+    require_draft_model(&plugins, config.draft.as_ref())?;
+    let policy = if plugins.is_empty() {
+        None
+    } else {
+        Some(host.load_policy(&config.policy.plugin)?)
+    };
     let target = Target::load(&config.model, &config.target)?;
-    // Offered to drafter plugins through the WIT `draft-model` import (wired in `plugins`).
-    let _draft_model = load_draft_model(config.draft.as_ref(), &target, &config.target, cache_dir)?;
+    // Offered to drafter plugins through the WIT `draft-model` import.
+    if let Some(draft_model) =
+        load_draft_model(config.draft.as_ref(), &target, &config.target, cache_dir)?
+    {
+        host.attach_draft_model(draft_model);
+    }
     let prompt = if config.raw {
         target.tokenize_raw(&config.prompt)
     } else {
@@ -37,13 +48,33 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
     };
     let mut session = target.session(&config.session)?;
     let facts = target.facts(session.ctx_size());
-    let mut cascade = build_cascade(&plugins, &config.plugin_configs, &facts)?;
+    let settings = CascadeSettings {
+        mode: config.cascade_mode,
+        ..CascadeSettings::default()
+    };
+    let policy = policy
+        .as_ref()
+        .map(|policy| (policy, config.policy.config.as_str()));
+    let mut cascade = build_cascade(
+        &plugins,
+        &config.plugin_configs,
+        &facts,
+        settings,
+        policy,
+        config.draft_max,
+    )?;
+    let verify_costs = if cascade.is_empty() {
+        Vec::new()
+    } else {
+        measure_verify_costs(&mut session, config.draft_max)?
+    };
     let request = Request {
         prompt,
         max_tokens: config.max_tokens,
         sampling: config.sampling.clone(),
         stop: config.stop.clone(),
         draft_max: config.draft_max,
+        verify_costs,
     };
     let mut stdout = std::io::stdout().lock();
     let outcome = session.generate(&request, &mut cascade, &mut |text| {
@@ -55,10 +86,13 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         let _ = writeln!(stdout);
     }
     drop(stdout);
+    persist_plugin_state(&mut cascade, &plugins);
     if config.json {
         let report = serde_json::json!({
             "model": config.model,
             "cascade": cascade.source_names(),
+            "cascade_mode": config.cascade_mode,
+            "policy": cascade.policy_name(),
             "draft_max": config.draft_max,
             "sampling": config.sampling,
             "stop_reason": outcome.stop_reason,
@@ -79,6 +113,21 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Fails, before any model is loaded, when a plugin drives the draft model (it imports
+/// `draft-model`) but no `--draft-model` was given: it would draft nothing.
+pub fn require_draft_model(
+    plugins: &[LoadedPlugin],
+    draft: Option<&DraftSettings>,
+) -> anyhow::Result<()> {
+    match plugins.iter().find(|p| p.uses_draft_model()) {
+        Some(plugin) if draft.is_none() => anyhow::bail!(
+            "the cascade's `{}` drafts with the draft model, but none is loaded; add --draft-model auto (the default target's draft) or --draft-model PATH.gguf",
+            plugin.name()
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Loads the draft model of `settings` for `target`, if any: makes a default draft from its base
@@ -102,14 +151,59 @@ pub fn load_draft_model(
     Ok(Some(Arc::new(draft)))
 }
 
+/// Measures the target's verify cost for 1..=`draft_max + 1` tokens (for the policy), logging
+/// the curve.
+pub fn measure_verify_costs(
+    session: &mut Session<'_>,
+    draft_max: usize,
+) -> anyhow::Result<Vec<std::time::Duration>> {
+    let started = std::time::Instant::now();
+    let costs = session
+        .measure_verify_costs(draft_max + 1)
+        .context("measuring the target's verify cost")?;
+    let first = costs.first().copied().unwrap_or_default();
+    let last = costs.last().copied().unwrap_or_default();
+    tracing::info!(
+        one_token_ms = first.as_secs_f64() * 1e3,
+        tokens = costs.len(),
+        all_tokens_ms = last.as_secs_f64() * 1e3,
+        relative = last.as_secs_f64() / first.as_secs_f64().max(1e-9),
+        took_ms = started.elapsed().as_secs_f64() * 1e3,
+        "measured the verify cost curve"
+    );
+    Ok(costs)
+}
+
+/// Asks the cascade's sources to save their cross-request state, then writes each plugin's
+/// state file (when a state directory is set). A failure is a warning: the output is done.
+pub fn persist_plugin_state(cascade: &mut Cascade, plugins: &[LoadedPlugin]) {
+    cascade.checkpoint();
+    for plugin in plugins {
+        let state = plugin.state();
+        match state.persist() {
+            Ok(true) => {
+                tracing::info!(plugin = plugin.name(), path = ?state.file(), "saved plugin state");
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(plugin = plugin.name(), path = ?state.file(), "cannot save plugin state: {error}; the previous state file, if any, is left as it was");
+            }
+        }
+    }
+}
+
 /// Makes one source per loaded plugin, in cascade order, configured from `plugin_configs` (by
-/// plugin name), after checking that each accepts its
+/// plugin name), with `policy` (a loaded policy and its settings) choosing each round's draft
+/// length up to `max_draft_len`. Checks first that each plugin and the policy accept their
 /// configuration. A plugin that traps is not an error here: it faults during generation and is
 /// quarantined, and generation goes on without it.
 pub fn build_cascade(
     plugins: &[LoadedPlugin],
     plugin_configs: &BTreeMap<String, String>,
     facts: &ModelFacts,
+    settings: CascadeSettings,
+    policy: Option<(&LoadedPolicy, &str)>,
+    max_draft_len: usize,
 ) -> anyhow::Result<Cascade> {
     let mut sources: Vec<Box<dyn DraftSource>> = Vec::new();
     for plugin in plugins {
@@ -122,5 +216,18 @@ pub fn build_cascade(
         }
         sources.push(Box::new(plugin.source(plugin_config)));
     }
-    Ok(Cascade::new(sources, CascadeSettings::default()))
+    let cascade = Cascade::new(sources, settings);
+    let Some((policy, policy_config)) = policy else {
+        return Ok(cascade);
+    };
+    let setup = PolicySetup {
+        sources: cascade.source_names(),
+        max_draft_len,
+        verify_costs: Vec::new(),
+    };
+    if let Err(error @ LoadError::Config { .. }) = policy.check_config(policy_config, facts, &setup)
+    {
+        return Err(error.into());
+    }
+    Ok(cascade.with_policy(Box::new(policy.policy(policy_config))))
 }

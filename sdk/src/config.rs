@@ -125,6 +125,18 @@ impl Config {
         }
     }
 
+    /// The value of `key` as a fraction in `[0, 1]` (a rate or a probability), or `default` when
+    /// it was not given.
+    pub fn get_fraction(&self, key: &str, default: f32) -> Result<f32, String> {
+        let expected = "a number from 0 to 1, e.g. `0.5`";
+        let value: f32 = self.get_parsed(key, default, expected)?;
+        if (0.0..=1.0).contains(&value) {
+            Ok(value)
+        } else {
+            Err(bad_value(key, &value.to_string(), expected))
+        }
+    }
+
     /// The value of `key` as a boolean (`true`/`false`, `yes`/`no`, `on`/`off` or `1`/`0`), or
     /// `default` when it was not given.
     pub fn get_bool(&self, key: &str, default: bool) -> Result<bool, String> {
@@ -242,6 +254,22 @@ mod tests {
             error.contains("`maybe`") && error.contains("`true` or `false`"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn fractions_must_lie_in_zero_one() {
+        let config = Config::parse("a=0,b=1,c=0.25,d=1.5,e=-0.1,f=NaN").expect("valid syntax");
+        assert_eq!(config.get_fraction("a", 0.5), Ok(0.0));
+        assert_eq!(config.get_fraction("b", 0.5), Ok(1.0));
+        assert_eq!(config.get_fraction("c", 0.5), Ok(0.25));
+        assert_eq!(config.get_fraction("missing", 0.5), Ok(0.5));
+        for key in ["d", "e", "f"] {
+            let error = config.get_fraction(key, 0.5).unwrap_err();
+            assert!(
+                error.contains(&format!("`{key}`")) && error.contains("from 0 to 1"),
+                "{error}"
+            );
+        }
     }
 
     #[test]

@@ -14,7 +14,9 @@ use crate::types::{Feedback, ModelFacts, Proposal, Token};
 /// Calls never overlap: a plugin instance is single-threaded. State that must outlive a request
 /// (a cache shared by all requests) lives outside `Self`, in a `thread_local!` or `static` of the
 /// plugin; it survives for as long as the host keeps the plugin loaded, and is lost when the
-/// plugin traps (a panic, a timeout, running out of memory) and the host re-creates it.
+/// plugin traps (a panic, a timeout, running out of memory) and the host re-creates it. To keep
+/// it across those, and across host restarts, save it in [`Drafter::checkpoint`] through
+/// [`crate::state`].
 ///
 /// A panic in any method is a fault: the host discards the round's proposal, restarts the plugin
 /// and, after repeated faults, quarantines it. Generation itself never depends on a drafter
@@ -53,4 +55,12 @@ pub trait Drafter: Sized + 'static {
     /// [`Drafter::feed`]. `outcome.won` is false when another source's draft was verified
     /// instead; then `n_accepted` is 0. The default does nothing; override it to adapt.
     fn feedback(&mut self, _outcome: Feedback) {}
+
+    /// Saves the plugin's cross-request state now, through [`crate::state::save`].
+    ///
+    /// Called on the type, not on a session: the host calls it when it is about to write its
+    /// state files (end of a run, a periodic checkpoint, shutdown), never while a session call
+    /// is running, and possibly on a fresh instance that has opened no session yet. The default
+    /// does nothing, which suits drafters without cross-request state.
+    fn checkpoint() {}
 }

@@ -1,4 +1,5 @@
-//! Write draft-token sources ("drafters") for spechost as sandboxed WebAssembly components.
+//! Write draft-token sources ("drafters") and draft-length policies for spechost as sandboxed
+//! WebAssembly components.
 //!
 //! # Brief overview
 //!
@@ -13,13 +14,30 @@
 //! * [`Drafter`] is the trait to implement. The host opens one session per request, which
 //!   becomes one value of your type ([`Drafter::new`]); it is fed the prompt, then the tokens
 //!   committed each round ([`Drafter::feed`]), asked for a [`Proposal`] ([`Drafter::propose`])
-//!   and told how the proposal fared ([`Drafter::feedback`]).
+//!   and told how the proposal fared ([`Drafter::feedback`]). [`Drafter::checkpoint`], on the
+//!   type rather than a session, saves state that outlives requests.
 //! * [`export_drafter!`] exports that type as the plugin's implementation of the
-//!   `spechost:drafter` WIT world.
+//!   `spechost:drafter` WIT world `drafter`.
+//!
+//! A drafter may use two host services besides logging: [`state`] keeps one blob per plugin
+//! across host restarts, and [`draft_model`] asks the host's draft model (a second, smaller LLM
+//! the host runs natively) for tokens.
+//!
+//! A *policy* chooses how many tokens to draft each round: implement [`Policy`] (it observes a
+//! [`RoundRecord`] per round and returns a [`Decision`]) and export it with [`export_policy!`].
+//! [`adaptive`] has the pieces most policies share: a rolling acceptance rate and a back-off
+//! that turns speculation off while it does not pay.
 //!
 //! Around them: [`config::Config`] parses the plugin's `key=value` settings, [`log`] writes to
-//! the host's log, and [`testing::Harness`] runs a drafter natively, checking every proposal as
-//! the host would, so plugins are unit-tested without WebAssembly.
+//! the host's log, and [`testing`] runs drafters ([`testing::Harness`]) and policies
+//! ([`testing::PolicyHarness`]) natively, checking them as the host would and standing in for
+//! the host's state and draft model, so plugins are unit-tested without WebAssembly.
+//!
+//! # Versions
+//!
+//! This SDK builds plugins for `spechost:drafter@0.2.0` ([`WIT_VERSION`]). While the major
+//! version is 0, the minor version is the compatibility line: a host loads plugins built with
+//! any `0.2.x` SDK and asks for a rebuild otherwise.
 //!
 //! # Example
 //!
@@ -75,20 +93,67 @@
 
 #![deny(missing_docs)]
 
+pub mod adaptive;
 mod bindings;
 pub mod config;
+pub mod draft_model;
 mod drafter;
 mod export;
 mod log;
+mod policy;
+mod policy_types;
+pub mod state;
 pub mod testing;
 mod types;
 
 pub use crate::drafter::Drafter;
 pub use crate::log::{Level, log};
-pub use crate::types::{Feedback, ModelFacts, Proposal, Token};
+pub use crate::policy::Policy;
+pub use crate::policy_types::{Decision, PolicySetup, RoundRecord, SourceRound};
+pub use crate::types::{DraftedToken, Feedback, ModelFacts, Proposal, Token};
 
-/// What [`export_drafter!`] expands to refers to; not part of the API.
+/// The version of the `spechost:drafter` WIT package (`wit/drafter.wit`) this SDK builds
+/// plugins for.
+pub const WIT_VERSION: &str = "0.2.0";
+
+/// What [`export_drafter!`] and [`export_policy!`] expand to refers to; not part of the API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::bindings::{SessionCell, assert_drafter, export, exports};
+    /// The `drafter` world.
+    pub mod drafter {
+        pub use crate::bindings::drafter::{SessionCell, assert_drafter, export, exports};
+    }
+    /// The `policy` world.
+    pub mod policy {
+        pub use crate::bindings::policy::{PolicyCell, assert_policy, export, exports};
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WIT_VERSION;
+
+    #[test]
+    fn wit_version_matches_the_wit_file() {
+        let wit = include_str!("../../wit/drafter.wit");
+        let package = format!("package spechost:drafter@{WIT_VERSION};");
+        assert!(
+            wit.lines().any(|line| line == package),
+            "wit/drafter.wit does not declare `{package}`; update WIT_VERSION and the `with:` \
+             keys in bindings/mod.rs"
+        );
+    }
+
+    #[test]
+    fn crate_version_follows_the_wit_minor_version() {
+        let line =
+            |version: &str| -> String { version.split('.').take(2).collect::<Vec<_>>().join(".") };
+        let crate_version = env!("CARGO_PKG_VERSION");
+        assert_eq!(
+            line(crate_version),
+            line(WIT_VERSION),
+            "spechost-sdk {crate_version} must share the WIT's major.minor ({WIT_VERSION}); \
+             bump `version` in sdk/Cargo.toml"
+        );
+    }
 }

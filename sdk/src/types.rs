@@ -1,8 +1,11 @@
-//! The plain Rust values a drafter sees: tokens, model facts, proposals and feedback.
+//! The plain Rust values a drafter sees: tokens, model facts, proposals, feedback and the draft
+//! model's tokens.
 //!
-//! They mirror the records of `spechost:drafter/types` one for one, but they are ordinary Rust
-//! types: they build and test natively, with no WebAssembly involved. The conversion from and to
-//! the generated bindings happens in one place, the private `bindings` module.
+//! They mirror the records of `spechost:drafter/types` (and `drafted-token` of
+//! `spechost:drafter/draft-model`) one for one, but they are ordinary Rust types: they build and
+//! test natively, with no WebAssembly involved. The conversion from and to the generated bindings
+//! happens in one place, the private `bindings` module. A policy's records are in
+//! [`crate::policy_types`].
 
 /// A token id in the target model's vocabulary, always `< ModelFacts::vocab_size`.
 pub type Token = u32;
@@ -99,6 +102,16 @@ pub struct Feedback {
     /// The token the target chose right after the accepted prefix (a correction, or a bonus
     /// token when everything was accepted).
     pub target_token: Token,
+}
+
+/// One token the host's draft model proposes (see [`crate::draft_model::propose`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DraftedToken {
+    /// The draft model's greedy choice.
+    pub token: Token,
+    /// The probability the draft model gave it, in `[0, 1]` (softmax over the whole vocabulary,
+    /// temperature 1).
+    pub prob: f32,
 }
 
 #[cfg(test)]

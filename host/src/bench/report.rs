@@ -451,6 +451,8 @@ mod tests {
                         SourceSpec::Builtin("suffix".into()),
                     ],
                     draft_max: Some(4),
+                    policy: Some(crate::config::parse_policy("fixed").expect("valid policy")),
+                    mode: crate::cascade::CascadeMode::First,
                 },
             ],
             workloads: vec![WorkloadRun {

@@ -22,22 +22,27 @@ use serde::Serialize;
 
 use super::stats::Totals;
 use super::workload::{Prompt, Workload};
-use crate::cascade::{Cascade, ModelFacts, Token};
-use crate::config::{BenchConfig, SourceSpec};
+use crate::cascade::{Cascade, CascadeMode, CascadeSettings, ModelFacts, Token};
+use crate::config::{BenchConfig, PolicySpec, SourceSpec};
 use crate::engine::{Request, SamplingParams, Session, StopStrings, Target};
-use crate::plugins::{LoadedPlugin, PluginHost, PluginHostConfig};
-use crate::run::{build_cascade, load_draft_model};
+use crate::plugins::{LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
+use crate::run::{build_cascade, load_draft_model, measure_verify_costs, require_draft_model};
 
 /// How often the progress bar redraws its elapsed time while a request runs.
 const PROGRESS_TICK: Duration = Duration::from_millis(250);
 
-/// What one benchmark row decodes with: plain decoding, or a cascade with a draft length.
+/// What one benchmark row decodes with: plain decoding, or a cascade with a policy, a mode
+/// and a draft length.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Configuration {
     /// Draft sources in order; empty for plain decoding.
     pub cascade: Vec<SourceSpec>,
     /// Most draft tokens per round; `None` for plain decoding.
     pub draft_max: Option<usize>,
+    /// The draft-length policy; `None` for plain decoding.
+    pub policy: Option<PolicySpec>,
+    /// How the cascade picks a draft.
+    pub mode: CascadeMode,
 }
 
 impl Configuration {
@@ -46,21 +51,39 @@ impl Configuration {
         Self {
             cascade: Vec::new(),
             draft_max: None,
+            policy: None,
+            mode: CascadeMode::First,
         }
     }
 
-    /// Plain decoding first, then every cascade with every draft length, in the order given.
+    /// Plain decoding first, then every cascade with every mode, policy and draft length, in
+    /// the order given.
     pub fn all(config: &BenchConfig) -> Vec<Self> {
         let mut all = vec![Self::plain()];
         for cascade in &config.cascades {
-            for &draft_max in &config.draft_maxes {
-                all.push(Self {
-                    cascade: cascade.clone(),
-                    draft_max: Some(draft_max),
-                });
+            for &mode in &config.cascade_modes {
+                for policy in &config.policies {
+                    for &draft_max in &config.draft_maxes {
+                        all.push(Self {
+                            cascade: cascade.clone(),
+                            draft_max: Some(draft_max),
+                            policy: Some(policy.clone()),
+                            mode,
+                        });
+                    }
+                }
             }
         }
         all
+    }
+
+    /// The policy's name and settings as given (`window,raise=0.9`), or `none`.
+    pub fn policy_name(&self) -> String {
+        match &self.policy {
+            Some(policy) if policy.config.is_empty() => policy.name(),
+            Some(policy) => format!("{},{}", policy.name(), policy.config),
+            None => "none".into(),
+        }
     }
 
     /// Whether this is the plain baseline.
@@ -80,11 +103,21 @@ impl Configuration {
             .join(",")
     }
 
-    /// The row label: `plain`, or `lookup,suffix K=8`.
+    /// The row label: `plain`; `lookup,suffix K=8` with the fixed policy; otherwise
+    /// `lookup,suffix window K≤24`, with ` scored` in scored mode.
     pub fn label(&self) -> String {
-        match self.draft_max {
-            Some(draft_max) if !self.is_plain() => format!("{} K={draft_max}", self.cascade_name()),
-            _ => "plain".into(),
+        let Some(draft_max) = self.draft_max.filter(|_| !self.is_plain()) else {
+            return "plain".into();
+        };
+        let mode = match self.mode {
+            CascadeMode::First => "",
+            CascadeMode::Scored => " scored",
+        };
+        let policy = self.policy_name();
+        if policy == "fixed" {
+            format!("{} K={draft_max}{mode}", self.cascade_name())
+        } else {
+            format!("{} {policy} K≤{draft_max}{mode}", self.cascade_name())
         }
     }
 }
@@ -161,6 +194,8 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
             loaded.push((spec, host.load(spec)?));
         }
     }
+    let all_plugins: Vec<LoadedPlugin> = loaded.iter().map(|(_, p)| p.clone()).collect();
+    require_draft_model(&all_plugins, config.draft.as_ref())?;
     let plugins: Vec<Vec<LoadedPlugin>> = configurations
         .iter()
         .map(|c| {
@@ -178,14 +213,54 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         .collect();
 
     let target = Target::load(&config.model, &config.target)?;
-    // Offered to drafter plugins through the WIT `draft-model` import (wired in `plugins`).
-    let _draft_model = load_draft_model(config.draft.as_ref(), &target, &config.target, cache_dir)?;
+    // Offered to drafter plugins through the WIT `draft-model` import.
+    if let Some(draft_model) =
+        load_draft_model(config.draft.as_ref(), &target, &config.target, cache_dir)?
+    {
+        host.attach_draft_model(draft_model);
+    }
     let mut session = target.session(&config.session)?;
     let facts = target.facts(session.ctx_size());
-    // Every plugin must accept its configuration before hours of measuring start.
-    for cascade in &plugins {
-        build_cascade(cascade, &config.plugin_configs, &facts)?;
+    let mut loaded_policies: Vec<(&SourceSpec, LoadedPolicy)> = Vec::new();
+    for spec in configurations
+        .iter()
+        .filter_map(|c| c.policy.as_ref())
+        .map(|p| &p.plugin)
+    {
+        if !loaded_policies.iter().any(|(known, _)| *known == spec) {
+            loaded_policies.push((spec, host.load_policy(spec)?));
+        }
     }
+    let policies: Vec<Option<LoadedPolicy>> = configurations
+        .iter()
+        .map(|c| {
+            let spec = &c.policy.as_ref()?.plugin;
+            loaded_policies
+                .iter()
+                .find(|(known, _)| *known == spec)
+                .map(|(_, policy)| policy.clone())
+        })
+        .collect();
+    // Every plugin must accept its configuration before hours of measuring start.
+    for (index, configuration) in configurations.iter().enumerate() {
+        new_cascade(
+            &plugins[index],
+            policies[index].as_ref(),
+            configuration,
+            config,
+            &facts,
+        )?;
+    }
+    let largest_draft_max = configurations
+        .iter()
+        .filter_map(|c| c.draft_max)
+        .max()
+        .unwrap_or(0);
+    let verify_costs = if largest_draft_max > 0 {
+        measure_verify_costs(&mut session, largest_draft_max)?
+    } else {
+        Vec::new()
+    };
     let prepared = workloads
         .iter()
         .map(|w| prepare(&target, w, config, session.ctx_size()))
@@ -213,10 +288,17 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
                     pass + 1,
                     if warming_up { " (warm-up)" } else { "" }
                 ));
-                let mut cascade = new_cascade(&plugins[index], config, &facts)?;
+                let mut cascade = new_cascade(
+                    &plugins[index],
+                    policies[index].as_ref(),
+                    configuration,
+                    config,
+                    &facts,
+                )?;
                 let mut totals = Totals::default();
                 let mut context = PassContext {
                     session: &mut session,
+                    verify_costs: &verify_costs,
                     cascade: &mut cascade,
                     configuration,
                     workload: &run.workload.name,
@@ -255,21 +337,41 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
     })
 }
 
-/// A fresh cascade of `plugins` (empty for plain decoding).
+/// A fresh cascade of `plugins` with `policy`, as `configuration` says (empty for plain
+/// decoding).
 fn new_cascade(
     plugins: &[LoadedPlugin],
+    policy: Option<&LoadedPolicy>,
+    configuration: &Configuration,
     config: &BenchConfig,
     facts: &ModelFacts,
 ) -> anyhow::Result<Cascade> {
     if plugins.is_empty() {
         return Ok(Cascade::empty());
     }
-    build_cascade(plugins, &config.plugin_configs, facts)
+    let settings = CascadeSettings {
+        mode: configuration.mode,
+        ..CascadeSettings::default()
+    };
+    let policy_config = configuration
+        .policy
+        .as_ref()
+        .map_or("", |policy| policy.config.as_str());
+    build_cascade(
+        plugins,
+        &config.plugin_configs,
+        facts,
+        settings,
+        policy.map(|policy| (policy, policy_config)),
+        configuration.draft_max.unwrap_or(0),
+    )
 }
 
 /// One configuration's pass over a workload.
 struct PassContext<'s, 't> {
     session: &'s mut Session<'t>,
+    /// The target's verify cost curve, for policies.
+    verify_costs: &'s [Duration],
     cascade: &'s mut Cascade,
     configuration: &'s Configuration,
     workload: &'s str,
@@ -278,8 +380,10 @@ struct PassContext<'s, 't> {
 
 impl PassContext<'_, '_> {
     fn decode(&mut self, prepared: &Prepared) -> anyhow::Result<crate::engine::Outcome> {
+        let draft_max = self.configuration.draft_max.unwrap_or(0);
         let request = Request {
-            draft_max: self.configuration.draft_max.unwrap_or(0),
+            draft_max,
+            verify_costs: self.verify_costs[..self.verify_costs.len().min(draft_max + 1)].to_vec(),
             ..prepared.request.clone()
         };
         self.session
@@ -378,6 +482,7 @@ fn prepare(
                     sampling: SamplingParams::greedy(),
                     stop: StopStrings::default(),
                     draft_max: 0,
+                    verify_costs: Vec::new(),
                 },
             })
         })

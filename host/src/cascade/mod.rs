@@ -1,24 +1,36 @@
-//! The cascade: asks draft sources in order and gives the engine one draft per round.
+//! The cascade: the draft sources of a request, the policy that sizes each round's draft, and
+//! the rule that picks one draft per round.
 //!
 //! One round, in order:
-//! 1. the engine calls [`Cascade::propose`] with this round's `max_len`;
-//! 2. sources are asked in order until one returns at least `min_len` tokens, and that source
-//!    wins; a source that faults counts as an empty proposal;
-//! 3. the draft is cut to `max_len` here, never inside a source;
+//! 1. the engine calls [`Cascade::propose`] with this round's budget (what the context and
+//!    `max_tokens` leave room for, at most `--draft-max`);
+//! 2. the [`RoundPolicy`] decides the draft length (0 = plain decoding this round, possibly with
+//!    unverified shadow proposals) and may reorder sources;
+//! 3. sources are asked as the [`CascadeMode`] says (first long-enough proposal, or best
+//!    expected acceptance); a source that faults counts as an empty proposal; the draft is cut
+//!    to the decided length here, never inside a source;
 //! 4. after verification, [`Cascade::accept`] tells every asked source how its proposal fared,
-//!    feeds the committed tokens to every source, and credits the winner in [`SourceStats`].
+//!    settles shadow proposals, feeds the committed tokens to every source, credits the winner
+//!    in [`SourceStats`], and shows the round to the policy as a [`RoundRecord`].
 //!
-//! Not here: WebAssembly (a plugin is just a [`DraftSource`]), restarts and quarantine
-//! (`plugins`), and the model (`engine`). The cascade is one value built from configuration, so
-//! it can be replaced between rounds.
+//! Not here: WebAssembly (a plugin is just a [`DraftSource`] or a [`RoundPolicy`]), restarts
+//! and quarantine (`plugins`), and the model (`engine`). The cascade is one value built from
+//! configuration, so it can be replaced between requests.
 
+mod chain;
 mod draft_model;
-mod ordered;
+mod estimate;
+mod policy;
 mod source;
 mod stats;
 
+pub use self::chain::{
+    Cascade, CascadeMode, CascadeSettings, DEFAULT_EXPENSIVE_THRESHOLD, DEFAULT_MIN_LEN, Draft,
+    MAX_SHADOW_LEN, RoundTiming,
+};
 pub use self::draft_model::{DraftModel, DraftModelFactory, DraftedToken};
-pub use self::ordered::{Cascade, CascadeSettings, DEFAULT_MIN_LEN, Draft};
+pub use self::estimate::{PositionAcceptance, expected_accepted, matching_prefix};
+pub use self::policy::{Decision, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound};
 pub use self::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 pub use self::stats::SourceStats;
 pub(crate) use self::stats::ratio;

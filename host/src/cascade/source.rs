@@ -101,4 +101,16 @@ pub trait DraftSource: Send {
 
     /// Ends the request; per-request state may be dropped. Default: nothing.
     fn end(&mut self) {}
+
+    /// Whether proposing is expensive (it runs a model): the scored cascade asks such sources
+    /// only when the cheap ones fall short, and shadow drafts never ask them. Default: cheap.
+    fn is_expensive(&self) -> bool {
+        false
+    }
+
+    /// Asks the source to hand its cross-request state to the host for persisting (between
+    /// requests only). Default: nothing to save.
+    fn checkpoint(&mut self) -> Result<(), SourceFault> {
+        Ok(())
+    }
 }

@@ -23,6 +23,12 @@ pub struct SourceStats {
     pub accepted_by_position: Vec<u64>,
     /// Calls that faulted (trap, time-out, invalid proposal).
     pub faults: u64,
+    /// Shadow proposals it made (unverified, while the policy had speculation off).
+    pub shadow_proposed: u64,
+    /// Tokens of its settled shadow proposals.
+    pub shadow_drafted: u64,
+    /// Leading tokens of its settled shadow proposals that matched the target.
+    pub shadow_matched: u64,
     /// Time spent in the source's `propose`, `feedback` and `feed`.
     #[serde(serialize_with = "serialize_micros")]
     pub time: Duration,
@@ -51,6 +57,9 @@ impl SourceStats {
         self.drafted += other.drafted;
         self.accepted += other.accepted;
         self.faults += other.faults;
+        self.shadow_proposed += other.shadow_proposed;
+        self.shadow_drafted += other.shadow_drafted;
+        self.shadow_matched += other.shadow_matched;
         self.time += other.time;
         if self.accepted_by_position.len() < other.accepted_by_position.len() {
             self.accepted_by_position

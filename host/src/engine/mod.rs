@@ -14,6 +14,7 @@
 //! Not here: where drafts come from (`cascade`, `plugins`) and how requests arrive (`main`,
 //! `server`).
 
+mod costs;
 mod draft;
 mod error;
 mod model;

@@ -194,12 +194,37 @@ impl Target {
             .collect()
     }
 
+    /// Tokens of `text` as it would appear inside generated output: no BOS, and special-token
+    /// markup is not parsed (it is ordinary text).
+    pub fn tokenize_text(&self, text: &str) -> Vec<Token> {
+        self.model
+            .vocab()
+            .tokenize(text.as_bytes(), false, false)
+            .into_iter()
+            .map(from_llama)
+            .collect()
+    }
+
     /// The bytes `token` stands for in generated text (special tokens render as nothing).
     pub fn token_bytes(&self, token: Token, out: &mut Vec<u8>) {
         out.clear();
         self.model
             .vocab()
             .token_to_piece_into(to_llama(token), out, false, None);
+    }
+
+    /// The text of `tokens`, lossily decoded (a character split across tokens at either end
+    /// becomes U+FFFD): for content-aware policies, not for output.
+    pub fn text_of(&self, tokens: &[Token]) -> String {
+        let mut bytes = Vec::new();
+        let mut piece = Vec::new();
+        for &token in tokens {
+            if !self.is_eog(token) {
+                self.token_bytes(token, &mut piece);
+                bytes.extend_from_slice(&piece);
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 
     /// Creates a session: a llama.cpp context with its own KV cache.

@@ -19,10 +19,10 @@ use super::model::{Target, to_llama};
 use super::sample::{SamplingParams, TokenSampler};
 use super::stats::GenerationStats;
 use super::text::{StopStrings, TextStream};
-use crate::cascade::{Cascade, Draft, Token};
+use crate::cascade::{Cascade, Draft, RoundTiming, Token};
 
 /// Default maximum draft length per round.
-pub const DEFAULT_DRAFT_MAX: usize = 8;
+pub const DEFAULT_DRAFT_MAX: usize = 24;
 /// Default context size, in tokens.
 pub const DEFAULT_CTX_SIZE: u32 = 4096;
 /// Default llama.cpp batch size (also the largest verify batch).
@@ -62,8 +62,11 @@ pub struct Request {
     pub sampling: SamplingParams,
     /// Generation ends before any of these strings.
     pub stop: StopStrings,
-    /// Most draft tokens verified per round.
+    /// Most draft tokens verified per round (the policy chooses up to this many).
     pub draft_max: usize,
+    /// The target's measured time to verify `n` tokens at index `n - 1`, for the policy; may
+    /// be empty.
+    pub verify_costs: Vec<std::time::Duration>,
 }
 
 impl Request {
@@ -75,6 +78,7 @@ impl Request {
             sampling,
             stop: StopStrings::default(),
             draft_max: DEFAULT_DRAFT_MAX,
+            verify_costs: Vec::new(),
         }
     }
 }
@@ -170,7 +174,12 @@ impl<'a> Session<'a> {
         if speculate {
             let draft_started = Instant::now();
             let context = [prompt.as_slice(), &[last]].concat();
-            cascade.begin(&self.target.facts(ctx_size), &context);
+            cascade.begin(
+                &self.target.facts(ctx_size),
+                &context,
+                request.draft_max,
+                &request.verify_costs,
+            );
             stats.draft_time += draft_started.elapsed();
         }
         let mut n_past = prompt.len();
@@ -186,16 +195,18 @@ impl<'a> Session<'a> {
                 0
             };
             let draft_started = Instant::now();
-            let draft = if budget > 0 {
+            let draft = if speculate {
                 cascade.propose(budget)
             } else {
                 Draft::default()
             };
-            stats.draft_time += draft_started.elapsed();
+            let draft_time = draft_started.elapsed();
+            stats.draft_time += draft_time;
 
             let verify_started = Instant::now();
             self.decode_round(last, &draft.tokens, n_past)?;
-            stats.verify_time += verify_started.elapsed();
+            let verify_time = verify_started.elapsed();
+            stats.verify_time += verify_time;
             stats.rounds += 1;
             if !draft.tokens.is_empty() {
                 stats.draft_rounds += 1;
@@ -233,7 +244,16 @@ impl<'a> Session<'a> {
             );
             if speculate {
                 let draft_started = Instant::now();
-                cascade.accept(&draft, n_accepted, &committed);
+                let committed_text = if cascade.wants_text() {
+                    self.target.text_of(&committed)
+                } else {
+                    String::new()
+                };
+                let timing = RoundTiming {
+                    draft_time,
+                    verify_time,
+                };
+                cascade.accept(&draft, n_accepted, &committed, timing, &committed_text);
                 stats.draft_time += draft_started.elapsed();
             }
         }
@@ -291,15 +311,57 @@ impl<'a> Session<'a> {
         draft: &[Token],
         n_past: usize,
     ) -> Result<(), EngineError> {
+        let tokens: Vec<Token> = std::iter::once(last).chain(draft.iter().copied()).collect();
+        self.decode_at(&tokens, n_past, true)
+    }
+
+    /// Decodes `tokens` at positions `position..` in one batch (at most the batch size), with
+    /// logits at every position when `all_logits`, else at the last only.
+    pub(super) fn decode_at(
+        &mut self,
+        tokens: &[Token],
+        position: usize,
+        all_logits: bool,
+    ) -> Result<(), EngineError> {
+        let needed = position + tokens.len();
+        if needed > self.ctx_size() as usize || tokens.len() > self.batch_size {
+            return Err(EngineError::ContextOverflow {
+                prompt: position,
+                max_tokens: tokens.len(),
+                ctx_size: self.ctx_size(),
+                needed,
+            });
+        }
         self.batch.clear();
-        for (i, &token) in std::iter::once(&last).chain(draft).enumerate() {
+        for (i, &token) in tokens.iter().enumerate() {
+            let logits = all_logits || i + 1 == tokens.len();
             self.batch
-                .add(to_llama(token), (n_past + i) as i32, &[SEQ], true)
-                .map_err(|e| decode_error(draft.len() + 1, e))?;
+                .add(to_llama(token), (position + i) as i32, &[SEQ], logits)
+                .map_err(|e| decode_error(tokens.len(), e))?;
         }
         self.context
             .decode(&mut self.batch)
-            .map_err(|e| decode_error(draft.len() + 1, e))
+            .map_err(|e| decode_error(tokens.len(), e))
+    }
+
+    /// Drops every KV entry at position `len` and after.
+    pub(super) fn truncate(&mut self, len: usize) -> Result<(), EngineError> {
+        self.context
+            .kv_cache_seq_rm(SEQ, Some(len as u32), None)
+            .map_err(|e| decode_error(0, e))
+    }
+
+    /// Empties the KV cache.
+    pub(super) fn clear(&mut self) {
+        self.context.clear_kv_cache();
+    }
+
+    /// `n` tokens of ordinary English text, for measurements that need a context.
+    pub(super) fn filler_tokens(&self, n: usize) -> Vec<Token> {
+        const FILLER: &str = "The quick brown fox jumps over the lazy dog while the cache \
+                              keeps every key and value it has seen so far. ";
+        let tokens = self.target.tokenize_text(FILLER);
+        tokens.iter().cycle().take(n).copied().collect()
     }
 }
 

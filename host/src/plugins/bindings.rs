@@ -5,10 +5,15 @@
 //! from the [`cascade`](crate::cascade) types with `From`. Nothing generated is visible outside
 //! `plugins`, so a change to the WIT breaks compilation here and nowhere else.
 //!
-//! Only the `drafter` world is bound; the `policy` world gets its own bindings when policies
-//! are hosted.
+//! Both worlds are bound: `drafter` here, `policy` in `policy_world`, which reuses the
+//! interfaces the two share (`types`, `host`) through `with`, so each host import is
+//! implemented once.
 
 use crate::cascade;
+use crate::cascade::{
+    Decision as CascadeDecision, PolicySetup as CascadeSetup, RoundRecord as CascadeRecord,
+    SourceRound as CascadeSourceRound,
+};
 
 mod generated {
     wasmtime::component::bindgen!({
@@ -17,16 +22,39 @@ mod generated {
     });
 }
 
+mod policy_world {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "policy",
+        with: {
+            "spechost:drafter/types": super::generated::spechost::drafter::types,
+            "spechost:drafter/host": super::generated::spechost::drafter::host,
+        },
+    });
+}
+
+pub(super) use self::generated::spechost::drafter::draft_model::{
+    DraftedToken, Host as DraftModelHost,
+};
 pub(super) use self::generated::spechost::drafter::host::{Host as LogHost, Level};
+pub(super) use self::generated::spechost::drafter::state::Host as StateHost;
 pub(super) use self::generated::spechost::drafter::types::{
     Feedback, Host as TypesHost, ModelFacts, Proposal,
 };
 pub(super) use self::generated::{Drafter, DrafterPre};
+pub(super) use self::policy_world::exports::spechost::drafter::policy_api::{
+    Decision, PolicySetup, RoundRecord, SourceRound,
+};
+pub(super) use self::policy_world::{Policy, PolicyPre};
 
 /// The WIT package version this host speaks; plugins must be built against the same minor.
-pub(super) const WIT_VERSION: &str = "0.1.0";
+pub(super) const WIT_VERSION: &str = "0.2.0";
 /// The interface a drafter component must export, exactly as it appears in its type.
-pub(super) const DRAFTER_API_EXPORT: &str = "spechost:drafter/drafter-api@0.1.0";
+pub(super) const DRAFTER_API_EXPORT: &str = "spechost:drafter/drafter-api@0.2.0";
+/// The interface a policy component must export, exactly as it appears in its type.
+pub(super) const POLICY_API_EXPORT: &str = "spechost:drafter/policy-api@0.2.0";
+/// The draft-model import, as it appears in a component's type when the plugin uses it.
+pub(super) const DRAFT_MODEL_IMPORT: &str = "spechost:drafter/draft-model@0.2.0";
 
 impl From<&cascade::ModelFacts> for ModelFacts {
     fn from(facts: &cascade::ModelFacts) -> Self {
@@ -57,6 +85,65 @@ impl From<cascade::Feedback> for Feedback {
             target_token: feedback.target_token,
         }
     }
+}
+
+impl From<&CascadeSourceRound> for SourceRound {
+    fn from(round: &CascadeSourceRound) -> Self {
+        Self {
+            source: round.source.clone(),
+            drafted: saturating_u32(round.drafted),
+            accepted: saturating_u32(round.accepted),
+            won: round.won,
+            shadow: round.shadow,
+            censored: round.censored,
+        }
+    }
+}
+
+impl From<&CascadeRecord> for RoundRecord {
+    fn from(round: &CascadeRecord) -> Self {
+        Self {
+            max_draft_len: saturating_u32(round.max_draft_len),
+            sources: round.sources.iter().map(Into::into).collect(),
+            draft_us: micros(round.draft_time),
+            verify_us: micros(round.verify_time),
+            n_verified: saturating_u32(round.n_verified),
+            n_accepted: saturating_u32(round.n_accepted),
+            committed_text: round.committed_text.clone(),
+        }
+    }
+}
+
+impl From<&CascadeSetup> for PolicySetup {
+    fn from(setup: &CascadeSetup) -> Self {
+        Self {
+            sources: setup.sources.clone(),
+            max_draft_len: saturating_u32(setup.max_draft_len),
+            verify_us: setup
+                .verify_costs
+                .iter()
+                .map(|cost| cost.as_secs_f32() * 1e6)
+                .collect(),
+        }
+    }
+}
+
+impl From<Decision> for CascadeDecision {
+    fn from(decision: Decision) -> Self {
+        Self {
+            max_draft_len: decision.max_draft_len as usize,
+            shadow_len: decision.shadow_len as usize,
+            order: decision.order,
+        }
+    }
+}
+
+fn saturating_u32(value: usize) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
+fn micros(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -103,7 +103,7 @@ fn deserialize_own_file(engine: &Engine, path: &Path) -> wasmtime::Result<Compon
 }
 
 /// Writes `bytes` to `path` through a temporary file in `dir` and a rename.
-fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(super) fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     /// Tells apart temporary files of concurrent writers within this process.
     static NEXT_TEMP: AtomicU64 = AtomicU64::new(0);
 

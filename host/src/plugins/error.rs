@@ -27,21 +27,25 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
-    /// A cascade entry names no built-in drafter.
+    /// A cascade or policy entry names no built-in plugin.
     #[error(
-        "no built-in drafter `{name}`; built-ins are {known}, or give a path to a .wasm file (e.g. `./my_drafter.wasm`)"
+        "no built-in {kind} `{name}`; built-ins are {known}, or give a path to a .wasm file (e.g. `./my_{kind}.wasm`)"
     )]
     UnknownBuiltin {
+        /// `drafter` or `policy`.
+        kind: &'static str,
         /// The name asked for.
         name: String,
         /// The built-in names, comma-separated.
         known: String,
     },
-    /// A built-in drafter is known but its `.wasm` file is in none of the searched directories.
+    /// A built-in plugin is known but its `.wasm` file is in none of the searched directories.
     #[error(
-        "built-in drafter `{name}` not found: no {name}.wasm in {searched}; run `scripts/build-plugins.sh` or point the plugin directory setting at the folder holding it"
+        "built-in {kind} `{name}` not found in {searched}; run `scripts/build-plugins.sh` or point the plugin directory setting (`--plugin-dir`) at the folder holding it"
     )]
     BuiltinMissing {
+        /// `drafter` or `policy`.
+        kind: &'static str,
         /// The built-in name.
         name: String,
         /// The directories searched, in order, comma-separated.
@@ -84,9 +88,9 @@ pub enum LoadError {
         /// What wasmtime said.
         reason: String,
     },
-    /// The component does not export the drafter interface this host speaks.
+    /// The component does not export the interface this host speaks for its kind.
     #[error(
-        "{plugin} does not export `{expected}` (it exports {found}); rebuild it against spechost-sdk {sdk_version}"
+        "{plugin} does not export `{expected}` (it exports {found}); rebuild it against spechost-sdk {sdk_version}, or check that it is used as the right kind of plugin (a drafter in `--cascade`, a policy in `--policy`)"
     )]
     MissingExport {
         /// The plugin name.
@@ -101,7 +105,7 @@ pub enum LoadError {
     /// The component imports something the sandbox does not provide, or its exports have the
     /// wrong types.
     #[error(
-        "{plugin} does not fit the drafter sandbox: {reason}; drafters may import only WASI 0.2 (cli, clocks, random, io) and `spechost:drafter/host`, rebuild it against spechost-sdk {sdk_version}"
+        "{plugin} does not fit the drafter sandbox: {reason}; plugins may import only WASI 0.2 (cli, clocks, random, io) and the `spechost:drafter` host interfaces (`host`, `state`, `draft-model`), rebuild it against spechost-sdk {sdk_version}"
     )]
     Incompatible {
         /// The plugin name.

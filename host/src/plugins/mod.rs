@@ -1,5 +1,5 @@
 //! The wasmtime host for drafter plugins: WebAssembly components that speak
-//! `spechost:drafter@0.1.0` (`wit/drafter.wit`) and run sandboxed as cascade sources.
+//! `spechost:drafter@0.2.0` (`wit/drafter.wit`) and run sandboxed as cascade sources.
 //!
 //! # Load steps, in order
 //!
@@ -11,7 +11,7 @@
 //! 3. **Component** ([`PluginHost::load`]): the cascade entry is resolved (a built-in name is
 //!    searched for as `<name>.wasm`, see [`PluginHost::builtin_search_dirs`]; a path is used as
 //!    is), read, checked to be a component rather than a core module, compiled or fetched from
-//!    the cache, and checked to export `spechost:drafter/drafter-api@0.1.0`.
+//!    the cache, and checked to export `spechost:drafter/drafter-api@0.2.0`.
 //! 4. **Linker** (built in step 1): WASI 0.2, synchronous, with an empty context (no
 //!    preopened directories, no environment, no arguments, no sockets or name lookup) and
 //!    timers that fire at once (so a guest cannot sleep past its deadline inside the host),
@@ -58,21 +58,27 @@
 //! WIT leaves this module.
 
 mod bindings;
+mod bridge;
 mod cache;
 mod error;
 mod loader;
 mod log;
+mod policy;
 mod registry;
 mod sandbox;
 mod source;
+mod state;
 
+pub use self::bridge::MAX_BRIDGE_DRAFT_LEN;
 pub use self::error::LoadError;
-pub use self::loader::{LoadedPlugin, PluginHost, PluginHostConfig};
+pub use self::loader::{LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
 pub use self::log::{LOG_BURST, LOG_LINES_PER_SECOND, MAX_LOG_MESSAGE_CHARS};
-pub use self::registry::BUILTINS;
+pub use self::policy::PluginPolicy;
+pub use self::registry::{BUILTIN_POLICIES, BUILTINS, PluginKind};
 pub use self::sandbox::{
     DEFAULT_CALL_DEADLINE, DEFAULT_MAX_FAULTS, DEFAULT_MAX_HOST_RESOURCES, DEFAULT_MAX_INSTANCES,
     DEFAULT_MAX_MEMORIES, DEFAULT_MAX_TABLES, DEFAULT_MEMORY_LIMIT, DEFAULT_TABLE_ELEMENTS,
     EPOCH_TICK, SandboxLimits,
 };
 pub use self::source::PluginSource;
+pub use self::state::{DEFAULT_MAX_STATE_BYTES, StateSlot};

@@ -5,6 +5,9 @@
 //!   its memory limit" instead of "unreachable".
 //! - Time is capped per guest call with epochs: one [`EpochTicker`] thread per engine bumps the
 //!   epoch every [`EPOCH_TICK`], and each call gets a deadline of [`deadline_ticks`] epochs.
+//!   When it passes, [`CallClock`] decides: time the host spent inside the call on the guest's
+//!   behalf (running the draft model, reading state) is credited back, so only the plugin's own
+//!   time counts; the call traps once that reaches the deadline.
 //! - WASI is linked but empty: no files, no environment, no arguments, no network. stdout is
 //!   discarded; stderr goes to a bounded in-memory buffer so a guest's panic message can be put
 //!   in the fault it causes.
@@ -17,18 +20,24 @@
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime::component::{Linker, Resource, ResourceTable};
-use wasmtime::{Engine, ResourceLimiter, StoreContextMut, StoreLimits, StoreLimitsBuilder};
+use wasmtime::{
+    Engine, ResourceLimiter, Store, StoreContextMut, StoreLimits, StoreLimitsBuilder, Trap,
+    UpdateDeadline,
+};
 use wasmtime_wasi::clocks::WasiClocksView;
 use wasmtime_wasi::p2::DynPollable;
 use wasmtime_wasi::p2::bindings::clocks::monotonic_clock;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
+use super::bridge::DraftBridge;
 use super::error::LoadError;
 use super::log::LogGate;
+use super::state::StateSlot;
+use crate::cascade::DraftModelFactory;
 
 /// Default cap on each linear memory of a plugin instance.
 pub const DEFAULT_MEMORY_LIMIT: usize = 256 << 20;
@@ -214,19 +223,64 @@ impl ResourceLimiter for Limiter {
     }
 }
 
+/// Time of the current guest call, less the time the host spent in it on the guest's behalf.
+#[derive(Debug)]
+pub(super) struct CallClock {
+    started: Instant,
+    host_time: Duration,
+}
+
+impl CallClock {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            host_time: Duration::ZERO,
+        }
+    }
+
+    /// Starts timing a new guest call.
+    fn restart(&mut self) {
+        *self = Self::new();
+    }
+
+    /// Credits `spent` (host work done for the guest) back to the current call.
+    pub(super) fn credit(&mut self, spent: Duration) {
+        self.host_time += spent;
+    }
+
+    /// Time the guest's own code has had in the current call.
+    fn guest_time(&self) -> Duration {
+        self.started.elapsed().saturating_sub(self.host_time)
+    }
+}
+
+/// What the host offers a plugin instance beyond WASI and logging.
+#[derive(Clone, Default)]
+pub(super) struct Services {
+    /// The plugin's cross-request state (WIT `state`).
+    pub(super) state: Option<StateSlot>,
+    /// The draft model (WIT `draft-model`), when the process has one.
+    pub(super) draft_model: Option<Arc<dyn DraftModelFactory>>,
+}
+
 /// Everything a plugin's `Store` holds.
 pub(super) struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
+    pub(super) name: Arc<str>,
     pub(super) limiter: Limiter,
     pub(super) log: LogGate,
+    pub(super) clock: CallClock,
+    pub(super) state: StateSlot,
+    pub(super) draft: DraftBridge,
     stderr: MemoryOutputPipe,
 }
 
 impl HostState {
     /// State for a fresh instance of plugin `name` under `limits`: an empty WASI context whose
-    /// stderr is captured.
-    pub(super) fn new(name: Arc<str>, limits: &SandboxLimits) -> Self {
+    /// stderr is captured, and the host `services` it may use (a plugin without a state slot
+    /// gets one that lives only as long as this instance).
+    pub(super) fn new(name: Arc<str>, limits: &SandboxLimits, services: Services) -> Self {
         let stderr = MemoryOutputPipe::new(STDERR_CAPTURE_BYTES);
         let wasi = WasiCtxBuilder::new()
             .stderr(stderr.clone())
@@ -240,7 +294,13 @@ impl HostState {
             wasi,
             table,
             limiter: Limiter::new(limits),
-            log: LogGate::new(name),
+            log: LogGate::new(Arc::clone(&name)),
+            clock: CallClock::new(),
+            state: services
+                .state
+                .unwrap_or_else(|| StateSlot::open(&name, None, 0)),
+            draft: DraftBridge::new(services.draft_model),
+            name,
             stderr,
         }
     }
@@ -258,6 +318,30 @@ impl WasiView for HostState {
             table: &mut self.table,
         }
     }
+}
+
+/// Makes `store` enforce `deadline` on each guest call armed with [`arm_call`]: when the epoch
+/// deadline passes, the call traps with [`Trap::Interrupt`] if the guest's own time reached
+/// `deadline`, and otherwise gets the epochs it has left.
+pub(super) fn enforce_deadline(store: &mut Store<HostState>, deadline: Duration) {
+    store.epoch_deadline_callback(move |store| {
+        let guest_time = store.data().clock.guest_time();
+        if guest_time >= deadline {
+            return Err(Trap::Interrupt.into());
+        }
+        Ok(UpdateDeadline::Continue(deadline_ticks(
+            deadline - guest_time,
+            EPOCH_TICK,
+        )))
+    });
+}
+
+/// Arms the deadline for one guest call and forgets memory refusals from earlier calls.
+pub(super) fn arm_call(store: &mut Store<HostState>, deadline_ticks: u64) {
+    store.set_epoch_deadline(deadline_ticks);
+    let state = store.data_mut();
+    state.clock.restart();
+    state.limiter.take_refusal();
 }
 
 /// The WASI monotonic clock interface, as the pinned wasmtime-wasi links it.

@@ -19,7 +19,8 @@ use super::bindings::{self, Drafter};
 use super::error::LoadError;
 use super::loader::LoadedPlugin;
 use super::sandbox::{
-    EPOCH_TICK, HostState, SandboxLimits, deadline_ticks, format_bytes, format_duration, sanitize,
+    EPOCH_TICK, HostState, SandboxLimits, arm_call, deadline_ticks, enforce_deadline, format_bytes,
+    format_duration, sanitize,
 };
 use crate::cascade::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 
@@ -32,6 +33,7 @@ enum Method {
     Propose,
     Feedback,
     Drop,
+    Checkpoint,
 }
 
 impl Method {
@@ -43,6 +45,7 @@ impl Method {
             Method::Propose => "propose",
             Method::Feedback => "feedback",
             Method::Drop => "drop",
+            Method::Checkpoint => "checkpoint",
         }
     }
 }
@@ -192,10 +195,11 @@ impl PluginSource {
     fn instantiate(&self) -> wasmtime::Result<Live> {
         let mut store = Store::new(
             self.plugin.engine(),
-            HostState::new(Arc::clone(&self.name), &self.limits),
+            HostState::new(Arc::clone(&self.name), &self.limits, self.plugin.services()),
         );
         store.limiter(|state| &mut state.limiter);
-        store.set_epoch_deadline(self.deadline_ticks);
+        enforce_deadline(&mut store, self.limits.call_deadline);
+        arm_call(&mut store, self.deadline_ticks);
         let drafter = self.plugin.pre().instantiate(&mut store)?;
         Ok(Live {
             store,
@@ -240,7 +244,7 @@ impl PluginSource {
         let (Some(live), Some(request)) = (self.live.as_mut(), self.request.as_mut()) else {
             return Ok(());
         };
-        prepare_call(&mut live.store, self.deadline_ticks);
+        arm_call(&mut live.store, self.deadline_ticks);
         let api = live.drafter.spechost_drafter_drafter_api();
         let session = match api
             .session()
@@ -261,7 +265,7 @@ impl PluginSource {
         };
         live.session = Some(session);
         if !self.context.is_empty() {
-            prepare_call(&mut live.store, self.deadline_ticks);
+            arm_call(&mut live.store, self.deadline_ticks);
             let replayed = api
                 .session()
                 .call_feed(&mut live.store, session, &self.context);
@@ -278,7 +282,7 @@ impl PluginSource {
         let Some(session) = live.session.take() else {
             return;
         };
-        prepare_call(&mut live.store, self.deadline_ticks);
+        arm_call(&mut live.store, self.deadline_ticks);
         if let Err(error) = session.resource_drop(&mut live.store) {
             self.trap(Method::Drop, error);
         }
@@ -336,12 +340,6 @@ impl PluginSource {
 /// Longest error string from a plugin's `open` kept in a fault, in characters.
 const MAX_GUEST_ERROR_CHARS: usize = 500;
 
-/// Arms the deadline for one guest call and forgets memory refusals from earlier calls.
-fn prepare_call(store: &mut Store<HostState>, deadline_ticks: u64) {
-    store.set_epoch_deadline(deadline_ticks);
-    store.data_mut().limiter.take_refusal();
-}
-
 impl DraftSource for PluginSource {
     fn name(&self) -> &str {
         &self.name
@@ -374,7 +372,7 @@ impl DraftSource for PluginSource {
         let Some((live, session)) = self.open_session() else {
             return Ok(Proposal::empty());
         };
-        prepare_call(&mut live.store, deadline_ticks);
+        arm_call(&mut live.store, deadline_ticks);
         let asked = u32::try_from(max_len).unwrap_or(u32::MAX);
         let api = live.drafter.spechost_drafter_drafter_api();
         let proposal = match api.session().call_propose(&mut live.store, session, asked) {
@@ -400,7 +398,7 @@ impl DraftSource for PluginSource {
         let Some((live, session)) = self.open_session() else {
             return Ok(());
         };
-        prepare_call(&mut live.store, deadline_ticks);
+        arm_call(&mut live.store, deadline_ticks);
         let api = live.drafter.spechost_drafter_drafter_api();
         let outcome = bindings::Feedback::from(feedback);
         match api
@@ -425,7 +423,7 @@ impl DraftSource for PluginSource {
             // Restarting replays the whole context, these tokens included.
             return self.ensure_session();
         };
-        prepare_call(&mut live.store, deadline_ticks);
+        arm_call(&mut live.store, deadline_ticks);
         let api = live.drafter.spechost_drafter_drafter_api();
         match api.session().call_feed(&mut live.store, session, tokens) {
             Ok(()) => Ok(()),
@@ -437,6 +435,27 @@ impl DraftSource for PluginSource {
         self.close_session();
         self.request = None;
         self.context.clear();
+    }
+
+    fn is_expensive(&self) -> bool {
+        self.plugin.uses_draft_model()
+    }
+
+    fn checkpoint(&mut self) -> Result<(), SourceFault> {
+        if self.quarantined {
+            return Ok(());
+        }
+        let deadline_ticks = self.deadline_ticks;
+        // Only a running instance has state worth saving: a trapped one lost it.
+        let Some(live) = self.live.as_mut() else {
+            return Ok(());
+        };
+        arm_call(&mut live.store, deadline_ticks);
+        let api = live.drafter.spechost_drafter_drafter_api();
+        match api.call_checkpoint(&mut live.store) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(self.trap(Method::Checkpoint, error)),
+        }
     }
 }
 

@@ -10,13 +10,23 @@
 //! The `request` groups run with `use_global=false`: the request trie alone. The `cached` groups
 //! run the default config, with 256 earlier responses of 1K tokens from the same stream in the
 //! cross-request cache, at 16K tokens of context.
+//!
+//! The `cache` groups time keeping that full cache across restarts: `cache/checkpoint` saves it
+//! (one more response each time, so there is always something to save), `cache/restore/code`
+//! loads it into a fresh instance (a new thread, whose cache and state slot start empty) and
+//! feeds that instance's first session until the trie is rebuilt: the whole cost of a restart,
+//! spread over calls in the host. That cache is full by nodes with well under 100K tokens:
+//! noisy text takes many nodes per token. `cache/restore/repetitive` restores one of text that
+//! repeats far more (see [`repetitive_blob`]), full with about 1M tokens.
 
 use std::hint::black_box;
+use std::sync::Arc;
+use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use spechost_sdk::testing::facts;
-use spechost_sdk::{Drafter, Token};
+use spechost_sdk::{Drafter, Token, state};
 use suffix::Suffix;
 
 /// Context sizes measured, in tokens.
@@ -26,6 +36,11 @@ const CACHED_CONTEXT_SIZE: usize = 1 << 14;
 /// Earlier responses in the cache for the `cached` groups, and their length.
 const CACHED_RESPONSES: usize = 256;
 const CACHED_RESPONSE_LEN: usize = 1 << 10;
+/// Length of each response of [`repetitive_blob`], and of the line it repeats.
+const REPETITIVE_RESPONSE_LEN: usize = 8 << 10;
+const REPETITIVE_LINE_LEN: usize = 50;
+/// Chance, in thousandths, that a token of [`repetitive_blob`] is a random one.
+const REPETITIVE_NOISE_PERMILLE: u32 = 1;
 /// Growth of the context, as a fraction of its nominal size, before the session is rebuilt.
 const GROWTH_ALLOWED: f64 = 0.25;
 /// Tokens per `feed` while building a context: a round's worth would be slower to build, and a
@@ -180,6 +195,79 @@ fn warm_cache(stream: &mut Stream) {
     }
 }
 
+/// Times `iters` restarts from `blob`: on a new thread each, the first session loads it and is
+/// fed empty rounds until the cache is rebuilt.
+fn time_restore(blob: &Arc<Vec<u8>>, iters: u64) -> Duration {
+    (0..iters)
+        .map(|_| {
+            let blob = Arc::clone(blob);
+            thread::spawn(move || {
+                state::save(&blob).expect("no limit on native state");
+                let start = Instant::now();
+                let mut drafter = Suffix::new("", &facts(VOCAB_SIZE)).expect("default config");
+                drafter.feed(&[0]);
+                while !Suffix::cache_is_idle() {
+                    drafter.feed(&[]);
+                }
+                // The thread's cache is freed after this, untimed.
+                start.elapsed()
+            })
+            .join()
+            .expect("restore ran")
+        })
+        .sum()
+}
+
+/// The blob of a full cache of very repetitive text: 256 responses of 8K tokens, each one line
+/// of 50 tokens over and over with a rare random token. Such text adds few nodes per token, so
+/// the full cache holds about 1M tokens, a 4 MiB blob (at most 2M tokens fit, with no noise).
+///
+/// Built on a thread of its own, so that its cache and state slot are its own.
+fn repetitive_blob() -> Vec<u8> {
+    thread::spawn(|| {
+        let mut stream = Stream::new(3);
+        let line = stream.take(REPETITIVE_LINE_LEN);
+        for _ in 0..CACHED_RESPONSES {
+            let text: Vec<Token> = (0..REPETITIVE_RESPONSE_LEN)
+                .map(|index| {
+                    if stream.below(1000) < REPETITIVE_NOISE_PERMILLE {
+                        stream.below(VOCAB_SIZE)
+                    } else {
+                        line[index % REPETITIVE_LINE_LEN]
+                    }
+                })
+                .collect();
+            let mut drafter = Suffix::new("", &facts(VOCAB_SIZE)).expect("default config");
+            drafter.feed(&[0]);
+            drafter.feed(&text);
+        }
+        let mut drafter = Suffix::new("", &facts(VOCAB_SIZE)).expect("default config");
+        drafter.feed(&[0]);
+        while !Suffix::cache_is_idle() {
+            drafter.feed(&[]);
+        }
+        Suffix::checkpoint();
+        state::load().expect("the checkpoint saved the cache")
+    })
+    .join()
+    .expect("the repetitive cache was built")
+}
+
+/// Times `iters` checkpoints of the cache, each after one more response.
+fn time_checkpoint(stream: &mut Stream, iters: u64) -> Duration {
+    let mut elapsed = Duration::ZERO;
+    for _ in 0..iters {
+        let mut drafter = Suffix::new("", &facts(VOCAB_SIZE)).expect("default config");
+        drafter.feed(&[0]);
+        drafter.feed(&stream.take(CACHED_RESPONSE_LEN));
+        drop(drafter);
+        let start = Instant::now();
+        Suffix::checkpoint();
+        elapsed += start.elapsed();
+    }
+    elapsed
+}
+
 fn bench(c: &mut Criterion) {
     let request_only = "use_global=false";
 
@@ -220,11 +308,34 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(drafter.propose(MAX_DRAFT_LEN)));
     });
     group.finish();
+    drop(drafter);
+
+    let mut group = c.benchmark_group("cache");
+    group.sample_size(10);
+    group.bench_function("checkpoint", |b| {
+        b.iter_custom(|iters| time_checkpoint(&mut stream, iters));
+    });
+    let blobs = [
+        (
+            "code",
+            state::load().expect("the checkpoints saved the cache"),
+        ),
+        ("repetitive", repetitive_blob()),
+    ];
+    for (name, blob) in blobs {
+        eprintln!("cache/restore/{name}: a blob of {} bytes", blob.len());
+        let blob = Arc::new(blob);
+        group.bench_function(BenchmarkId::new("restore", name), |b| {
+            b.iter_custom(|iters| time_restore(&blob, iters));
+        });
+    }
+    group.finish();
 }
 
 criterion_group! {
     name = benches;
-    // Short runs: the whole file takes about a minute, most of it building 256K contexts.
+    // Short runs: the whole file takes about a minute, most of it building 256K contexts and
+    // full caches.
     config = Criterion::default()
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))

@@ -6,9 +6,10 @@
 //! Sessions end with their request, so the cache lives at plugin level, in the `thread_local!`
 //! [`CACHE`]: a plugin instance is single-threaded, so that is a plain global. It lasts as long
 //! as the host keeps the plugin loaded, and starts empty again if the plugin traps and the host
-//! re-creates it. It is built by the first session, with that session's settings; a session
-//! with different `max_depth`, `max_nodes`, `max_cached_requests` or vocabulary size replaces it
-//! with an empty one (in practice every session of an instance has the same config).
+//! re-creates it. It is built by the first session that uses it, with that session's settings,
+//! from the blob the host keeps if there is a valid one (see [`ResponseCache::from_saved`]); a
+//! session with different `max_depth`, `max_nodes`, `max_cached_requests` or vocabulary
+//! replaces it with an empty one (in practice every session of an instance has the same config).
 //!
 //! # What it holds
 //!
@@ -32,12 +33,20 @@
 //! first. Sessions call it when they end and on each `feed`, so a response is usually indexed by
 //! the time the next request starts, and always within a few rounds of it. Every change bumps
 //! [`ResponseCache::version`], telling sessions to look up their suffix nodes again.
+//!
+//! # Saving
+//!
+//! What a blob holds is the list of responses ([`ResponseCache::saved_responses`]), not the
+//! trie: loading queues them like responses of ended sessions, so the trie is rebuilt in slices
+//! over the next calls, under the loading session's caps. [`ResponseCache::has_unsaved_changes`]
+//! tells whether that list changed since it was last saved or loaded.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 
 use spechost_sdk::Token;
 
+use crate::blob::{Saved, Vocabulary};
 use crate::trie::{END_OF_TEXT, Trie};
 
 thread_local! {
@@ -56,7 +65,7 @@ pub(crate) struct CacheSettings {
     /// Most responses kept.
     pub(crate) max_cached_requests: usize,
     /// Vocabulary the tokens come from; another model's tokens would mean nothing.
-    pub(crate) vocab_size: u32,
+    pub(crate) vocabulary: Vocabulary,
 }
 
 /// The indexed responses of recent requests.
@@ -71,6 +80,11 @@ pub(crate) struct ResponseCache {
     /// Tokens of all responses, end markers included.
     cached_tokens: usize,
     version: u64,
+    /// Bumped whenever the list of responses to save changes: one is queued, or one starts
+    /// being evicted.
+    revision: u64,
+    /// The `revision` last saved or loaded.
+    saved_revision: Option<u64>,
 }
 
 /// One response and how much of it the trie holds.
@@ -107,7 +121,34 @@ impl ResponseCache {
             n_complete: 0,
             cached_tokens: 0,
             version: 0,
+            revision: 0,
+            saved_revision: None,
         }
+    }
+
+    /// A cache of the responses of `saved`, queued for indexing, within the caps of `settings`:
+    /// the newest responses that fit in `max_cached_requests` and, cut to `max_nodes` tokens
+    /// each, in `max_nodes` tokens together. Older ones are skipped, as if evicted.
+    ///
+    /// Costs a copy of the kept tokens; the trie is built by later [`ResponseCache::work`].
+    pub(crate) fn from_saved(settings: CacheSettings, saved: &Saved<'_>) -> Self {
+        let mut kept = 0;
+        let mut tokens = 0;
+        for index in (0..saved.len()).rev() {
+            // What `push` keeps: the response cut to `max_nodes - 1`, then the end marker.
+            let len = saved.response_len(index).min(settings.max_nodes - 1) + 1;
+            if kept == settings.max_cached_requests || tokens + len > settings.max_nodes {
+                break;
+            }
+            kept += 1;
+            tokens += len;
+        }
+        let mut cache = Self::new(settings);
+        for index in saved.len() - kept..saved.len() {
+            cache.push(&saved.response(index));
+        }
+        cache.saved_revision = Some(cache.revision);
+        cache
     }
 
     /// The cache in `slot` if it has `settings`; otherwise a new, empty one put there.
@@ -144,6 +185,28 @@ impl ResponseCache {
         self.version
     }
 
+    /// The responses a blob should hold, oldest first, without end markers: all but those being
+    /// evicted, whether indexed yet or not.
+    pub(crate) fn saved_responses(&self) -> impl Iterator<Item = &[Token]> + Clone {
+        self.responses
+            .iter()
+            .filter(|response| !response.evicting)
+            .map(|response| &response.tokens[..response.starts()])
+    }
+
+    /// Whether [`ResponseCache::saved_responses`] changed since they were last saved or loaded
+    /// and are not empty. An empty cache is never worth saving: it would only overwrite a blob
+    /// with something no better (a cache is empty only before its first response, or after a
+    /// session with other settings replaced it).
+    pub(crate) fn has_unsaved_changes(&self) -> bool {
+        self.saved_revision != Some(self.revision) && self.saved_responses().next().is_some()
+    }
+
+    /// Records that [`ResponseCache::saved_responses`] were saved as they are now.
+    pub(crate) fn mark_saved(&mut self) {
+        self.saved_revision = Some(self.revision);
+    }
+
     /// Queues `response` (the tokens one request generated) for indexing. It is cut to
     /// `max_nodes` tokens; an empty one is ignored.
     pub(crate) fn push(&mut self, response: &[Token]) {
@@ -155,6 +218,7 @@ impl ResponseCache {
         tokens.extend_from_slice(&response[..kept]);
         tokens.push(END_OF_TEXT);
         self.cached_tokens += tokens.len();
+        self.revision += 1;
         self.responses.push_back(Response {
             tokens,
             indexed: 0,
@@ -218,7 +282,6 @@ impl ResponseCache {
     }
 
     /// Whether [`ResponseCache::work`] has anything left to do.
-    #[cfg(test)]
     pub(crate) fn is_idle(&self) -> bool {
         self.n_complete == self.responses.len()
             && self.responses.len() <= self.settings.max_cached_requests
@@ -233,6 +296,7 @@ impl ResponseCache {
             .front_mut()
             .expect("only called with responses over a limit, so at least one");
         front.evicting = true;
+        self.revision += 1;
         if !front.complete {
             front.complete = true;
             self.n_complete += 1;
@@ -270,7 +334,10 @@ impl ResponseCache {
 pub(crate) mod tests {
     use std::collections::BTreeMap;
 
+    use spechost_sdk::testing::facts;
+
     use super::*;
+    use crate::blob;
     use crate::trie::tests::{Lcg, substring_counts, trie_counts};
     use crate::trie::{NO_NODE, ROOT};
 
@@ -279,7 +346,7 @@ pub(crate) mod tests {
             max_depth,
             max_nodes,
             max_cached_requests,
-            vocab_size: 100,
+            vocabulary: Vocabulary::of(&facts(100)),
         }
     }
 
@@ -438,6 +505,112 @@ pub(crate) mod tests {
         );
         cache.work(usize::MAX);
         assert!(cache.is_idle());
+    }
+
+    /// `cache`'s saved responses, through a blob and back into a new cache with `settings`.
+    fn reloaded(cache: &ResponseCache, settings: CacheSettings) -> ResponseCache {
+        let vocabulary = cache.settings().vocabulary;
+        let bytes = blob::encode(vocabulary, cache.saved_responses());
+        let saved = blob::decode(&bytes, vocabulary).expect("a blob just written");
+        ResponseCache::from_saved(settings, &saved)
+    }
+
+    fn saved(cache: &ResponseCache) -> Vec<Vec<Token>> {
+        cache.saved_responses().map(<[Token]>::to_vec).collect()
+    }
+
+    #[test]
+    fn reloading_saved_responses_rebuilds_the_same_trie() {
+        let mut random = Lcg(12);
+        let mut cache = ResponseCache::new(settings(5, 100_000, 50));
+        for _ in 0..8 {
+            let len = 1 + random.below(40) as usize;
+            cache.push(&random.text(len, 4));
+            cache.work(60);
+        }
+        assert!(
+            !cache.is_idle(),
+            "some responses are still queued when saved"
+        );
+        let mut restored = reloaded(&cache, *cache.settings());
+        assert_eq!(saved(&restored), saved(&cache));
+        cache.work(usize::MAX);
+        restored.work(usize::MAX);
+        assert_eq!(trie_counts(restored.trie()), trie_counts(cache.trie()));
+        assert_eq!(trie_counts(restored.trie()), expected_counts(&restored));
+    }
+
+    #[test]
+    fn reloading_keeps_the_newest_responses_within_the_caps() {
+        let mut random = Lcg(14);
+        let mut cache = ResponseCache::new(settings(4, 100_000, 100));
+        let responses: Vec<Vec<Token>> = (0..10)
+            .map(|_| {
+                let len = 5 + random.below(20) as usize;
+                random.text(len, 6)
+            })
+            .collect();
+        for response in &responses {
+            cache.push(response);
+        }
+        // At most 3 responses.
+        let restored = reloaded(&cache, settings(4, 100_000, 3));
+        assert_eq!(saved(&restored), responses[7..]);
+        // At most 40 tokens, end markers included: the newest that fit, whole.
+        let mut restored = reloaded(&cache, settings(4, 40, 100));
+        let fitting = responses
+            .iter()
+            .rev()
+            .scan(0, |tokens, response| {
+                *tokens += response.len() + 1;
+                (*tokens <= 40).then_some(response.clone())
+            })
+            .count();
+        assert!(fitting >= 1, "the newest response fits");
+        assert_eq!(saved(&restored), responses[10 - fitting..]);
+        // And at most 40 nodes once indexed.
+        restored.work(usize::MAX);
+        assert!(restored.is_idle());
+        assert!(
+            restored.trie().live_nodes() <= 40,
+            "{} nodes",
+            restored.trie().live_nodes()
+        );
+        assert_eq!(trie_counts(restored.trie()), expected_counts(&restored));
+    }
+
+    #[test]
+    fn unsaved_changes_follow_pushes_and_evictions() {
+        let mut cache = ResponseCache::new(settings(4, 10_000, 2));
+        assert!(
+            !cache.has_unsaved_changes(),
+            "an empty cache is never saved"
+        );
+        cache.push(&[1, 2, 3]);
+        assert!(cache.has_unsaved_changes());
+        cache.mark_saved();
+        assert!(!cache.has_unsaved_changes());
+        cache.work(usize::MAX);
+        assert!(
+            !cache.has_unsaved_changes(),
+            "indexing changes nothing saved"
+        );
+        cache.push(&[4, 5, 6]);
+        cache.push(&[7, 8, 9]);
+        cache.mark_saved();
+        // Three responses for two places: the oldest starts being evicted.
+        cache.work(1);
+        assert!(cache.has_unsaved_changes());
+        assert_eq!(
+            saved(&cache),
+            [[4, 5, 6], [7, 8, 9]],
+            "evicting responses are left out"
+        );
+        let restored = reloaded(&cache, *cache.settings());
+        assert!(
+            !restored.has_unsaved_changes(),
+            "a loaded cache is saved as it is"
+        );
     }
 
     #[test]

@@ -30,6 +30,39 @@
 //! the longer match, between suffixes and between the two tries, and on a full tie the request
 //! trie.
 //!
+//! # Keeping the cache across restarts
+//!
+//! The response cache dies with the plugin instance, so it is kept in the blob the host holds
+//! for the plugin (the WIT `state` interface; the plugin has no files):
+//!
+//! * **Loading.** The first session of an instance that uses the cache reads the blob and
+//!   queues its responses as if their sessions had just ended: the newest ones that fit in
+//!   `max_cached_requests` and `max_nodes`, so the caps hold whatever the blob holds. The trie
+//!   is rebuilt from them in slices over the following calls, like any response (see Cost). A
+//!   restarted host, or an instance the host re-created, loads it again the same way. A blob
+//!   that is another program's, in another format version, corrupt or truncated, or saved for
+//!   another vocabulary is ignored with a warning in the host's log, and the cache starts
+//!   empty. The config does not invalidate a blob: it holds responses, not the trie.
+//! * **Saving.** [`Suffix::checkpoint`], which the host calls at the end of a run,
+//!   periodically and at shutdown, saves the cached responses, oldest first, unless they are
+//!   unchanged since the last save or load (or there are none).
+//!
+//! The format (magic, version, vocabulary fingerprint, responses, checksum) is described in
+//! the `blob` module. A full cache at the default caps holds at most 2M tokens: a blob of at
+//! most 8 MiB.
+//!
+//! # Warming the cache from a corpus
+//!
+//! A session's response is everything fed after its first feed, the prompt. So a session fed
+//! an empty or one-token prompt, then any text (in one feed or many), then dropped, adds that
+//! text to the cache as a response, and the next checkpoint saves it. An empty prompt must
+//! still be fed, as `feed([])`: otherwise the text's first feed is taken for the prompt and
+//! left out. This is how
+//! `spechost suffix warm` turns a corpus into a cache file. The caps apply as to any response:
+//! a text is cut to `max_nodes - 1` tokens, and of a corpus larger than the cache the newest
+//! texts are kept, so warm with the caps the cache will be served with (or larger ones: a
+//! loading session keeps what fits in its own).
+//!
 //! # Config
 //!
 //! | key                   | default   | meaning                                                   |
@@ -46,8 +79,8 @@
 //! with `1 <= max_depth <= 256`, `0 <= min_token_prob <= 1`, `alpha >= 0`,
 //! `max_cached_requests >= 1` and `max_depth < max_nodes, max_request_nodes <= 2^30`. Every
 //! session of a plugin instance should use the same config: a session whose `max_depth`,
-//! `max_nodes`, `max_cached_requests` or vocabulary size differs from the cache's starts an
-//! empty cache.
+//! `max_nodes`, `max_cached_requests` or vocabulary differs from the cache's starts an empty
+//! cache.
 //!
 //! # Cost
 //!
@@ -64,6 +97,12 @@
 //! feeds, about 2^16 steps per call; cache indexing and eviction run in slices of the same size.
 //! Natively a slice takes a few milliseconds.
 //!
+//! Loading a saved cache costs one pass over the blob (checksum, checks and a copy of the kept
+//! tokens) in the first session's constructor; rebuilding the trie then costs `max_depth` steps
+//! per token, in the slices above, so a full cache is rebuilt over many calls. A checkpoint
+//! encodes the whole blob in one call. The `cache/restore` and `cache/checkpoint` benchmarks
+//! (`benches/suffix.rs`) time both for a full cache.
+//!
 //! # Memory
 //!
 //! A trie node is 20 bytes, plus about 20 bytes of hash map for the few nodes of depth 1 and 2.
@@ -78,7 +117,8 @@
 //!   after about 64K tokens.
 //!
 //! With the defaults and both tries full, a native build peaks at about 120 MiB, inside the
-//! host's default 256 MiB per plugin.
+//! host's default 256 MiB per plugin. Loading or saving the cache briefly adds the blob itself,
+//! at most 8 MiB at the defaults.
 //!
 //! # Confidence
 //!
@@ -87,15 +127,20 @@
 //! the greedy path's counts tell. It is 1 for a suffix that was always followed the same way,
 //! and never increases along a proposal.
 
+mod blob;
 mod cache;
 mod speculate;
 mod trie;
 
+#[cfg(test)]
+mod reference;
+
 use std::ops::Range;
 
 use spechost_sdk::config::Config;
-use spechost_sdk::{Drafter, ModelFacts, Proposal, Token, export_drafter};
+use spechost_sdk::{Drafter, Level, ModelFacts, Proposal, Token, export_drafter, log, state};
 
+use crate::blob::Vocabulary;
 use crate::cache::{CACHE, CacheSettings, ResponseCache};
 use crate::speculate::{Ends, Limits};
 use crate::trie::{MAX_TRIE_NODES, NO_NODE, NodeId, ROOT, Trie};
@@ -207,7 +252,7 @@ impl Settings {
             max_depth: self.max_depth,
             max_nodes: self.max_nodes,
             max_cached_requests: self.max_cached_requests,
-            vocab_size: facts.vocab_size,
+            vocabulary: Vocabulary::of(facts),
         }
     }
 
@@ -233,6 +278,8 @@ fn get_f64(config: &Config, key: &str, default: f64) -> Result<f64, String> {
 /// The suffix-decoding drafter; one per request.
 pub struct Suffix {
     settings: Settings,
+    /// What the cross-request cache must have been built with for this session to use it.
+    cache_settings: CacheSettings,
     facts: ModelFacts,
     /// Everything fed so far: the prompt, then the committed tokens.
     context: Vec<Token>,
@@ -255,15 +302,21 @@ pub struct Suffix {
 impl Drafter for Suffix {
     fn new(config: &str, facts: &ModelFacts) -> Result<Self, String> {
         let settings = Settings::parse(config)?;
+        let cache_settings = settings.cache_settings(facts);
         if settings.use_global {
             CACHE.with_borrow_mut(|slot| {
-                ResponseCache::configure(slot, settings.cache_settings(facts));
+                if slot.is_none() {
+                    // The first session of this instance that uses the cache.
+                    *slot = Some(load_cache(cache_settings));
+                }
+                ResponseCache::configure(slot, cache_settings);
             });
         }
         let mut live = vec![NO_NODE; settings.max_depth + 1];
         live[0] = ROOT;
         Ok(Self {
             settings,
+            cache_settings,
             facts: facts.clone(),
             context: Vec::new(),
             prompt_len: None,
@@ -306,9 +359,9 @@ impl Drafter for Suffix {
         let own = speculate::best_path(&self.trie, &self.live, ends, &limits, &self.facts);
         if self.settings.use_global {
             let from_cache = CACHE.with_borrow(|slot| {
-                let cache = slot.as_ref().filter(|cache| {
-                    *cache.settings() == self.settings.cache_settings(&self.facts)
-                })?;
+                let cache = slot
+                    .as_ref()
+                    .filter(|cache| *cache.settings() == self.cache_settings)?;
                 if self.cached_version != Some(cache.version()) {
                     cache.trie().find_suffixes(&self.context, &mut self.cached);
                     self.cached_version = Some(cache.version());
@@ -328,6 +381,65 @@ impl Drafter for Suffix {
             None => Proposal::empty(),
         }
     }
+
+    /// Saves the cross-request cache's responses through the host's `state`, unless they are
+    /// unchanged since the last save or load, or there is no cache (no session of this instance
+    /// used one). A refused save is logged; the cache carries on in memory.
+    fn checkpoint() {
+        // `try_with`: a thread being torn down (only in native tests) has no cache to save.
+        let _ = CACHE.try_with(|slot| {
+            let mut slot = slot.borrow_mut();
+            let Some(cache) = slot.as_mut().filter(|cache| cache.has_unsaved_changes()) else {
+                return;
+            };
+            let bytes = blob::encode(cache.settings().vocabulary, cache.saved_responses());
+            match state::save(&bytes) {
+                Ok(()) => cache.mark_saved(),
+                Err(error) => log(
+                    Level::Warn,
+                    &format!(
+                        "suffix: the response cache was not saved ({error}); lower \
+                         max_nodes or max_cached_requests to make it smaller"
+                    ),
+                ),
+            }
+        });
+    }
+}
+
+/// The cache the first session of an instance starts with: the one saved in the host's
+/// `state` blob if it is valid for this model, else an empty one (with a warning saying why).
+///
+/// Only checks and copies the blob; its responses are indexed over the following calls.
+fn load_cache(settings: CacheSettings) -> ResponseCache {
+    let Some(bytes) = state::load() else {
+        return ResponseCache::new(settings);
+    };
+    match blob::decode(&bytes, settings.vocabulary) {
+        Ok(saved) => {
+            let cache = ResponseCache::from_saved(settings, &saved);
+            log(
+                Level::Info,
+                &format!(
+                    "suffix: loaded {} of {} saved responses into the response cache",
+                    cache.saved_responses().count(),
+                    saved.len()
+                ),
+            );
+            cache
+        }
+        Err(error) => {
+            log(
+                Level::Warn,
+                &format!(
+                    "suffix: ignoring the saved response cache ({} bytes): {error}; starting \
+                     with an empty one",
+                    bytes.len()
+                ),
+            );
+            ResponseCache::new(settings)
+        }
+    }
 }
 
 /// Hands the response to the cross-request cache.
@@ -340,7 +452,7 @@ impl Drop for Suffix {
             return;
         }
         let response = &self.context[self.prompt_len.unwrap_or(0)..];
-        let settings = self.settings.cache_settings(&self.facts);
+        let settings = self.cache_settings;
         // `try_with`: a thread being torn down (only in native tests) has no cache to feed.
         let _ = CACHE.try_with(|slot| {
             let mut slot = slot.borrow_mut();
@@ -356,6 +468,17 @@ impl Drop for Suffix {
 export_drafter!(Suffix);
 
 impl Suffix {
+    /// Whether this plugin instance's response cache has nothing left to index or evict: every
+    /// response of an ended session, and of a loaded blob, is in its trie. `true` when no
+    /// session has used the cache yet.
+    ///
+    /// The cache works in slices during later calls (see Cost), so after a blob is loaded this
+    /// turns `true` only after enough of them; native drivers such as the benchmarks use it to
+    /// tell when a loaded cache is rebuilt. The host has no use for it.
+    pub fn cache_is_idle() -> bool {
+        CACHE.with_borrow(|slot| slot.as_ref().is_none_or(ResponseCache::is_idle))
+    }
+
     /// Indexes the tokens fed since `old_len`; returns the steps taken.
     ///
     /// A feed of up to [`Settings::feed_window`] tokens (plus `max_depth`) is indexed token by
@@ -420,7 +543,7 @@ impl Suffix {
     /// Does a slice of the cache's queued work, then moves the suffix nodes in the cache's trie
     /// on by `tokens`, or marks them for a fresh lookup when that is cheaper or the trie changed.
     fn follow_cache(&mut self, tokens: &[Token]) {
-        let settings = self.settings.cache_settings(&self.facts);
+        let settings = self.cache_settings;
         CACHE.with_borrow_mut(|slot| {
             let Some(cache) = slot.as_mut().filter(|cache| *cache.settings() == settings) else {
                 self.cached_version = None;
@@ -442,7 +565,7 @@ impl Suffix {
 mod tests {
     use super::*;
     use crate::trie::tests::{Lcg, substring_counts, trie_counts};
-    use spechost_sdk::testing::{Harness, facts};
+    use spechost_sdk::testing::{Harness, clear_state, facts, set_state_limit};
 
     const VOCAB_SIZE: u32 = 1000;
 
@@ -842,6 +965,265 @@ mod tests {
         let mut other = session("max_depth=32");
         other.feed(&[1, 2]);
         assert!(other.propose(2).is_empty(), "the cache was replaced");
+    }
+
+    /// Drops the instance's cache, as a host restart (or a new instance) does; the host's
+    /// state blob stays.
+    fn restart() {
+        CACHE.with_borrow_mut(|slot| *slot = None);
+    }
+
+    /// Runs sessions whose responses are `responses`, each after a short prompt.
+    fn respond(config: &str, responses: &[Vec<Token>]) {
+        for response in responses {
+            let mut harness = session(config);
+            harness.feed(&[0]);
+            harness.feed(response);
+        }
+    }
+
+    /// What a fresh session (no response of its own) proposes after each of `contexts`, once
+    /// the cache is fully indexed.
+    fn proposals_after(config: &str, contexts: &[Vec<Token>]) -> Vec<Proposal> {
+        contexts
+            .iter()
+            .map(|context| {
+                let mut harness = session(config);
+                // The context is the prompt; empty feeds add no response, only indexing work.
+                harness.feed(context);
+                while !Suffix::cache_is_idle() {
+                    harness.feed(&[]);
+                }
+                harness.propose(8)
+            })
+            .collect()
+    }
+
+    fn saved_responses() -> Vec<Vec<Token>> {
+        CACHE.with_borrow(|slot| {
+            let cache = slot.as_ref().expect("a session used the cache");
+            cache.saved_responses().map(<[Token]>::to_vec).collect()
+        })
+    }
+
+    /// Random responses over a small alphabet, and contexts that end in pieces of them.
+    fn responses_and_contexts(seed: u64) -> (Vec<Vec<Token>>, Vec<Vec<Token>>) {
+        let mut random = Lcg(seed);
+        let responses: Vec<Vec<Token>> = (0..12)
+            .map(|_| {
+                let len = 20 + random.below(60) as usize;
+                random.text(len, 6)
+            })
+            .collect();
+        let contexts = (0..40)
+            .map(|_| {
+                let len = 1 + random.below(6) as usize;
+                random.text(len, 6)
+            })
+            .collect();
+        (responses, contexts)
+    }
+
+    #[test]
+    fn a_saved_cache_proposes_the_same_after_a_restart() {
+        clear_state();
+        restart();
+        let (responses, contexts) = responses_and_contexts(41);
+        respond("", &responses);
+        let before = proposals_after("", &contexts);
+        assert!(
+            before
+                .iter()
+                .filter(|proposal| !proposal.is_empty())
+                .count()
+                > 20,
+            "the cache proposes after most contexts: {before:?}"
+        );
+        Suffix::checkpoint();
+        restart();
+        assert_eq!(proposals_after("", &contexts), before);
+        assert_eq!(saved_responses(), responses);
+        // A blob loaded under another depth is rebuilt under that depth.
+        restart();
+        drop(session("max_depth=3"));
+        CACHE.with_borrow_mut(|slot| {
+            let cache = slot.as_mut().expect("built by the session");
+            cache.work(usize::MAX);
+            assert_eq!(cache.settings().max_depth, 3);
+            assert_eq!(
+                trie_counts(cache.trie()),
+                crate::cache::tests::expected_counts(cache)
+            );
+        });
+    }
+
+    #[test]
+    fn the_cache_is_loaded_by_the_first_session_that_uses_it() {
+        clear_state();
+        restart();
+        respond("", &[vec![1, 2, 3, 4]]);
+        Suffix::checkpoint();
+        restart();
+        // A session without the cache loads nothing.
+        drop(session("use_global=false"));
+        assert!(CACHE.with_borrow(Option::is_none));
+        let mut harness = session("");
+        harness.feed(&[1, 2]);
+        assert_eq!(harness.propose(2).tokens, [3, 4]);
+    }
+
+    #[test]
+    fn unreadable_blobs_are_ignored_and_the_plugin_starts_empty() {
+        clear_state();
+        restart();
+        respond("", &[vec![1, 2, 3, 4]]);
+        Suffix::checkpoint();
+        let good = state::load().expect("saved");
+        let mut truncated = good.clone();
+        truncated.truncate(good.len() - 3);
+        let mut corrupt = good.clone();
+        corrupt[30] ^= 0x10;
+        let mut newer = good.clone();
+        newer[8..12].copy_from_slice(&(blob::FORMAT_VERSION + 1).to_le_bytes());
+        for (what, bytes, vocab_size) in [
+            ("truncated", truncated, VOCAB_SIZE),
+            ("corrupt", corrupt, VOCAB_SIZE),
+            ("newer", newer, VOCAB_SIZE),
+            ("foreign", b"not a suffix cache at all".to_vec(), VOCAB_SIZE),
+            ("saved for another model", good, VOCAB_SIZE + 1),
+        ] {
+            state::save(&bytes).expect("no limit");
+            restart();
+            let mut harness =
+                Harness::<Suffix>::new("", facts(vocab_size)).expect("a bad blob is no error");
+            harness.feed(&[1, 2]);
+            assert!(harness.propose(2).is_empty(), "{what}: nothing loaded");
+            drop(harness);
+            // The plugin still works, and its next checkpoint replaces the bad blob.
+            respond_with(vocab_size, &[5, 6, 7, 8]);
+            let mut harness = Harness::<Suffix>::new("", facts(vocab_size)).expect("valid");
+            harness.feed(&[5, 6]);
+            assert_eq!(harness.propose(2).tokens, [7, 8], "{what}: the cache works");
+            drop(harness);
+            Suffix::checkpoint();
+            assert_ne!(
+                state::load(),
+                Some(bytes),
+                "{what}: the bad blob was replaced"
+            );
+        }
+    }
+
+    fn respond_with(vocab_size: u32, response: &[Token]) {
+        let mut harness = Harness::<Suffix>::new("", facts(vocab_size)).expect("valid");
+        harness.feed(&[0]);
+        harness.feed(response);
+    }
+
+    #[test]
+    fn caps_hold_when_a_larger_cache_is_loaded() {
+        clear_state();
+        restart();
+        let (responses, _) = responses_and_contexts(43);
+        respond("", &responses);
+        Suffix::checkpoint();
+        restart();
+        drop(session("max_cached_requests=3"));
+        assert_eq!(saved_responses(), responses[responses.len() - 3..]);
+        restart();
+        let config = "max_depth=8,max_nodes=300";
+        let mut harness = session(config);
+        harness.feed(&[1]);
+        while !Suffix::cache_is_idle() {
+            harness.feed(&[]);
+        }
+        CACHE.with_borrow(|slot| {
+            let cache = slot.as_ref().expect("built by the session");
+            let tokens: usize = cache
+                .saved_responses()
+                .map(|response| response.len() + 1)
+                .sum();
+            assert!(tokens <= 300, "{tokens} tokens kept");
+            assert!(cache.trie().live_nodes() <= 300);
+            assert_eq!(
+                trie_counts(cache.trie()),
+                crate::cache::tests::expected_counts(cache)
+            );
+        });
+        let kept = saved_responses();
+        assert!(!kept.is_empty(), "the newest response fits");
+        assert_eq!(
+            kept,
+            responses[responses.len() - kept.len()..],
+            "the newest are kept"
+        );
+    }
+
+    #[test]
+    fn checkpoint_saves_only_changes() {
+        clear_state();
+        restart();
+        Suffix::checkpoint();
+        assert_eq!(state::load(), None, "no cache, nothing saved");
+        respond("", &[vec![1, 2, 3]]);
+        Suffix::checkpoint();
+        assert!(state::load().is_some());
+        clear_state();
+        Suffix::checkpoint();
+        assert_eq!(state::load(), None, "unchanged since the last save");
+        respond("", &[vec![4, 5, 6]]);
+        Suffix::checkpoint();
+        let saved = state::load().expect("a new response");
+        restart();
+        drop(session(""));
+        clear_state();
+        Suffix::checkpoint();
+        assert_eq!(state::load(), None, "unchanged since it was loaded");
+        // A refused save leaves the change pending for the next checkpoint.
+        state::save(&saved).expect("no limit");
+        respond("", &[vec![7, 8, 9]]);
+        set_state_limit(Some(16));
+        Suffix::checkpoint();
+        assert_eq!(
+            state::load(),
+            Some(saved),
+            "the host refused the larger blob"
+        );
+        set_state_limit(None);
+        Suffix::checkpoint();
+        restart();
+        drop(session(""));
+        assert_eq!(saved_responses(), [[1, 2, 3], [4, 5, 6], [7, 8, 9]]);
+    }
+
+    #[test]
+    fn tokens_fed_after_an_empty_or_one_token_prompt_become_a_response() {
+        // How `spechost suffix warm` fills a cache from a corpus.
+        clear_state();
+        restart();
+        let texts: [Vec<Token>; 2] = [(10..80).collect(), (200..300).collect()];
+        for (prompt, text) in [(&[][..], &texts[0]), (&[1][..], &texts[1])] {
+            let mut harness = session("");
+            harness.feed(prompt);
+            for piece in text.chunks(7) {
+                harness.feed(piece);
+            }
+        }
+        assert_eq!(saved_responses(), texts);
+        Suffix::checkpoint();
+        restart();
+        let mut harness = session("");
+        harness.feed(&[7, 250, 251]);
+        assert_eq!(harness.propose(2).tokens, [252, 253]);
+        drop(harness);
+        // Without the empty prompt's feed, the text's first feed is taken for the prompt.
+        restart();
+        clear_state();
+        let mut harness = session("");
+        harness.feed(&texts[0][..7]);
+        harness.feed(&texts[0][7..]);
+        drop(harness);
+        assert_eq!(saved_responses(), [&texts[0][7..]]);
     }
 
     #[test]

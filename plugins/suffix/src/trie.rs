@@ -26,7 +26,8 @@
 //! Children of the root and of depth-1 nodes are found through one hash map per trie, keyed by
 //! (parent, token): those nodes have up to a vocabulary's worth of children, where a list scan
 //! would cost hundreds of steps per token. Deeper nodes have few children, and their lists are
-//! scanned. The root keeps no list at all (only the map), because unlinking from a list of tens
+//! scanned, best child first: in text that mostly repeats, the frequent continuation is the
+//! oldest child, last in a list that collects every rare variation. The root keeps no list at all (only the map), because unlinking from a list of tens
 //! of thousands of tokens would be slow, and nothing needs to walk the root's children in order.
 //!
 //! Not here: which start positions get indexed, and when (the session and the cross-request
@@ -211,17 +212,13 @@ impl Trie {
             };
             if count == 0 {
                 steps += self.unlink(parent, depth, child);
-                if parent != ROOT && self.node(parent).best_child == child {
-                    steps += self.choose_best_child(parent);
-                }
+                steps += self.recheck_best_child(parent, child, count);
                 // Every other descendant already had count zero and was freed, so what is left
                 // below `child` is the rest of this path: one child per node.
                 steps += self.free_chain(child, depth + 1);
                 return steps;
             }
-            if parent != ROOT && self.node(parent).best_child == child {
-                steps += self.choose_best_child(parent);
-            }
+            steps += self.recheck_best_child(parent, child, count);
             parent = child;
         }
         steps
@@ -298,10 +295,11 @@ impl Trie {
         node
     }
 
-    /// Calls `visit(path, count, best_child_count)` for every node but the root, in no
-    /// particular order; for tests that compare the trie with a brute-force count.
+    /// Calls `visit(path, count, best_child)` for every node but the root, in no particular
+    /// order, `best_child` being the best child's token and count; for tests that compare the
+    /// trie with a brute-force count.
     #[cfg(test)]
-    pub(crate) fn for_each_node(&self, mut visit: impl FnMut(&[Token], u32, Option<u32>)) {
+    pub(crate) fn for_each_node(&self, mut visit: impl FnMut(&[Token], u32, Option<(Token, u32)>)) {
         let mut path = Vec::new();
         let mut root_children: Vec<NodeId> = self
             .edges
@@ -320,7 +318,7 @@ impl Trie {
         &self,
         node: NodeId,
         path: &mut Vec<Token>,
-        visit: &mut impl FnMut(&[Token], u32, Option<u32>),
+        visit: &mut impl FnMut(&[Token], u32, Option<(Token, u32)>),
     ) {
         let Node {
             token,
@@ -330,7 +328,10 @@ impl Trie {
             ..
         } = *self.node(node);
         path.push(token);
-        let best = (best_child != NO_NODE).then(|| self.node(best_child).count);
+        let best = (best_child != NO_NODE).then(|| {
+            let best = self.node(best_child);
+            (best.token, best.count)
+        });
         visit(path, count, best);
         let mut child = first_child;
         while child != NO_NODE {
@@ -352,8 +353,18 @@ impl Trie {
             let child = self.edges.get(&edge_key(parent, token)).copied();
             return (child.unwrap_or(NO_NODE), 0);
         }
+        // The most frequent continuation is the likeliest token, but as the oldest child it
+        // often sits at the end of the list, behind rare ones: try it first.
+        let Node {
+            best_child,
+            first_child,
+            ..
+        } = *self.node(parent);
+        if best_child != NO_NODE && self.node(best_child).token == token {
+            return (best_child, 0);
+        }
         let mut scanned = 0;
-        let mut child = self.node(parent).first_child;
+        let mut child = first_child;
         while child != NO_NODE {
             let node = self.node(child);
             if node.token == token {
@@ -405,6 +416,24 @@ impl Trie {
             scanned += 1;
             previous = after;
         }
+    }
+
+    /// After `child` of `parent` lost one count, down to `count`: chooses `parent`'s best child
+    /// again if `child` was it and may no longer be; returns the children scanned.
+    ///
+    /// The children's counts add up to at most the parent's (each occurrence of a child's
+    /// string is one of the parent's), so a best child that keeps more than half of the
+    /// parent's count is still the only one with the highest: in repetitive text, where
+    /// evicting old responses lowers the frequent continuations over and over, that saves
+    /// scanning their long lists of rare siblings.
+    fn recheck_best_child(&mut self, parent: NodeId, child: NodeId, count: u32) -> usize {
+        if parent == ROOT || self.node(parent).best_child != child {
+            return 0;
+        }
+        if u64::from(count) * 2 > u64::from(self.node(parent).count) {
+            return 0;
+        }
+        self.choose_best_child(parent)
     }
 
     /// Points `parent`'s best child at a child with the highest count (the newest among
@@ -567,8 +596,8 @@ pub(crate) mod tests {
     fn check_best_children(trie: &Trie) {
         let mut child_max: BTreeMap<Vec<Token>, u32> = BTreeMap::new();
         let mut best: BTreeMap<Vec<Token>, Option<u32>> = BTreeMap::new();
-        trie.for_each_node(|path, count, best_count| {
-            best.insert(path.to_vec(), best_count);
+        trie.for_each_node(|path, count, best_child| {
+            best.insert(path.to_vec(), best_child.map(|(_, count)| count));
             if path.len() > 1 {
                 let parent = child_max
                     .entry(path[..path.len() - 1].to_vec())
@@ -709,6 +738,40 @@ pub(crate) mod tests {
             "{chunks} slots after reuse, {peak} at the peak"
         );
         assert_eq!(trie_counts(&trie), substring_counts([&texts[0][..]], 6));
+    }
+
+    #[test]
+    fn the_best_child_is_found_and_kept_without_scanning_while_it_holds_a_majority() {
+        let mut trie = Trie::new(1000);
+        // After [1, 2]: 3 five times, then 4, 5 and 6 once each, newer, so ahead in the list.
+        for _ in 0..5 {
+            trie.insert(&[1, 2, 3]);
+        }
+        for token in [4, 5, 6] {
+            trie.insert(&[1, 2, token]);
+        }
+        let two = trie.find(&[1, 2]);
+        assert_eq!(trie.token(trie.best_child(two)), 3);
+        assert_eq!(
+            trie.child_with_steps(two, 2, 3),
+            (trie.best_child(two), 0),
+            "the best child is tried first"
+        );
+        // 3 keeps 4 of 7 occurrences: no sibling can match it, so none is scanned.
+        assert_eq!(trie.remove(&[1, 2, 3]), 3, "one step per node");
+        assert_eq!(trie.token(trie.best_child(two)), 3);
+        // At 3 of 6 the siblings are scanned, and 3 is still the best.
+        assert_eq!(
+            trie.remove(&[1, 2, 3]),
+            3 + 4,
+            "and a scan of the four children"
+        );
+        assert_eq!(trie.token(trie.best_child(two)), 3);
+        // At 1 of 4 all tie, and the newest wins.
+        trie.remove(&[1, 2, 3]);
+        trie.remove(&[1, 2, 3]);
+        assert_eq!(trie.token(trie.best_child(two)), 6);
+        assert_eq!(trie.count(trie.best_child(two)), 1);
     }
 
     #[test]

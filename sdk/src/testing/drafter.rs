@@ -1,37 +1,4 @@
-//! A native test harness: drives a [`Drafter`] the way the host does, with no WebAssembly.
-//!
-//! [`Harness`] owns one drafter value (one session, in host terms) and checks every proposal
-//! against the rules the host enforces, panicking with a message that names the broken rule, so
-//! that contract bugs fail a unit test instead of becoming faults in production.
-//! [`Harness::replay`] simulates a whole greedy generation over a known output and reports how
-//! many draft tokens the target would have accepted.
-//!
-//! ```
-//! use spechost_sdk::testing::{Harness, facts};
-//! use spechost_sdk::{Drafter, ModelFacts, Proposal, Token};
-//!
-//! /// Proposes the last token again.
-//! struct Stutter(Vec<Token>);
-//!
-//! impl Drafter for Stutter {
-//!     fn new(_config: &str, _facts: &ModelFacts) -> Result<Self, String> {
-//!         Ok(Stutter(Vec::new()))
-//!     }
-//!     fn feed(&mut self, tokens: &[Token]) {
-//!         self.0.extend_from_slice(tokens);
-//!     }
-//!     fn propose(&mut self, max_len: usize) -> Proposal {
-//!         match self.0.last() {
-//!             Some(&last) if max_len > 0 => Proposal::tokens([last]),
-//!             _ => Proposal::empty(),
-//!         }
-//!     }
-//! }
-//!
-//! let mut harness = Harness::<Stutter>::new("", facts(100)).unwrap();
-//! let stats = harness.replay(&[1, 2], &[2, 2, 2, 3], 4);
-//! assert_eq!(stats.accepted, 2);
-//! ```
+//! [`Harness`]: drives a [`Drafter`] the way the host does, checking every proposal.
 
 use std::any::type_name;
 use std::fmt;
@@ -176,6 +143,13 @@ impl<D: Drafter> Harness<D> {
     /// Tells the drafter how its last proposal fared ([`Drafter::feedback`]).
     pub fn feedback(&mut self, outcome: Feedback) {
         self.drafter.feedback(outcome);
+    }
+
+    /// Asks the plugin to save its cross-request state ([`Drafter::checkpoint`]), as the host
+    /// does before writing its state files. Natively the blob lands in the in-memory slot that
+    /// [`crate::state::load`] reads back.
+    pub fn checkpoint(&self) {
+        D::checkpoint();
     }
 
     /// Simulates greedy speculative decoding of `output` after `prompt`, with this drafter as

@@ -1,0 +1,849 @@
+//! [`Cascade`]: the sources of a request, the policy that sizes each round's draft, and the
+//! rule that picks the draft.
+//!
+//! Two modes choose among sources ([`CascadeMode`]):
+//! - **first** (default): sources are asked in order; the first whose proposal has at least
+//!   `min_len` tokens wins and later sources are not asked (llama.cpp's speculative chain).
+//! - **scored**: every cheap source proposes; the proposal with the highest expected accepted
+//!   length wins (its confidences summed, or the source's measured acceptance by position when
+//!   it gives none). Expensive sources (those that run a draft model) are asked only when the
+//!   best cheap proposal is expected to accept fewer than `expensive_threshold` tokens.
+//!
+//! Before each round the policy's [`Decision`] sets the draft length; 0 skips speculation, and
+//! cheap sources may then be asked for *shadow* proposals that are never verified, only compared
+//! with the tokens the target commits, so the policy can see whether speculating would pay.
+
+use std::time::{Duration, Instant};
+
+use super::estimate::{PositionAcceptance, expected_accepted, matching_prefix};
+use super::policy::{Decision, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound};
+use super::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
+use super::stats::SourceStats;
+
+/// Default minimum proposal length for a source to win a round.
+pub const DEFAULT_MIN_LEN: usize = 1;
+/// Default expected accepted length under which the scored mode also asks expensive sources.
+pub const DEFAULT_EXPENSIVE_THRESHOLD: f64 = 2.0;
+/// Longest shadow proposal asked for, whatever the policy says.
+pub const MAX_SHADOW_LEN: usize = 32;
+
+/// How the cascade chooses among its sources' proposals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CascadeMode {
+    /// The first source (in order) with a long enough proposal wins.
+    #[default]
+    First,
+    /// The proposal with the highest expected accepted length wins.
+    Scored,
+}
+
+impl CascadeMode {
+    /// `first` or `scored`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CascadeMode::First => "first",
+            CascadeMode::Scored => "scored",
+        }
+    }
+}
+
+impl std::str::FromStr for CascadeMode {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "first" => Ok(CascadeMode::First),
+            "scored" => Ok(CascadeMode::Scored),
+            other => Err(format!(
+                "unknown cascade mode `{other}`; use `first` (ordered, the default) or `scored`"
+            )),
+        }
+    }
+}
+
+/// How the cascade chooses among its sources.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CascadeSettings {
+    /// A source wins only with a proposal of at least this many tokens.
+    pub min_len: usize,
+    /// How the winner is chosen.
+    pub mode: CascadeMode,
+    /// Scored mode: expensive sources are asked when the best cheap proposal is expected to
+    /// accept fewer tokens than this.
+    pub expensive_threshold: f64,
+}
+
+impl Default for CascadeSettings {
+    fn default() -> Self {
+        Self {
+            min_len: DEFAULT_MIN_LEN,
+            mode: CascadeMode::First,
+            expensive_threshold: DEFAULT_EXPENSIVE_THRESHOLD,
+        }
+    }
+}
+
+/// This round's draft: the winning proposal, cut to the round's length.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Draft {
+    /// Tokens to verify.
+    pub tokens: Vec<Token>,
+    /// Index of the winning source, or `None` when no source proposed.
+    pub source: Option<usize>,
+    /// The draft length the policy chose for this round (after the engine's budget).
+    pub max_draft_len: usize,
+}
+
+/// What a round cost, measured by the engine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoundTiming {
+    /// Time spent in [`Cascade::propose`].
+    pub draft_time: Duration,
+    /// Time the target spent verifying.
+    pub verify_time: Duration,
+}
+
+/// An unverified proposal being compared with the target's tokens as they are committed.
+#[derive(Debug, Clone, Default)]
+struct Shadow {
+    tokens: Vec<Token>,
+    matched: usize,
+}
+
+struct Slot {
+    source: Box<dyn DraftSource>,
+    stats: SourceStats,
+    history: PositionAcceptance,
+    /// This round's proposal, after truncation, if the source was asked (it gets feedback).
+    proposal: Option<Proposal>,
+    shadow: Option<Shadow>,
+    /// Asked for a shadow proposal this round (it gets feedback).
+    shadow_asked: bool,
+}
+
+impl Slot {
+    /// Runs `call` on the source, timing it and counting a fault instead of propagating it.
+    fn call<T>(
+        &mut self,
+        method: &'static str,
+        call: impl FnOnce(&mut dyn DraftSource) -> Result<T, SourceFault>,
+    ) -> Option<T> {
+        let started = Instant::now();
+        let result = call(self.source.as_mut());
+        self.stats.time += started.elapsed();
+        match result {
+            Ok(value) => Some(value),
+            Err(fault) => {
+                self.stats.faults += 1;
+                tracing::debug!(source = %self.stats.name, method, %fault, "source fault");
+                None
+            }
+        }
+    }
+
+    /// Asks for up to `max_len` tokens; the proposal is cut to `max_len` and kept for feedback.
+    /// Returns its length.
+    fn ask(&mut self, max_len: usize) -> usize {
+        self.stats.asked += 1;
+        let mut proposal = self
+            .call("propose", |s| s.propose(max_len))
+            .unwrap_or_default();
+        proposal.tokens.truncate(max_len);
+        proposal.confidence.truncate(max_len);
+        if !proposal.tokens.is_empty() {
+            self.stats.proposed += 1;
+        }
+        let len = proposal.tokens.len();
+        self.proposal = Some(proposal);
+        len
+    }
+}
+
+/// Draft sources in priority order, the policy, and their statistics.
+pub struct Cascade {
+    slots: Vec<Slot>,
+    settings: CascadeSettings,
+    policy: Box<dyn RoundPolicy>,
+    /// Slot indices in the order sources are asked this round.
+    order: Vec<usize>,
+}
+
+impl Cascade {
+    /// A cascade over `sources`, asked in the given order, drafting the whole budget each
+    /// round until [`Self::with_policy`] sets a policy.
+    pub fn new(sources: Vec<Box<dyn DraftSource>>, settings: CascadeSettings) -> Self {
+        let slots: Vec<Slot> = sources
+            .into_iter()
+            .map(|source| Slot {
+                stats: SourceStats::named(source.name()),
+                source,
+                history: PositionAcceptance::default(),
+                proposal: None,
+                shadow: None,
+                shadow_asked: false,
+            })
+            .collect();
+        Self {
+            order: (0..slots.len()).collect(),
+            slots,
+            settings,
+            policy: Box::new(FixedLength::default()),
+        }
+    }
+
+    /// The same cascade with `policy` choosing each round's draft length.
+    pub fn with_policy(mut self, policy: Box<dyn RoundPolicy>) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// A cascade without sources: every round is plain decoding.
+    pub fn empty() -> Self {
+        Self::new(Vec::new(), CascadeSettings::default())
+    }
+
+    /// Whether the cascade has no sources.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Names of the sources, in order.
+    pub fn source_names(&self) -> Vec<String> {
+        self.slots.iter().map(|s| s.stats.name.clone()).collect()
+    }
+
+    /// The policy's name.
+    pub fn policy_name(&self) -> &str {
+        self.policy.name()
+    }
+
+    /// The settings the cascade was built with.
+    pub fn settings(&self) -> &CascadeSettings {
+        &self.settings
+    }
+
+    /// Starts a request: resets statistics, gives every source the prompt and opens the policy
+    /// with a draft length of at most `max_draft_len` and the target's measured `verify_costs`.
+    pub fn begin(
+        &mut self,
+        facts: &ModelFacts,
+        prompt: &[Token],
+        max_draft_len: usize,
+        verify_costs: &[Duration],
+    ) {
+        for slot in &mut self.slots {
+            slot.stats = SourceStats::named(&slot.stats.name);
+            slot.history = PositionAcceptance::default();
+            slot.proposal = None;
+            slot.shadow = None;
+            slot.shadow_asked = false;
+            slot.call("begin", |s| s.begin(facts, prompt));
+        }
+        self.order = (0..self.slots.len()).collect();
+        let setup = PolicySetup {
+            sources: self.source_names(),
+            max_draft_len,
+            verify_costs: verify_costs.to_vec(),
+        };
+        if let Err(fault) = self.policy.begin(facts, &setup) {
+            tracing::debug!(policy = self.policy.name(), %fault, "policy fault in begin");
+        }
+    }
+
+    /// Whether the policy wants the text of each round's committed tokens in [`Self::accept`].
+    pub fn wants_text(&self) -> bool {
+        self.policy.wants_text()
+    }
+
+    /// Plans a round of at most `budget` draft tokens: asks the policy for the draft length,
+    /// then the sources (as the mode says) for the draft.
+    pub fn propose(&mut self, budget: usize) -> Draft {
+        for slot in &mut self.slots {
+            slot.proposal = None;
+            slot.shadow_asked = false;
+        }
+        let decision = self.policy.decide().unwrap_or_else(|fault| {
+            tracing::debug!(policy = self.policy.name(), %fault, "policy fault in decide");
+            Decision::default()
+        });
+        if let Some(names) = &decision.order {
+            self.reorder(names);
+        }
+        let max_draft_len = decision.max_draft_len.min(budget);
+        if max_draft_len == 0 {
+            if budget > 0 {
+                self.ask_shadows(decision.shadow_len.min(MAX_SHADOW_LEN));
+            }
+            return Draft::default();
+        }
+        let winner = match self.settings.mode {
+            CascadeMode::First => self.first_long_enough(max_draft_len),
+            CascadeMode::Scored => self.best_scored(max_draft_len),
+        };
+        Draft {
+            tokens: winner
+                .and_then(|index| self.slots[index].proposal.as_ref())
+                .map(|proposal| proposal.tokens.clone())
+                .unwrap_or_default(),
+            source: winner,
+            max_draft_len,
+        }
+    }
+
+    /// Ordered mode: asks sources in order until one proposes at least `min_len` tokens.
+    fn first_long_enough(&mut self, max_len: usize) -> Option<usize> {
+        let min_len = self.settings.min_len.max(1);
+        for &index in &self.order {
+            let slot = &mut self.slots[index];
+            if slot.ask(max_len) >= min_len {
+                return Some(index);
+            }
+        }
+        None
+    }
+
+    /// Scored mode: the cheap sources' best proposal by expected accepted length; expensive
+    /// sources only when that falls under the threshold.
+    fn best_scored(&mut self, max_len: usize) -> Option<usize> {
+        let min_len = self.settings.min_len.max(1);
+        let mut best: Option<(usize, f64)> = None;
+        for expensive in [false, true] {
+            if expensive
+                && best.is_some_and(|(_, score)| score >= self.settings.expensive_threshold)
+            {
+                break;
+            }
+            for &index in &self.order {
+                let slot = &mut self.slots[index];
+                if slot.source.is_expensive() != expensive {
+                    continue;
+                }
+                if slot.ask(max_len) < min_len {
+                    continue;
+                }
+                let Some(proposal) = slot.proposal.as_ref() else {
+                    continue;
+                };
+                let score = expected_accepted(proposal, &slot.history);
+                if best.is_none_or(|(_, best_score)| score > best_score) {
+                    best = Some((index, score));
+                }
+            }
+        }
+        best.map(|(index, _)| index)
+    }
+
+    /// Asks cheap sources without a pending shadow proposal for `len` unverified tokens.
+    fn ask_shadows(&mut self, len: usize) {
+        if len == 0 {
+            return;
+        }
+        for &index in &self.order {
+            let slot = &mut self.slots[index];
+            if slot.source.is_expensive() || slot.shadow.is_some() {
+                continue;
+            }
+            slot.shadow_asked = true;
+            let tokens = slot
+                .call("propose", |s| s.propose(len))
+                .map(|mut proposal| {
+                    proposal.tokens.truncate(len);
+                    proposal.tokens
+                })
+                .unwrap_or_default();
+            if !tokens.is_empty() {
+                slot.stats.shadow_proposed += 1;
+                slot.shadow = Some(Shadow { tokens, matched: 0 });
+            }
+        }
+    }
+
+    /// Puts the sources named in `names` first, in that order; the rest keep cascade order.
+    fn reorder(&mut self, names: &[String]) {
+        let mut order: Vec<usize> = names
+            .iter()
+            .filter_map(|name| self.slots.iter().position(|s| &s.stats.name == name))
+            .collect();
+        order.dedup();
+        for index in 0..self.slots.len() {
+            if !order.contains(&index) {
+                order.push(index);
+            }
+        }
+        self.order = order;
+    }
+
+    /// Records the outcome of a round: `n_accepted` leading draft tokens were accepted and
+    /// `committed` (the accepted prefix plus the target's token) was appended to the output.
+    /// Tells every asked source how its proposal fared, settles shadow proposals, feeds the
+    /// committed tokens to every source, credits the winner, and shows the round to the policy
+    /// (with `committed_text` when it [wants text](Self::wants_text)).
+    pub fn accept(
+        &mut self,
+        draft: &Draft,
+        n_accepted: usize,
+        committed: &[Token],
+        timing: RoundTiming,
+        committed_text: &str,
+    ) {
+        let Some(&target_token) = committed.last() else {
+            return;
+        };
+        let mut sources = Vec::new();
+        for (index, slot) in self.slots.iter_mut().enumerate() {
+            if let Some(proposal) = slot.proposal.take() {
+                let won = draft.source == Some(index);
+                let drafted = proposal.tokens.len();
+                let (matched, known) = if won {
+                    // Verification checked every drafted position up to the first mismatch.
+                    (n_accepted, drafted)
+                } else {
+                    (
+                        matching_prefix(&proposal.tokens, committed),
+                        committed.len(),
+                    )
+                };
+                slot.history.record(drafted, matched, known);
+                if won {
+                    slot.stats.record_win(drafted, n_accepted);
+                }
+                let feedback = Feedback {
+                    won,
+                    n_accepted: if won { n_accepted as u32 } else { 0 },
+                    target_token,
+                };
+                slot.call("feedback", |s| s.feedback(feedback));
+                sources.push(SourceRound {
+                    source: slot.stats.name.clone(),
+                    drafted,
+                    accepted: matched,
+                    won,
+                    shadow: false,
+                    censored: !won && matched == known && drafted > known,
+                });
+            }
+            if std::mem::take(&mut slot.shadow_asked) {
+                let feedback = Feedback {
+                    won: false,
+                    n_accepted: 0,
+                    target_token,
+                };
+                slot.call("feedback", |s| s.feedback(feedback));
+            }
+            if let Some(settled) = settle_shadow(slot, committed) {
+                sources.push(settled);
+            }
+            slot.call("feed", |s| s.feed(committed));
+        }
+        let record = RoundRecord {
+            max_draft_len: draft.max_draft_len,
+            sources,
+            draft_time: timing.draft_time,
+            verify_time: timing.verify_time,
+            n_verified: draft.tokens.len() + 1,
+            n_accepted,
+            committed_text: committed_text.to_owned(),
+        };
+        if let Err(fault) = self.policy.observe(&record) {
+            tracing::debug!(policy = self.policy.name(), %fault, "policy fault in observe");
+        }
+    }
+
+    /// Ends the request for every source and the policy.
+    pub fn end(&mut self) {
+        for slot in &mut self.slots {
+            slot.source.end();
+        }
+        self.policy.end();
+    }
+
+    /// Asks every source to hand its cross-request state to the host (between requests).
+    pub fn checkpoint(&mut self) {
+        for slot in &mut self.slots {
+            slot.call("checkpoint", |s| s.checkpoint());
+        }
+    }
+
+    /// Statistics of every source, in cascade order.
+    pub fn stats(&self) -> Vec<SourceStats> {
+        self.slots.iter().map(|s| s.stats.clone()).collect()
+    }
+}
+
+/// Compares `slot`'s shadow proposal with the newly `committed` tokens; once it mismatches or
+/// is fully matched, clears it, learns from it, and returns its record.
+fn settle_shadow(slot: &mut Slot, committed: &[Token]) -> Option<SourceRound> {
+    let shadow = slot.shadow.as_mut()?;
+    let remaining = &shadow.tokens[shadow.matched..];
+    let matched_now = matching_prefix(remaining, committed);
+    shadow.matched += matched_now;
+    let mismatched = matched_now < committed.len() && shadow.matched < shadow.tokens.len();
+    if !mismatched && shadow.matched < shadow.tokens.len() {
+        return None;
+    }
+    let shadow = slot.shadow.take()?;
+    let drafted = shadow.tokens.len();
+    slot.history.record(drafted, shadow.matched, drafted);
+    slot.stats.shadow_drafted += drafted as u64;
+    slot.stats.shadow_matched += shadow.matched as u64;
+    Some(SourceRound {
+        source: slot.stats.name.clone(),
+        drafted,
+        accepted: shadow.matched,
+        won: false,
+        shadow: true,
+        censored: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::sync::{Arc, Mutex};
+
+    /// A scripted source: proposes `reply` each round and logs what it was told.
+    struct Scripted {
+        name: &'static str,
+        reply: Result<Vec<Token>, ()>,
+        log: Arc<Mutex<Vec<String>>>,
+    }
+
+    fn scripted(
+        name: &'static str,
+        reply: Result<Vec<Token>, ()>,
+        log: &Arc<Mutex<Vec<String>>>,
+    ) -> Box<dyn DraftSource> {
+        Box::new(Scripted {
+            name,
+            reply,
+            log: Arc::clone(log),
+        })
+    }
+
+    impl Scripted {
+        fn note(&self, line: String) {
+            self.log.lock().expect("test log").push(line);
+        }
+    }
+
+    impl DraftSource for Scripted {
+        fn name(&self) -> &str {
+            self.name
+        }
+        fn begin(&mut self, _facts: &ModelFacts, prompt: &[Token]) -> Result<(), SourceFault> {
+            self.note(format!("{} begin {prompt:?}", self.name));
+            Ok(())
+        }
+        fn propose(&mut self, _max_len: usize) -> Result<Proposal, SourceFault> {
+            self.reply
+                .clone()
+                .map(Proposal::from_tokens)
+                .map_err(|()| SourceFault {
+                    source: self.name.into(),
+                    what: "trapped".into(),
+                })
+        }
+        fn feedback(&mut self, feedback: Feedback) -> Result<(), SourceFault> {
+            self.note(format!(
+                "{} feedback won={} n={}",
+                self.name, feedback.won, feedback.n_accepted
+            ));
+            Ok(())
+        }
+        fn feed(&mut self, tokens: &[Token]) -> Result<(), SourceFault> {
+            self.note(format!("{} feed {tokens:?}", self.name));
+            Ok(())
+        }
+    }
+
+    fn facts() -> ModelFacts {
+        ModelFacts {
+            vocab_size: 100,
+            bos: None,
+            eos: Some(2),
+            eog: vec![2],
+            context_size: 512,
+        }
+    }
+
+    #[test]
+    fn first_long_enough_source_wins_and_draft_is_truncated() {
+        let log = Arc::default();
+        let mut cascade = Cascade::new(
+            vec![
+                scripted("short", Ok(vec![7]), &log),
+                scripted("long", Ok(vec![1, 2, 3, 4, 5]), &log),
+                scripted("never", Ok(vec![9]), &log),
+            ],
+            CascadeSettings {
+                min_len: 2,
+                ..CascadeSettings::default()
+            },
+        );
+        cascade.begin(&facts(), &[1, 2], 8, &[]);
+        let draft = cascade.propose(3);
+        assert_eq!(draft.tokens, vec![1, 2, 3], "draft {draft:?}");
+        assert_eq!(draft.source, Some(1));
+        cascade.accept(&draft, 2, &[1, 2, 8], RoundTiming::default(), "");
+        let stats = cascade.stats();
+        assert_eq!(stats[0].asked, 1);
+        assert_eq!(stats[0].won, 0);
+        assert_eq!(
+            (stats[1].won, stats[1].drafted, stats[1].accepted),
+            (1, 3, 2)
+        );
+        assert_eq!(stats[2].asked, 0, "sources after the winner are not asked");
+        let log = log.lock().expect("test log").join("\n");
+        let expected = "short begin [1, 2]\nlong begin [1, 2]\nnever begin [1, 2]\n\
+                        short feedback won=false n=0\nshort feed [1, 2, 8]\n\
+                        long feedback won=true n=2\nlong feed [1, 2, 8]\nnever feed [1, 2, 8]";
+        assert_eq!(
+            log, expected,
+            "only asked sources get feedback; all are fed"
+        );
+    }
+
+    #[test]
+    fn fault_counts_as_empty_proposal() {
+        let log = Arc::default();
+        let mut cascade = Cascade::new(
+            vec![
+                scripted("broken", Err(()), &log),
+                scripted("fine", Ok(vec![4]), &log),
+            ],
+            CascadeSettings::default(),
+        );
+        cascade.begin(&facts(), &[1], 8, &[]);
+        let draft = cascade.propose(4);
+        assert_eq!(draft.source, Some(1), "draft {draft:?}");
+        assert_eq!(cascade.stats()[0].faults, 1);
+    }
+
+    #[test]
+    fn zero_budget_asks_nobody() {
+        let log = Arc::default();
+        let mut cascade = Cascade::new(
+            vec![scripted("a", Ok(vec![1]), &log)],
+            CascadeSettings::default(),
+        );
+        cascade.begin(&facts(), &[1], 8, &[]);
+        assert_eq!(cascade.propose(0), Draft::default());
+        assert_eq!(cascade.stats()[0].asked, 0);
+    }
+
+    /// A source that proposes the same thing every round and counts how often it was asked.
+    struct Constant {
+        name: &'static str,
+        proposal: Proposal,
+        expensive: bool,
+        asked: Arc<Mutex<u32>>,
+    }
+
+    impl DraftSource for Constant {
+        fn name(&self) -> &str {
+            self.name
+        }
+        fn begin(&mut self, _facts: &ModelFacts, _prompt: &[Token]) -> Result<(), SourceFault> {
+            Ok(())
+        }
+        fn propose(&mut self, _max_len: usize) -> Result<Proposal, SourceFault> {
+            *self.asked.lock().expect("counter") += 1;
+            Ok(self.proposal.clone())
+        }
+        fn feed(&mut self, _tokens: &[Token]) -> Result<(), SourceFault> {
+            Ok(())
+        }
+        fn is_expensive(&self) -> bool {
+            self.expensive
+        }
+    }
+
+    fn constant(
+        name: &'static str,
+        tokens: &[Token],
+        confidence: &[f32],
+        expensive: bool,
+    ) -> (Box<dyn DraftSource>, Arc<Mutex<u32>>) {
+        let asked = Arc::new(Mutex::new(0));
+        let source = Constant {
+            name,
+            proposal: Proposal {
+                tokens: tokens.to_vec(),
+                confidence: confidence.to_vec(),
+            },
+            expensive,
+            asked: Arc::clone(&asked),
+        };
+        (Box::new(source), asked)
+    }
+
+    fn scored() -> CascadeSettings {
+        CascadeSettings {
+            mode: CascadeMode::Scored,
+            ..CascadeSettings::default()
+        }
+    }
+
+    #[test]
+    fn scored_mode_picks_highest_expected_acceptance() {
+        let (weak, _) = constant("weak", &[1, 2, 3], &[0.5, 0.2, 0.1], false);
+        let (strong, _) = constant("strong", &[4, 5], &[0.9, 0.8], false);
+        let (model, model_asked) = constant("model", &[6, 7, 8], &[1.0, 1.0, 1.0], true);
+        let mut cascade = Cascade::new(vec![weak, strong, model], scored());
+        cascade.begin(&facts(), &[1], 8, &[]);
+        let draft = cascade.propose(8);
+        assert_eq!(draft.source, Some(2), "draft {draft:?}");
+        // The best cheap proposal expects 1.7 < 2.0 tokens: the draft model is asked, and its
+        // proposal (3.0 expected) wins.
+        assert_eq!(*model_asked.lock().expect("counter"), 1);
+    }
+
+    #[test]
+    fn scored_mode_asks_expensive_sources_only_below_threshold() {
+        let (weak, _) = constant("weak", &[1, 2], &[0.4, 0.1], false);
+        let (model, model_asked) = constant("model", &[6, 7, 8], &[0.9, 0.9, 0.9], true);
+        let mut cascade = Cascade::new(vec![model, weak], scored());
+        cascade.begin(&facts(), &[1], 8, &[]);
+        let draft = cascade.propose(8);
+        assert_eq!(draft.source, Some(0), "the draft model wins: {draft:?}");
+        assert_eq!(*model_asked.lock().expect("counter"), 1);
+
+        let (good, _) = constant("good", &[1, 2, 3], &[0.9, 0.9, 0.9], false);
+        let (model, model_asked) = constant("model", &[6, 7, 8], &[1.0, 1.0, 1.0], true);
+        let mut cascade = Cascade::new(vec![model, good], scored());
+        cascade.begin(&facts(), &[1], 8, &[]);
+        let draft = cascade.propose(8);
+        assert_eq!(
+            draft.source,
+            Some(1),
+            "cheap proposal is good enough: {draft:?}"
+        );
+        assert_eq!(*model_asked.lock().expect("counter"), 0, "model not asked");
+    }
+
+    #[test]
+    fn scored_mode_learns_acceptance_of_sources_without_confidence() {
+        let (left, _) = constant("left", &[1, 2, 3, 4], &[], false);
+        let (right, _) = constant("right", &[5, 6, 7, 8], &[], false);
+        let mut cascade = Cascade::new(vec![left, right], scored());
+        cascade.begin(&facts(), &[1], 8, &[]);
+        for _ in 0..5 {
+            let draft = cascade.propose(4);
+            // The target always continues 5, 6, 7, 8: `right` would have been fully accepted.
+            let n_accepted = if draft.source == Some(1) { 4 } else { 0 };
+            let committed: Vec<Token> = if n_accepted == 4 {
+                vec![5, 6, 7, 8, 9]
+            } else {
+                vec![5]
+            };
+            cascade.accept(&draft, n_accepted, &committed, RoundTiming::default(), "");
+        }
+        let draft = cascade.propose(4);
+        assert_eq!(
+            draft.source,
+            Some(1),
+            "losing proposals taught the cascade: {draft:?}"
+        );
+    }
+
+    /// A policy that returns scripted decisions and records what it observed.
+    struct ScriptedPolicy {
+        decisions: Vec<Decision>,
+        observed: Arc<Mutex<Vec<RoundRecord>>>,
+    }
+
+    impl RoundPolicy for ScriptedPolicy {
+        fn name(&self) -> &str {
+            "scripted"
+        }
+        fn begin(&mut self, _facts: &ModelFacts, _setup: &PolicySetup) -> Result<(), SourceFault> {
+            Ok(())
+        }
+        fn observe(&mut self, round: &RoundRecord) -> Result<(), SourceFault> {
+            self.observed.lock().expect("observed").push(round.clone());
+            Ok(())
+        }
+        fn decide(&mut self) -> Result<Decision, SourceFault> {
+            if self.decisions.is_empty() {
+                return Err(SourceFault {
+                    source: "scripted".into(),
+                    what: "out of decisions".into(),
+                });
+            }
+            Ok(self.decisions.remove(0))
+        }
+    }
+
+    #[test]
+    fn zero_length_rounds_draft_nothing_and_settle_shadow_proposals() {
+        let (lookup, asked) = constant("lookup", &[5, 6, 9], &[], false);
+        let (model, model_asked) = constant("model", &[5, 6, 7], &[], true);
+        let observed = Arc::default();
+        let shadow = Decision {
+            max_draft_len: 0,
+            shadow_len: 3,
+            order: None,
+        };
+        let policy = ScriptedPolicy {
+            decisions: vec![shadow.clone(), shadow.clone(), shadow],
+            observed: Arc::clone(&observed),
+        };
+        let mut cascade = Cascade::new(vec![lookup, model], CascadeSettings::default())
+            .with_policy(Box::new(policy));
+        cascade.begin(&facts(), &[1], 8, &[]);
+        for committed in [5, 6, 7] {
+            let draft = cascade.propose(8);
+            assert!(draft.tokens.is_empty(), "no draft at K=0: {draft:?}");
+            cascade.accept(&draft, 0, &[committed], RoundTiming::default(), "");
+        }
+        assert_eq!(
+            *asked.lock().expect("counter"),
+            1,
+            "one shadow pending at a time"
+        );
+        assert_eq!(
+            *model_asked.lock().expect("counter"),
+            0,
+            "expensive never shadows"
+        );
+        let observed = observed.lock().expect("observed");
+        let settled: Vec<&SourceRound> = observed.iter().flat_map(|r| &r.sources).collect();
+        assert_eq!(
+            settled.len(),
+            1,
+            "settled once, at the mismatch: {observed:?}"
+        );
+        assert_eq!(
+            (settled[0].drafted, settled[0].accepted, settled[0].shadow),
+            (3, 2, true)
+        );
+        assert_eq!(cascade.stats()[0].shadow_matched, 2);
+        // The policy ran out of decisions: a faulty policy means plain decoding.
+        assert_eq!(cascade.propose(8), Draft::default());
+    }
+
+    #[test]
+    fn policy_length_and_order_apply_to_the_round() {
+        let (a, _) = constant("a", &[1, 2, 3, 4], &[], false);
+        let (b, _) = constant("b", &[5, 6, 7, 8], &[], false);
+        let policy = ScriptedPolicy {
+            decisions: vec![Decision {
+                max_draft_len: 2,
+                shadow_len: 0,
+                order: Some(vec!["b".into(), "nobody".into()]),
+            }],
+            observed: Arc::default(),
+        };
+        let mut cascade =
+            Cascade::new(vec![a, b], CascadeSettings::default()).with_policy(Box::new(policy));
+        cascade.begin(&facts(), &[1], 8, &[]);
+        let draft = cascade.propose(8);
+        assert_eq!(
+            (draft.tokens.clone(), draft.source, draft.max_draft_len),
+            (vec![5, 6], Some(1), 2),
+            "draft {draft:?}"
+        );
+    }
+}

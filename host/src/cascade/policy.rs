@@ -1,0 +1,124 @@
+//! Draft-length policies: what decides each round's draft length (adaptive K).
+//!
+//! The cascade asks its [`RoundPolicy`] for a [`Decision`] before every round and tells it what
+//! happened after ([`RoundRecord`]). Policies are plugins (`plugins::PluginPolicy`); without
+//! one, the cascade drafts the whole budget every round ([`FixedLength`]).
+
+use std::time::Duration;
+
+use super::source::{ModelFacts, SourceFault};
+
+/// What a policy is told when a request starts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PolicySetup {
+    /// Names of the cascade's sources, in cascade order.
+    pub sources: Vec<String>,
+    /// The largest draft length allowed (`--draft-max`).
+    pub max_draft_len: usize,
+    /// Measured time for the target to verify `n` tokens in one batch, at index `n - 1`; empty
+    /// when not measured.
+    pub verify_costs: Vec<Duration>,
+}
+
+/// What one source did in one round (see `source-round` in the WIT for each field's meaning).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourceRound {
+    /// The source's name.
+    pub source: String,
+    /// Tokens it proposed.
+    pub drafted: usize,
+    /// Leading tokens of its proposal that matched what the target produced.
+    pub accepted: usize,
+    /// Whether its proposal was the verified draft.
+    pub won: bool,
+    /// Whether it was a shadow proposal, settled this round.
+    pub shadow: bool,
+    /// Whether `accepted` is only a lower bound.
+    pub censored: bool,
+}
+
+/// A finished round, as a policy sees it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RoundRecord {
+    /// The draft length the policy asked for.
+    pub max_draft_len: usize,
+    /// Per-source outcomes: sources asked this round, then settled shadow proposals.
+    pub sources: Vec<SourceRound>,
+    /// Time spent asking sources for proposals.
+    pub draft_time: Duration,
+    /// Time the target spent verifying.
+    pub verify_time: Duration,
+    /// Tokens in the verify batch (1 + draft length).
+    pub n_verified: usize,
+    /// Draft tokens accepted.
+    pub n_accepted: usize,
+    /// Text of the committed tokens, when the policy wants it.
+    pub committed_text: String,
+}
+
+/// A policy's choice for the next round.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// Tokens to draft; 0 skips speculation this round.
+    pub max_draft_len: usize,
+    /// Tokens cheap sources should draft without verification while `max_draft_len` is 0.
+    pub shadow_len: usize,
+    /// A new order of sources by name, if the policy wants one.
+    pub order: Option<Vec<String>>,
+}
+
+/// Chooses each round's draft length.
+///
+/// Call order for one request: [`begin`](Self::begin), then per round [`decide`](Self::decide)
+/// and, after verification, [`observe`](Self::observe); [`end`](Self::end) when the request
+/// finishes. A [`SourceFault`] never stops generation: the cascade then drafts nothing that
+/// round (plain decoding cannot be slower than plain decoding).
+pub trait RoundPolicy: Send {
+    /// The name shown in stats and warnings.
+    fn name(&self) -> &str;
+
+    /// Starts a request.
+    fn begin(&mut self, facts: &ModelFacts, setup: &PolicySetup) -> Result<(), SourceFault>;
+
+    /// Whether [`RoundRecord::committed_text`] should be filled (it costs detokenization).
+    fn wants_text(&self) -> bool {
+        false
+    }
+
+    /// Records a finished round.
+    fn observe(&mut self, round: &RoundRecord) -> Result<(), SourceFault>;
+
+    /// Chooses the next round's draft length.
+    fn decide(&mut self) -> Result<Decision, SourceFault>;
+
+    /// Ends the request. Default: nothing.
+    fn end(&mut self) {}
+}
+
+/// The policy of a cascade without one: draft the whole budget every round.
+#[derive(Debug, Clone, Default)]
+pub struct FixedLength {
+    max_draft_len: usize,
+}
+
+impl RoundPolicy for FixedLength {
+    fn name(&self) -> &str {
+        "fixed-length"
+    }
+
+    fn begin(&mut self, _facts: &ModelFacts, setup: &PolicySetup) -> Result<(), SourceFault> {
+        self.max_draft_len = setup.max_draft_len;
+        Ok(())
+    }
+
+    fn observe(&mut self, _round: &RoundRecord) -> Result<(), SourceFault> {
+        Ok(())
+    }
+
+    fn decide(&mut self) -> Result<Decision, SourceFault> {
+        Ok(Decision {
+            max_draft_len: self.max_draft_len,
+            ..Decision::default()
+        })
+    }
+}

@@ -1,0 +1,185 @@
+//! `draft`: the draft-model bridge drafter.
+//!
+//! The host runs a small draft model natively (`--draft-model`); this plugin decides how to use
+//! it, as llama.cpp's speculative example does: keep the draft model's context equal to the
+//! request's (reset at open, feed every committed token), and each round draft greedily up to
+//! the round's length, stopping at the first token the draft model gives less than `p_min`
+//! probability (that token is dropped: a draft it doubts is unlikely to be accepted, and every
+//! drafted token costs a draft-model decode plus a verify position). Drafts shorter than
+//! `min_len` are dropped too.
+//!
+//! Confidence of token `i` = the product of the draft probabilities of tokens `0..=i`: the
+//! chance the draft survives to `i` if the target agreed with the draft model as often as the
+//! draft model is sure of itself. The scored cascade compares it with other sources'.
+//!
+//! # Config
+//!
+//! | key | default | meaning |
+//! |---|---|---|
+//! | `p_min` | 0.5 | stop drafting at a token with draft probability below this (0 = never) |
+//! | `min_len` | 1 | drop drafts shorter than this |
+//! | `max_len` | 0 | draft at most this many tokens per round (0 = as many as the host asks) |
+//!
+//! Without a draft model loaded the plugin proposes nothing (the host refuses a cascade with
+//! `draft` and no `--draft-model` at start-up, so this only happens when driven by hand).
+
+use spechost_sdk::config::Config;
+use spechost_sdk::{Drafter, Level, ModelFacts, Proposal, Token, draft_model, export_drafter, log};
+
+/// Default `p_min`: llama.cpp's speculative example stops at the same draft probability.
+const DEFAULT_P_MIN: f32 = 0.5;
+/// Default `min_len`.
+const DEFAULT_MIN_LEN: usize = 1;
+/// Default `max_len` (0: no cap of our own).
+const DEFAULT_MAX_LEN: usize = 0;
+
+/// Drafts with the host's draft model.
+pub struct Draft {
+    p_min: f32,
+    min_len: usize,
+    max_len: Option<usize>,
+}
+
+impl Drafter for Draft {
+    fn new(config: &str, _facts: &ModelFacts) -> Result<Self, String> {
+        let config = Config::parse(config)?;
+        let p_min = config.get_fraction("p_min", DEFAULT_P_MIN)?;
+        let min_len = config.get_usize("min_len", DEFAULT_MIN_LEN)?;
+        let max_len = config.get_usize("max_len", DEFAULT_MAX_LEN)?;
+        config.finish()?;
+        if !draft_model::available() {
+            log(
+                Level::Warn,
+                "no draft model is loaded (start spechost with --draft-model); proposing nothing",
+            );
+        }
+        draft_model::reset();
+        Ok(Self {
+            p_min,
+            min_len: min_len.max(1),
+            max_len: (max_len > 0).then_some(max_len),
+        })
+    }
+
+    fn feed(&mut self, tokens: &[Token]) {
+        draft_model::feed(tokens);
+    }
+
+    fn propose(&mut self, max_len: usize) -> Proposal {
+        let max_len = self.max_len.map_or(max_len, |cap| cap.min(max_len));
+        if max_len == 0 {
+            return Proposal::empty();
+        }
+        let drafted = draft_model::propose(max_len, self.p_min);
+        let mut tokens = Vec::with_capacity(drafted.len());
+        let mut confidence = Vec::with_capacity(drafted.len());
+        let mut survive = 1.0f32;
+        for token in drafted {
+            if token.prob < self.p_min {
+                break;
+            }
+            survive *= token.prob.clamp(0.0, 1.0);
+            tokens.push(token.token);
+            confidence.push(survive);
+        }
+        if tokens.len() < self.min_len {
+            return Proposal::empty();
+        }
+        Proposal { tokens, confidence }
+    }
+}
+
+export_drafter!(Draft);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spechost_sdk::DraftedToken;
+    use spechost_sdk::testing::{
+        Harness, draft_model_context, install_draft_model, remove_draft_model,
+    };
+
+    fn facts() -> ModelFacts {
+        spechost_sdk::testing::facts(1000)
+    }
+
+    /// A fake draft model that counts up from the last token, with probability `probs[i]` for
+    /// the `i`-th token after the committed context.
+    fn counting(probs: Vec<f32>) {
+        install_draft_model(move |context| {
+            let &last = context.last()?;
+            let step = (last % 100) as usize;
+            Some(DraftedToken {
+                token: last + 1,
+                prob: probs.get(step).copied().unwrap_or(0.0),
+            })
+        });
+    }
+
+    #[test]
+    fn drafts_until_probability_drops_below_p_min() {
+        counting(vec![0.9; 100]);
+        let mut draft = Draft::new("p_min=0.5", &facts()).expect("valid config");
+        draft.feed(&[1, 2, 3]);
+        let proposal = draft.propose(4);
+        assert_eq!(proposal.tokens, vec![4, 5, 6, 7], "proposal {proposal:?}");
+        let expected = [0.9, 0.81, 0.729, 0.6561];
+        for (got, want) in proposal.confidence.iter().zip(expected) {
+            assert!(
+                (got - want).abs() < 1e-5,
+                "confidence {:?}",
+                proposal.confidence
+            );
+        }
+        let mut probs = vec![0.9; 100];
+        probs[5] = 0.2;
+        counting(probs);
+        let mut draft = Draft::new("", &facts()).expect("defaults");
+        draft.feed(&[1, 2, 3]);
+        assert_eq!(
+            draft.propose(8).tokens,
+            vec![4, 5],
+            "stops before the unsure token"
+        );
+        remove_draft_model();
+    }
+
+    #[test]
+    fn context_follows_what_is_fed_and_resets_per_session() {
+        counting(vec![0.9; 100]);
+        let mut harness = Harness::<Draft>::new("", facts()).expect("open");
+        harness.feed(&[10, 11]);
+        harness.feed(&[12]);
+        assert_eq!(draft_model_context(), Some(vec![10, 11, 12]));
+        let _second = Draft::new("", &facts()).expect("open");
+        assert_eq!(
+            draft_model_context(),
+            Some(Vec::new()),
+            "a new session resets"
+        );
+        remove_draft_model();
+    }
+
+    #[test]
+    fn short_drafts_caps_and_no_model_give_nothing() {
+        counting(vec![0.9; 100]);
+        let mut draft = Draft::new("min_len=3,max_len=2", &facts()).expect("valid");
+        draft.feed(&[1]);
+        assert!(draft.propose(8).tokens.is_empty(), "2 < min_len 3");
+        let mut draft = Draft::new("max_len=2", &facts()).expect("valid");
+        draft.feed(&[1]);
+        assert_eq!(draft.propose(8).tokens, vec![2, 3]);
+        remove_draft_model();
+        let mut draft = Draft::new("", &facts()).expect("valid without a model");
+        draft.feed(&[1]);
+        assert!(draft.propose(8).tokens.is_empty());
+    }
+
+    #[test]
+    fn bad_settings_name_the_key() {
+        for (config, needle) in [("p_min=2", "p_min"), ("colour=red", "colour")] {
+            let error = Draft::new(config, &facts()).err().expect("rejected");
+            assert!(error.contains(needle), "{config}: {error}");
+        }
+    }
+}

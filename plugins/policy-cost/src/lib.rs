@@ -1,0 +1,630 @@
+//! `policy-cost`: drafts the number of tokens that maximises committed tokens per unit of time.
+//!
+//! Rather than steering an acceptance rate towards thresholds, it models what a round of draft
+//! length K yields and costs, from what the rounds so far measured, and picks the best K each
+//! round, K = 0 (plain decoding) included.
+//!
+//! # The model
+//!
+//! **Yield.** Let `a_j` be the probability that the target accepts draft position `j` given
+//! that it accepted positions `1..j` (a draft is accepted up to its first rejected token). A
+//! round of draft length K commits the accepted prefix plus one target token, so on average
+//!
+//! ```text
+//! E[tokens | K] = 1 + Σ_{i=1..K} Π_{j=1..i} a_j          (E[tokens | 0] = 1)
+//! ```
+//!
+//! **Acceptance per position.** For each position `j` the policy counts `reached_j`, the
+//! proposals whose position `j` was compared with the target (drafted, with every earlier
+//! position accepted), and `accepted_j`, those of them accepted there. A verified draft of `L`
+//! tokens with `m` accepted reaches positions `1..=min(m + 1, L)` and is accepted at `1..=m`. A
+//! shadow proposal (asked for while K = 0, compared with the committed tokens) counts the same
+//! way, except that a *censored* one (it matched every committed token it was compared with,
+//! but was longer) counts only its `m` matched positions: the rest were never compared, so
+//! counting a rejection there would bias `a_j` low. Losing proposals of other sources are not
+//! counted: they are not the draft that gets verified. Before each new proposal is counted,
+//! every count is multiplied by `decay`, so the estimates follow the content. With 0.95 the
+//! last ~20 proposals weigh most: in simulations with acceptance fixed per position it came
+//! within 1-2% of the best fixed K, and it beat 0.98 clearly when acceptance switched between
+//! high and low every 100 rounds. The price of memory is lag: after a switch from fully
+//! accepted drafts to none, it takes about 20 rounds, most of them still at a large K, to reach
+//! K = 0. The estimate smooths the counts with a prior of weight `prior`:
+//!
+//! ```text
+//! a_j = (accepted_j + prior · m_j) / (reached_j + prior),   m_1 = 0.5,   m_j = a_{j-1}
+//! ```
+//!
+//! Borrowing the prior of position `j` from position `j - 1` lets K grow past the positions
+//! measured so far (a K that is never drafted would otherwise keep its prior forever): once the
+//! first positions are reliably accepted, the next one is presumed to be too, until measured.
+//! Since counts decay whether or not a position is reached, a position found wanting drifts
+//! back towards its prior while K stays below it, and is tried again now and then: the policy
+//! keeps exploring one token past where acceptance stopped.
+//!
+//! **Cost.** A round of draft length K verifies `n = K + 1` tokens and drafts K:
+//!
+//! ```text
+//! time(K) = verify(K + 1) + K · draft_per_token
+//! ```
+//!
+//! `verify(n)` is the host's measurement ([`PolicySetup::verify_us`], index `n - 1`) when it
+//! has one. Otherwise the policy learns it from the rounds: an exponential moving average
+//! (weight 0.2) of `round.verify_us` per batch size `n = round.n_verified`; a size not measured
+//! yet is interpolated linearly between the nearest measured sizes, or, beyond them, scaled from
+//! the nearest one by the linear model `verify(n) ∝ 1 + 0.3 (n - 1)`, which also stands in (with
+//! a unit cost for `n = 1`) before anything is measured. `draft_per_token` is the moving average
+//! of `round.draft_us / drafted tokens` over rounds that drafted.
+//!
+//! **Choice.** Each round the policy drafts `argmax_{K = 0..=max} E[tokens | K] / time(K)`
+//! (ties go to the smaller K), with `max` the host's `--draft-max`. With `a_j` at the prior
+//! (0.5) and the linear cost model that is K = 1: the policy starts cautious and grows K as
+//! drafts are accepted.
+//!
+//! **K = 0.** When plain decoding is best, the policy asks cheap sources for shadow drafts of
+//! `shadow_len` tokens, whose results keep the estimates current, so it resumes speculating as
+//! soon as they show it would pay. A cascade with only expensive sources sends no shadow
+//! results; after `probe_after` rounds at K = 0 without any, the policy drafts one round at the
+//! best K above 0 to measure again.
+//!
+//! # Config
+//!
+//! | key           | default | meaning                                                          |
+//! |---------------|---------|------------------------------------------------------------------|
+//! | `prior`       | 2       | weight, in proposals, of the prior of each `a_j`; at least 0     |
+//! | `decay`       | 0.95    | factor on every count before a new proposal is counted, in (0, 1] |
+//! | `shadow_len`  | 8       | shadow tokens asked for each round at K = 0                      |
+//! | `probe_after` | 64      | rounds at K = 0 without shadow results before a probe; at least 1 |
+
+use spechost_sdk::config::Config;
+use spechost_sdk::{Decision, ModelFacts, Policy, PolicySetup, RoundRecord, export_policy};
+
+/// Default weight of the prior, in proposals.
+const DEFAULT_PRIOR: f32 = 2.0;
+/// Default decay of the counts per counted proposal.
+const DEFAULT_DECAY: f32 = 0.95;
+/// Default shadow draft length at K = 0.
+const DEFAULT_SHADOW_LEN: u32 = 8;
+/// Default rounds at K = 0 without shadow results before a probe.
+const DEFAULT_PROBE_AFTER: u32 = 64;
+/// Prior mean of the acceptance of the first draft position.
+const FIRST_POSITION_PRIOR: f64 = 0.5;
+/// Weight of a new sample in the moving averages of verify and draft times.
+const EMA_WEIGHT: f64 = 0.2;
+/// Growth of the verify time per extra token, relative to one token, assumed until measured.
+const VERIFY_SLOPE: f64 = 0.3;
+
+/// Per-position acceptance counts, decayed.
+#[derive(Debug, Clone, PartialEq)]
+struct PositionCounts {
+    /// Index `j - 1`: proposals whose position `j` was compared.
+    reached: Vec<f64>,
+    /// Index `j - 1`: proposals accepted at position `j`.
+    accepted: Vec<f64>,
+    decay: f64,
+    prior: f64,
+}
+
+impl PositionCounts {
+    fn new(positions: usize, decay: f64, prior: f64) -> Self {
+        Self {
+            reached: vec![0.0; positions],
+            accepted: vec![0.0; positions],
+            decay,
+            prior,
+        }
+    }
+
+    /// Counts a proposal of `drafted` tokens accepted at its first `accepted`; with
+    /// `censored`, the tokens after those were not compared.
+    fn count(&mut self, drafted: u32, accepted: u32, censored: bool) {
+        if drafted == 0 {
+            return;
+        }
+        for count in self.reached.iter_mut().chain(self.accepted.iter_mut()) {
+            *count *= self.decay;
+        }
+        let accepted = accepted.min(drafted) as usize;
+        let reached = if censored {
+            accepted
+        } else {
+            (accepted + 1).min(drafted as usize)
+        };
+        for count in self.reached.iter_mut().take(reached) {
+            *count += 1.0;
+        }
+        for count in self.accepted.iter_mut().take(accepted) {
+            *count += 1.0;
+        }
+    }
+
+    /// `a_j` for every position `j`, each smoothed towards the previous one.
+    fn acceptance(&self) -> Vec<f64> {
+        let mut prior_mean = FIRST_POSITION_PRIOR;
+        self.reached
+            .iter()
+            .zip(&self.accepted)
+            .map(|(&reached, &accepted)| {
+                let rate = (accepted + self.prior * prior_mean) / (reached + self.prior);
+                prior_mean = rate;
+                rate
+            })
+            .collect()
+    }
+}
+
+/// Verify times per batch size: the host's, or learned from rounds.
+#[derive(Debug, Clone, PartialEq)]
+struct VerifyCosts {
+    /// Index `n - 1`: the host's measurement for `n` tokens, if any.
+    measured: Vec<Option<f64>>,
+    /// Index `n - 1`: the moving average of observed verify times for `n` tokens.
+    learned: Vec<Option<f64>>,
+}
+
+impl VerifyCosts {
+    fn new(sizes: usize, host: &[f32]) -> Self {
+        let measured = (0..sizes)
+            .map(|index| {
+                let time = f64::from(*host.get(index)?);
+                (time.is_finite() && time > 0.0).then_some(time)
+            })
+            .collect();
+        Self {
+            measured,
+            learned: vec![None; sizes],
+        }
+    }
+
+    /// Adds an observed verify time of `time_us` for `n` tokens.
+    fn learn(&mut self, n: u32, time_us: u64) {
+        let Some(average) = (n as usize)
+            .checked_sub(1)
+            .and_then(|index| self.learned.get_mut(index))
+        else {
+            return;
+        };
+        if time_us == 0 {
+            return;
+        }
+        // Microsecond counts stay far below 2^53, where f64 loses integer precision.
+        let time = time_us as f64;
+        *average = Some(average.map_or(time, |old| old + EMA_WEIGHT * (time - old)));
+    }
+
+    /// The best known verify time for every size `n = 1..=sizes`, filling the gaps (see the
+    /// crate docs).
+    fn table(&self) -> Vec<f64> {
+        let known: Vec<Option<f64>> = self
+            .measured
+            .iter()
+            .zip(&self.learned)
+            .map(|(measured, learned)| measured.or(*learned))
+            .collect();
+        let linear = |index: usize| 1.0 + VERIFY_SLOPE * index as f64;
+        (0..known.len())
+            .map(|index| {
+                if let Some(time) = known[index] {
+                    return time;
+                }
+                let below = (0..index).rev().find_map(|i| known[i].map(|t| (i, t)));
+                let above = (index + 1..known.len()).find_map(|i| known[i].map(|t| (i, t)));
+                match (below, above) {
+                    (Some((i, low)), Some((k, high))) => {
+                        low + (high - low) * (index - i) as f64 / (k - i) as f64
+                    }
+                    (Some((i, time)), None) | (None, Some((i, time))) => {
+                        time * linear(index) / linear(i)
+                    }
+                    (None, None) => linear(index),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The cost model for one request.
+#[derive(Debug)]
+pub struct Cost {
+    /// The host's `--draft-max`.
+    cap: u32,
+    positions: PositionCounts,
+    verify: VerifyCosts,
+    /// Moving average of drafting time per drafted token, in microseconds.
+    draft_per_token_us: Option<f64>,
+    shadow_len: u32,
+    probe_after: u32,
+    /// Rounds decided at K = 0 since the last shadow result or draft.
+    rounds_without_evidence: u32,
+}
+
+impl Policy for Cost {
+    fn new(config: &str, _facts: &ModelFacts, setup: &PolicySetup) -> Result<Self, String> {
+        let config = Config::parse(config)?;
+        let prior = config.get_f32("prior", DEFAULT_PRIOR)?;
+        let decay = config.get_fraction("decay", DEFAULT_DECAY)?;
+        let shadow_len = config.get_u32("shadow_len", DEFAULT_SHADOW_LEN)?;
+        let probe_after = config.get_u32("probe_after", DEFAULT_PROBE_AFTER)?;
+        config.finish()?;
+        if prior < 0.0 {
+            return Err(format!(
+                "setting `prior` is {prior}; give a weight of 0 or more (2 by default)"
+            ));
+        }
+        if decay == 0.0 {
+            return Err(
+                "setting `decay` is 0, which forgets every measurement; give a factor \
+                        in (0, 1], e.g. 0.95"
+                    .to_owned(),
+            );
+        }
+        if probe_after == 0 {
+            return Err("setting `probe_after` is 0; give at least 1".to_owned());
+        }
+        let cap = setup.max_draft_len;
+        let positions = cap as usize;
+        Ok(Cost {
+            cap,
+            positions: PositionCounts::new(positions, f64::from(decay), f64::from(prior)),
+            verify: VerifyCosts::new(positions + 1, &setup.verify_us),
+            draft_per_token_us: None,
+            shadow_len,
+            probe_after,
+            rounds_without_evidence: 0,
+        })
+    }
+
+    fn observe(&mut self, round: &RoundRecord) {
+        self.verify.learn(round.n_verified, round.verify_us);
+        let drafted = round.n_drafted();
+        if drafted > 0 {
+            self.positions.count(drafted, round.n_accepted, false);
+            self.learn_draft_time(round.draft_us, drafted);
+            self.rounds_without_evidence = 0;
+        }
+        for shadow in round.shadows() {
+            self.positions
+                .count(shadow.drafted, shadow.accepted, shadow.censored);
+            self.rounds_without_evidence = 0;
+        }
+    }
+
+    fn decide(&mut self) -> Decision {
+        let (best, best_above_zero) = self.best_draft_lengths();
+        if best > 0 {
+            return Decision::draft(best);
+        }
+        self.rounds_without_evidence = self.rounds_without_evidence.saturating_add(1);
+        if self.rounds_without_evidence > self.probe_after && best_above_zero > 0 {
+            self.rounds_without_evidence = 0;
+            return Decision::draft(best_above_zero);
+        }
+        Decision::skip(self.shadow_len)
+    }
+}
+
+impl Cost {
+    fn learn_draft_time(&mut self, draft_us: u64, drafted: u32) {
+        // Microsecond counts stay far below 2^53, where f64 loses integer precision.
+        let per_token = draft_us as f64 / f64::from(drafted);
+        self.draft_per_token_us = Some(
+            self.draft_per_token_us
+                .map_or(per_token, |old| old + EMA_WEIGHT * (per_token - old)),
+        );
+    }
+
+    /// Expected committed tokens per microsecond for every K in `0..=cap`.
+    fn throughput(&self) -> Vec<f64> {
+        let verify = self.verify.table();
+        let acceptance = self.positions.acceptance();
+        let draft_per_token = self.draft_per_token_us.unwrap_or(0.0);
+        let mut expected_tokens = 1.0;
+        let mut all_accepted = 1.0;
+        let mut throughput = Vec::with_capacity(verify.len());
+        for (k, verify_time) in verify.iter().enumerate() {
+            if k > 0 {
+                all_accepted *= acceptance[k - 1];
+                expected_tokens += all_accepted;
+            }
+            let time = verify_time + k as f64 * draft_per_token;
+            throughput.push(if time > 0.0 {
+                expected_tokens / time
+            } else {
+                0.0
+            });
+        }
+        throughput
+    }
+
+    /// The K with the best throughput, and the best K above 0 (0 when the cap is 0).
+    fn best_draft_lengths(&self) -> (u32, u32) {
+        let throughput = self.throughput();
+        let argmax = |from: usize| {
+            let mut best: Option<(usize, f64)> = None;
+            for (k, &value) in throughput.iter().enumerate().skip(from) {
+                if best.is_none_or(|(_, best_value)| value > best_value) {
+                    best = Some((k, value));
+                }
+            }
+            best.map_or(0, |(k, _)| u32::try_from(k).unwrap_or(self.cap))
+        };
+        (argmax(0), argmax(1))
+    }
+}
+
+export_policy!(Cost);
+
+#[cfg(test)]
+mod tests {
+    use spechost_sdk::testing::{
+        PolicyHarness, drafted_round, facts, plain_round, policy_setup, shadow_round,
+    };
+
+    use super::*;
+
+    /// The host's `--draft-max` in most tests.
+    const CAP: u32 = 16;
+    /// Verify time of one token in the tests' simulated target, in microseconds.
+    const ONE_TOKEN_US: f32 = 10_000.0;
+
+    /// A setup whose verify times grow by `slope` of a token's time per extra token.
+    fn setup_with_slope(cap: u32, slope: f32) -> PolicySetup {
+        PolicySetup {
+            verify_us: (0..=cap)
+                .map(|extra| ONE_TOKEN_US * (1.0 + slope * extra as f32))
+                .collect(),
+            ..policy_setup(cap)
+        }
+    }
+
+    fn cost(config: &str, setup: PolicySetup) -> PolicyHarness<Cost> {
+        PolicyHarness::new(config, facts(100), setup).expect("valid config")
+    }
+
+    /// A target whose drafts are accepted for their first `accepted` tokens, and whose shadow
+    /// drafts for their first `shadow_accepted`.
+    fn target(accepted: u32, shadow_accepted: u32) -> impl FnMut(&Decision) -> RoundRecord {
+        move |decision| {
+            if decision.max_draft_len > 0 {
+                drafted_round(decision.max_draft_len, accepted.min(decision.max_draft_len))
+            } else if decision.shadow_len > 0 {
+                shadow_round(
+                    decision.shadow_len,
+                    shadow_accepted.min(decision.shadow_len),
+                )
+            } else {
+                plain_round()
+            }
+        }
+    }
+
+    fn lengths(decisions: &[Decision]) -> Vec<u32> {
+        decisions
+            .iter()
+            .map(|decision| decision.max_draft_len)
+            .collect()
+    }
+
+    #[test]
+    fn starts_cautious_at_one_token() {
+        assert_eq!(cost("", policy_setup(CAP)).decide(), Decision::draft(1));
+        assert_eq!(
+            cost("", setup_with_slope(CAP, 0.3)).decide(),
+            Decision::draft(1)
+        );
+    }
+
+    #[test]
+    fn grows_k_while_drafts_are_fully_accepted_up_to_the_cap() {
+        let mut harness = cost("", setup_with_slope(CAP, 0.1));
+        let decisions = harness.run(40, target(CAP, CAP));
+        let lengths = lengths(&decisions);
+        assert!(
+            lengths.windows(2).all(|pair| pair[0] <= pair[1]),
+            "{lengths:?}"
+        );
+        assert_eq!(lengths.last(), Some(&CAP), "{lengths:?}");
+    }
+
+    #[test]
+    fn settles_where_acceptance_stops() {
+        // Every draft is accepted for exactly 3 tokens: position 4 is always rejected.
+        let mut harness = cost("", setup_with_slope(CAP, 0.3));
+        let decisions = harness.run(100, target(3, 3));
+        let lengths = lengths(&decisions);
+        let settled = &lengths[40..];
+        let at_three = settled.iter().filter(|&&k| k == 3).count();
+        assert!(
+            at_three * 10 >= settled.len() * 8,
+            "mostly K = 3: {lengths:?}"
+        );
+        assert!(
+            settled.iter().all(|&k| (3..=4).contains(&k)),
+            "only K = 4 to explore: {lengths:?}"
+        );
+    }
+
+    #[test]
+    fn does_not_speculate_when_verifying_costs_as_much_as_decoding() {
+        // Verifying n tokens costs n plain steps: no draft can pay, however well accepted.
+        let mut harness = cost("", setup_with_slope(CAP, 1.0));
+        let decisions = harness.run(20, target(CAP, CAP));
+        assert!(
+            decisions.iter().all(|d| *d == Decision::skip(8)),
+            "{decisions:?}"
+        );
+    }
+
+    #[test]
+    fn switches_to_plain_decoding_with_shadows_when_drafts_fail() {
+        let mut harness = cost("", setup_with_slope(CAP, 0.3));
+        harness.run(30, target(CAP, CAP));
+        let decisions = harness.run(60, target(0, 0));
+        assert!(
+            decisions[30..].iter().all(|d| *d == Decision::skip(8)),
+            "{decisions:?}"
+        );
+    }
+
+    #[test]
+    fn shadow_results_bring_speculation_back() {
+        let mut harness = cost("", setup_with_slope(CAP, 0.3));
+        harness.run(40, target(0, 0));
+        assert_eq!(harness.decide(), Decision::skip(8));
+        let decisions = harness.run(30, target(8, 8));
+        let lengths = lengths(&decisions);
+        assert!(lengths.iter().any(|&k| k > 0), "{lengths:?}");
+        assert!(lengths[20..].iter().all(|&k| k >= 4), "{lengths:?}");
+    }
+
+    #[test]
+    fn probes_when_no_shadow_results_arrive() {
+        let mut harness = cost("shadow_len=0,probe_after=10", setup_with_slope(CAP, 0.3));
+        harness.run(40, target(0, 0));
+        let decisions = harness.run(22, target(0, 0));
+        let probes: Vec<usize> = decisions
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.max_draft_len > 0)
+            .map(|(index, _)| index)
+            .collect();
+        assert_eq!(probes.len(), 2, "one probe per 11 rounds: {decisions:?}");
+        assert_eq!(probes[1] - probes[0], 11, "{decisions:?}");
+    }
+
+    #[test]
+    fn censored_shadows_count_no_rejection() {
+        let mut policy = cost("", policy_setup(CAP));
+        let mut censored = shadow_round(8, 2);
+        censored.sources[0].censored = true;
+        policy.observe(&censored);
+        let counts = &policy.policy().positions;
+        assert_eq!(counts.reached[..3], [1.0, 1.0, 0.0]);
+        assert_eq!(counts.accepted[..3], [1.0, 1.0, 0.0]);
+        policy.observe(&shadow_round(8, 2));
+        let counts = &policy.policy().positions;
+        let decay = f64::from(DEFAULT_DECAY);
+        assert_eq!(counts.reached[2], 1.0, "the exact shadow was rejected at 3");
+        assert_eq!(counts.accepted[2], 0.0);
+        assert_eq!(counts.reached[0], 1.0 + decay);
+    }
+
+    #[test]
+    fn acceptance_per_position_is_conditional_and_borrows_its_prior() {
+        let mut counts = PositionCounts::new(4, 1.0, 2.0);
+        for _ in 0..8 {
+            counts.count(4, 1, false);
+        }
+        let acceptance = counts.acceptance();
+        // Position 1: (8 + 2 * 0.5) / (8 + 2); position 2: (0 + 2 * 0.9) / (8 + 2).
+        assert!((acceptance[0] - 0.9).abs() < 1e-9, "{acceptance:?}");
+        assert!((acceptance[1] - 0.18).abs() < 1e-9, "{acceptance:?}");
+        // Position 3 was never reached: its estimate is position 2's.
+        assert!((acceptance[2] - 0.18).abs() < 1e-9, "{acceptance:?}");
+    }
+
+    #[test]
+    fn learns_verify_costs_from_rounds_and_fills_the_gaps() {
+        let mut costs = VerifyCosts::new(6, &[]);
+        assert_close(&costs.table(), &[1.0, 1.3, 1.6, 1.9, 2.2, 2.5]);
+        costs.learn(1, 1000);
+        costs.learn(3, 2000);
+        costs.learn(3, 3000);
+        // n = 3: 2000 + 0.2 * (3000 - 2000).
+        let expected = [
+            1000.0,
+            1600.0,
+            2200.0,
+            2200.0 * 1.9 / 1.6,
+            2200.0 * 2.2 / 1.6,
+            2200.0 * 2.5 / 1.6,
+        ];
+        assert_close(&costs.table(), &expected);
+        costs.learn(7, 5000);
+        costs.learn(0, 5000);
+        assert_eq!(costs.table().len(), 6, "sizes beyond the table are ignored");
+    }
+
+    #[test]
+    fn host_measurements_take_precedence_over_learned_times() {
+        let mut costs = VerifyCosts::new(3, &[500.0, f32::NAN]);
+        costs.learn(1, 9000);
+        costs.learn(2, 700);
+        assert_close(&costs.table(), &[500.0, 700.0, 700.0 * 1.6 / 1.3]);
+    }
+
+    fn assert_close(got: &[f64], want: &[f64]) {
+        assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+        for (&got_value, &want_value) in got.iter().zip(want) {
+            assert!(
+                (got_value - want_value).abs() < 1e-6 * want_value.abs().max(1.0),
+                "{got:?} vs {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn learns_draft_time_per_token() {
+        let mut harness = cost("", policy_setup(CAP));
+        harness.observe(&plain_round());
+        assert_eq!(harness.policy().draft_per_token_us, None);
+        harness.observe(&RoundRecord {
+            draft_us: 400,
+            ..drafted_round(4, 1)
+        });
+        assert_eq!(harness.policy().draft_per_token_us, Some(100.0));
+        harness.observe(&RoundRecord {
+            draft_us: 1600,
+            ..drafted_round(8, 1)
+        });
+        // 100 + 0.2 * (200 - 100).
+        assert_eq!(harness.policy().draft_per_token_us, Some(120.0));
+    }
+
+    #[test]
+    fn draft_time_lowers_k() {
+        // Every position accepted 80% of the time; verifying costs 5% more per extra token.
+        let mut harness = cost("", setup_with_slope(CAP, 0.05));
+        let positions = &mut harness.policy_mut().positions;
+        positions.reached = vec![100.0; CAP as usize];
+        positions.accepted = vec![80.0; CAP as usize];
+        // E = 1 + Σ 0.8^i peaks in tokens per time near K = 8 with free drafting.
+        assert_eq!(harness.decide(), Decision::draft(8));
+        // Drafting a token costs 40% of a target step: K = 2 is best.
+        harness.policy_mut().draft_per_token_us = Some(f64::from(ONE_TOKEN_US) * 0.4);
+        assert_eq!(harness.decide(), Decision::draft(2));
+    }
+
+    #[test]
+    fn never_exceeds_the_cap() {
+        let mut harness = cost("", setup_with_slope(4, 0.0));
+        let decisions = harness.run(30, target(CAP, CAP));
+        assert!(
+            decisions.iter().all(|d| d.max_draft_len <= 4),
+            "{decisions:?}"
+        );
+        let mut harness = cost("", policy_setup(0));
+        assert_eq!(harness.decide(), Decision::skip(8));
+    }
+
+    #[test]
+    fn never_asks_for_text_or_reorders() {
+        let mut harness = cost("", policy_setup(CAP));
+        assert!(!harness.wants_text());
+        assert_eq!(harness.decide().order, None);
+    }
+
+    #[test]
+    fn rejects_bad_settings_naming_the_key() {
+        for (config, expected) in [
+            ("prior=-1", "`prior` is -1"),
+            ("decay=0", "`decay` is 0"),
+            ("decay=1.5", "`decay`"),
+            ("probe_after=0", "`probe_after` is 0"),
+            ("off=0.3", "unknown setting `off`"),
+        ] {
+            let error =
+                PolicyHarness::<Cost>::new(config, facts(100), policy_setup(CAP)).unwrap_err();
+            assert!(error.contains(expected), "{config}: {error}");
+        }
+    }
+}
