@@ -7,10 +7,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Arc;
 
 use common::*;
 use spechost::cascade::{Cascade, DraftModel, DraftedToken, Token};
-use spechost::config::cache_dir;
+use spechost::config::{SourceSpec, cache_dir};
 use spechost::engine::{
     DraftModelConfig, DraftModelContext, DraftModelHost, EngineError, SamplingParams, Target,
     TargetParams, check_vocab_compatible,
@@ -280,6 +281,58 @@ fn a_full_context_proposes_nothing_and_a_nearly_full_one_stops_at_its_end() {
     assert!(context.propose(DRAFT_LEN, 0.0).is_empty(), "past full");
 }
 
+#[test]
+fn the_draft_plugin_over_the_default_draft_keeps_greedy_output_identical() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let draft = DraftModelHost::load_for(
+        &target,
+        &draft_config(&smollm2_draft_path()),
+        &TargetParams::default(),
+    )
+    .expect("the default draft loads");
+    let host = plugin_host();
+    assert!(
+        host.attach_draft_model(Arc::new(draft)),
+        "a fresh host takes a draft model"
+    );
+    let mut accepted = 0;
+    for fixture in fixtures() {
+        let plain = generate(
+            &target,
+            &fixture.user_message,
+            MAX_TOKENS,
+            SamplingParams::greedy(),
+            8,
+            &mut Cascade::empty(),
+        );
+        let mut cascade = cascade(&host, &[SourceSpec::Builtin("draft".into())]);
+        let spec = generate(
+            &target,
+            &fixture.user_message,
+            MAX_TOKENS,
+            SamplingParams::greedy(),
+            8,
+            &mut cascade,
+        );
+        assert_eq!(
+            spec.tokens,
+            plain.tokens,
+            "{}: the draft cascade changed the output at token {:?}",
+            fixture.id,
+            first_difference(&spec.tokens, &plain.tokens)
+        );
+        accepted += spec.stats.accepted;
+    }
+    assert!(
+        accepted > 0,
+        "no drafted token was ever accepted: the bridge proposed nothing useful"
+    );
+}
+
+/// Tokens generated per request in the end-to-end test.
+const MAX_TOKENS: usize = 48;
+
 /// Runs the `spechost` binary.
 fn spechost(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_spechost"))
@@ -320,6 +373,13 @@ fn cli_missing_draft_model_names_the_flag() {
         "hi",
     ]);
     assert_fails_with(&out, &["/nonexistent/d.gguf", "not found", "--draft-model"]);
+}
+
+#[test]
+fn cli_draft_plugin_without_a_draft_model_fails_before_loading_models() {
+    common::wasm("draft");
+    let out = spechost(&["run", "--cascade", "draft", "-n", "1", "--prompt", "hi"]);
+    assert_fails_with(&out, &["`draft`", "add --draft-model auto"]);
 }
 
 #[test]
