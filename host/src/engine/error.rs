@@ -32,6 +32,34 @@ pub enum EngineError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The draft model file does not exist.
+    #[error(
+        "draft model file {path} not found; give --draft-model a .gguf path, or `auto` (the default target's draft, made by `spechost models quantize` on first use)"
+    )]
+    DraftModelNotFound {
+        /// The path that was tried.
+        path: PathBuf,
+    },
+    /// The draft model's state cannot be rolled back.
+    #[error(
+        "draft model {path} is a recurrent or hybrid model, whose state cannot be rolled back to drop rejected drafts; use a transformer draft model"
+    )]
+    DraftModelCannotRollBack {
+        /// The draft model's file.
+        path: PathBuf,
+    },
+    /// The draft model does not share the target's tokenizer.
+    #[error(
+        "draft model {draft} does not use the tokenizer of the target {target}: {difference}; use a draft model with the target's tokenizer, e.g. the target requantized with `spechost models quantize --model TARGET --type Q4_0`"
+    )]
+    VocabMismatch {
+        /// The target's file.
+        target: PathBuf,
+        /// The draft model's file.
+        draft: PathBuf,
+        /// The first difference found, with both values.
+        difference: String,
+    },
     /// llama.cpp refused the file.
     #[error(
         "llama.cpp could not load {path}: the file is truncated, corrupt or of an unsupported architecture; re-fetch it (`spechost models fetch` verifies checksums)"

@@ -7,20 +7,30 @@
 //! 4. [`Session::generate`] decodes the prompt, then runs rounds: draft from the cascade,
 //!    verify `[last, d1..dK]` in one batch, accept, roll the KV cache back, stream the text.
 //!
+//! The draft model (`--draft-model`) is a second GGUF loaded with [`DraftModelHost::load`] and
+//! checked against the target with [`check_vocab_compatible`]; it hands each drafter plugin that
+//! asks for it a [`DraftModelContext`].
+//!
 //! Not here: where drafts come from (`cascade`, `plugins`) and how requests arrive (`main`,
 //! `server`).
 
 mod build_info;
 mod costs;
+mod draft;
 mod error;
 mod model;
 mod sample;
 mod stats;
 mod text;
 mod verify;
+mod vocab;
 
 pub use self::build_info::{BackendDevice, BuildInfo};
+pub use self::draft::{
+    DraftModelConfig, DraftModelContext, DraftModelHost, check_vocab_compatible,
+};
 pub use self::error::EngineError;
+pub(crate) use self::model::started_backend;
 pub use self::model::{Target, TargetParams};
 pub use self::sample::SamplingParams;
 pub use self::stats::GenerationStats;

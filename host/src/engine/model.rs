@@ -17,7 +17,7 @@ use crate::cascade::{ModelFacts, Token};
 use crate::placement::NumaMode;
 
 /// `LLAMA_FLASH_ATTN_TYPE_ENABLED` in llama.cpp's `llama_flash_attn_type`.
-const FLASH_ATTENTION_ON: i32 = 1;
+pub(super) const FLASH_ATTENTION_ON: i32 = 1;
 
 /// llama.cpp's backend is process-wide state that may be initialised only once; every model of
 /// the process shares it, and the NUMA strategy it was started with.
@@ -30,7 +30,7 @@ const TILED_MATMUL_SWITCH: (&str, &str) = ("GGML_CPU_TILED_MM", "0");
 
 /// The backend, started with `numa` on first use. llama.cpp reads the calling thread's CPU set
 /// when it starts with `--numa numactl`, so the engine thread must be pinned before this runs.
-fn backend(numa: NumaMode) -> Result<&'static LlamaBackend, EngineError> {
+pub(crate) fn backend(numa: NumaMode) -> Result<&'static LlamaBackend, EngineError> {
     if let Some((backend, active)) = BACKEND.get() {
         if *active != numa {
             return Err(EngineError::NumaAlreadySet {
@@ -50,6 +50,16 @@ fn backend(numa: NumaMode) -> Result<&'static LlamaBackend, EngineError> {
     backend.void_logs();
     tracing::debug!(numa = numa.name(), "started llama.cpp");
     Ok(&BACKEND.get_or_init(|| (backend, numa)).0)
+}
+
+/// The backend as it was started, or started without NUMA set-up when nothing started it yet:
+/// for work that follows the target's load (the draft model, quantizing) and must not
+/// choose the NUMA strategy itself.
+pub(crate) fn started_backend() -> Result<&'static LlamaBackend, EngineError> {
+    match BACKEND.get() {
+        Some((backend, _)) => Ok(backend),
+        None => backend(NumaMode::Off),
+    }
 }
 
 /// llama.cpp's strategy for `--numa`; `None` for `off`, which skips its NUMA set-up entirely.
@@ -132,6 +142,11 @@ impl Target {
     /// Number of tokens in the vocabulary.
     pub fn vocab_size(&self) -> u32 {
         self.model.n_vocab().max(0) as u32
+    }
+
+    /// The llama.cpp model, for the engine's other modules.
+    pub(super) fn llama_model(&self) -> &LlamaModel {
+        &self.model
     }
 
     /// Context length the model was trained with.
@@ -285,7 +300,7 @@ impl Target {
 }
 
 /// Checks that `path` exists, is readable and starts with the GGUF magic.
-fn check_gguf(path: &Path) -> Result<(), EngineError> {
+pub(super) fn check_gguf(path: &Path) -> Result<(), EngineError> {
     if !path.exists() {
         return Err(EngineError::ModelNotFound {
             path: path.to_owned(),

@@ -87,8 +87,67 @@ impl TokenSampler {
 /// for its first position) beat one branchy pass: on a 262K-token vocabulary this runs once per
 /// verified position and shows up in decode speed.
 fn argmax(logits: &[f32]) -> Token {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = max_logit(logits);
     logits.iter().position(|&logit| logit == max).unwrap_or(0) as Token
+}
+
+fn max_logit(logits: &[f32]) -> f32 {
+    logits.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// The greedy token (as [`argmax`]) and its probability under the softmax of `logits`.
+///
+/// The probability of the largest logit `m` is `1 / sum(exp(l - m))`. The sum runs over the whole
+/// vocabulary (262K entries for Gemma) once per drafted token, so it is written to vectorise:
+/// [`LANES`] independent partial sums (float addition is not associative, so the compiler would
+/// not split one sum by itself) of a polynomial `exp` made only of arithmetic the compiler turns
+/// into SIMD instructions, where `f32::exp` is a scalar libm call per element.
+pub(super) fn argmax_with_probability(logits: &[f32]) -> (Token, f32) {
+    let max = max_logit(logits);
+    let token = logits.iter().position(|&logit| logit == max).unwrap_or(0) as Token;
+    let mut partial = [0.0f32; LANES];
+    let mut chunks = logits.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (sum, &logit) in partial.iter_mut().zip(chunk) {
+            *sum += exp_non_positive(logit - max);
+        }
+    }
+    let rest: f32 = chunks
+        .remainder()
+        .iter()
+        .map(|&logit| exp_non_positive(logit - max))
+        .sum();
+    let total = partial.iter().sum::<f32>() + rest;
+    // `total >= 1` (the maximum contributes exp(0) = 1) unless the logits are NaN.
+    let probability = if total >= 1.0 { 1.0 / total } else { 0.0 };
+    (token, probability)
+}
+
+/// Partial sums in [`argmax_with_probability`]: two AVX-512 registers of `f32`.
+const LANES: usize = 32;
+
+/// `e^x` for `x <= 0`, to about 2e-7 relative error: Cephes' `expf` (a degree-5 polynomial on
+/// `x - n ln 2`, times `2^n` built in the exponent bits), without branches so it vectorises.
+/// Inputs below -87 (where `e^x` leaves the normal `f32` range) give `e^-87`, which is 0 for
+/// any sum of probabilities; `-inf` (a masked token) gives the same.
+fn exp_non_positive(x: f32) -> f32 {
+    const LOG2_E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split in two so `n * LN2_HIGH` is exact.
+    const LN2_HIGH: f32 = 0.693_359_4;
+    const LN2_LOW: f32 = -2.121_944_4e-4;
+    let x = x.max(-87.0);
+    let n = (x * LOG2_E + 0.5).floor();
+    let r = x - n * LN2_HIGH - n * LN2_LOW;
+    let mut p = 1.987_569_1e-4_f32;
+    p = p * r + 1.398_2e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 0.166_666_65;
+    p = p * r + 0.5;
+    let e_r = p * r * r + r + 1.0;
+    // n is in [-126, 0] here, so 2^n is a normal float: its biased exponent is n + 127.
+    let two_to_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    e_r * two_to_n
 }
 
 #[cfg(test)]
@@ -99,5 +158,49 @@ mod tests {
     fn argmax_takes_first_of_ties() {
         assert_eq!(argmax(&[0.1, 3.0, 3.0, -1.0]), 1);
         assert_eq!(argmax(&[5.0]), 0);
+    }
+
+    #[test]
+    fn polynomial_exp_matches_libm() {
+        let mut worst = 0.0f64;
+        for i in 0..=87_000 {
+            let x = -(i as f32) / 1000.0;
+            let exact = f64::from(x).exp();
+            let error = ((f64::from(exp_non_positive(x)) - exact) / exact).abs();
+            worst = worst.max(error);
+        }
+        assert!(worst < 1e-6, "worst relative error {worst:e}");
+        assert!(exp_non_positive(f32::NEG_INFINITY) < 1e-37);
+        assert_eq!(exp_non_positive(0.0), 1.0);
+    }
+
+    #[test]
+    fn probability_of_the_greedy_token_is_its_softmax() {
+        // A vocabulary-sized row with a remainder after the lane chunks, ties and a masked token.
+        let logits: Vec<f32> = (0..49_157)
+            .map(|i| match i {
+                7 => f32::NEG_INFINITY,
+                1234 | 4321 => 9.5,
+                _ => ((i * 7919) % 1000) as f32 / 100.0 - 5.0,
+            })
+            .collect();
+        let (token, probability) = argmax_with_probability(&logits);
+        let max = 9.5f64;
+        let exact = 1.0
+            / logits
+                .iter()
+                .map(|&l| (f64::from(l) - max).exp())
+                .sum::<f64>();
+        assert_eq!(token, 1234, "first of the tied maxima");
+        assert!(
+            (f64::from(probability) - exact).abs() < 1e-5 * exact,
+            "probability {probability} vs exact {exact}"
+        );
+        assert_eq!(argmax_with_probability(&[3.0]), (0, 1.0));
+        let (_, half) = argmax_with_probability(&[1.0, 1.0]);
+        assert!(
+            (half - 0.5).abs() < 1e-6,
+            "two equal logits give 0.5, got {half}"
+        );
     }
 }

@@ -1,0 +1,499 @@
+//! The draft-model bridge on real models: the tokenizer check, the default draft made by
+//! `spechost models quantize`, and a draft context's proposals against the draft model's own
+//! plain greedy decoding. Needs the default models (`spechost models fetch`); makes the
+//! SmolLM2 default draft in the model cache if it is not there.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use common::*;
+use spechost::cascade::{Cascade, DraftModel, DraftedToken, Token};
+use spechost::config::{SourceSpec, cache_dir};
+use spechost::engine::{
+    DraftModelConfig, DraftModelContext, DraftModelHost, EngineError, SamplingParams, Target,
+    TargetParams, check_vocab_compatible,
+};
+use spechost::models::{DefaultDraft, DefaultModel};
+
+/// Tokens each proposal asks for in the tests that compare proposals.
+const DRAFT_LEN: usize = 12;
+
+/// The SmolLM2 default draft (made on first use), as the CLI makes it.
+fn smollm2_draft_path() -> PathBuf {
+    let base = DefaultModel::SmolLm2.path(&cache_dir());
+    assert!(
+        base.exists(),
+        "smollm2 is missing at {}; fetch it with `spechost models fetch smollm2`",
+        base.display()
+    );
+    DefaultDraft::of(DefaultModel::SmolLm2)
+        .make(&cache_dir(), session_params().threads)
+        .expect("the default draft is made from the cached smollm2")
+}
+
+fn draft_config(path: &Path) -> DraftModelConfig {
+    let session = session_params();
+    DraftModelConfig {
+        path: path.to_owned(),
+        ctx_size: session.ctx_size,
+        threads: session.threads,
+    }
+}
+
+fn load_draft(path: &Path) -> DraftModelHost {
+    DraftModelHost::load(&draft_config(path), &TargetParams::default()).expect("draft loads")
+}
+
+fn prompt(target: &Target, index: usize) -> Vec<Token> {
+    let fixtures = fixtures();
+    target
+        .tokenize_chat(&fixtures[index % fixtures.len()].user_message)
+        .expect("chat template")
+}
+
+fn tokens(drafted: &[DraftedToken]) -> Vec<Token> {
+    drafted.iter().map(|d| d.token).collect()
+}
+
+fn fresh(draft: &DraftModelHost, context: &[Token]) -> DraftModelContext {
+    let mut fresh = draft.open_context().expect("draft context");
+    fresh.feed(context);
+    fresh
+}
+
+#[test]
+fn vocab_check_rejects_gemma_for_smollm2_naming_both_sizes() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let gemma = load_draft(&DefaultModel::Gemma3.path(&cache_dir()));
+    let err = check_vocab_compatible(&target, &gemma).expect_err("different tokenizers");
+    assert!(
+        matches!(err, EngineError::VocabMismatch { .. }),
+        "wrong error: {err}"
+    );
+    let message = err.to_string();
+    for needle in [
+        "vocabulary size: target 49152, draft 262144",
+        "spechost models quantize",
+        "gemma-3-270m-q4_k_m.gguf",
+    ] {
+        assert!(message.contains(needle), "`{needle}` not in: {message}");
+    }
+}
+
+#[test]
+fn vocab_check_accepts_the_requantized_target() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let path = smollm2_draft_path();
+    let draft = DraftModelHost::load_for(&target, &draft_config(&path), &TargetParams::default())
+        .expect("the requantized target shares its tokenizer");
+    assert_eq!(draft.vocab_size(), target.vocab_size());
+}
+
+#[test]
+fn missing_draft_file_is_a_draft_model_error() {
+    let config = draft_config(Path::new("/nonexistent/draft.gguf"));
+    let err = DraftModelHost::load(&config, &TargetParams::default())
+        .err()
+        .expect("missing file");
+    assert!(
+        err.to_string()
+            .contains("draft model file /nonexistent/draft.gguf not found"),
+        "got {err}"
+    );
+}
+
+#[test]
+fn greedy_proposals_equal_the_draft_models_plain_decoding() {
+    let _guard = exclusive();
+    let path = smollm2_draft_path();
+    let draft = load_draft(&path);
+    // The reference: the same file as a target, decoded token by token by the verify loop.
+    let reference = Target::load(&path, &TargetParams::default()).expect("draft as a target");
+    for index in 0..fixtures().len() {
+        let prompt = prompt(&reference, index);
+        let plain = generate_tokens(&reference, &prompt, DRAFT_LEN);
+        let mut context = fresh(&draft, &prompt);
+        let proposed = context.propose(DRAFT_LEN, 0.0);
+        assert_eq!(
+            tokens(&proposed[..plain.len()]),
+            plain,
+            "fixture {index}: proposals differ from plain decoding at {:?}",
+            first_difference(&tokens(&proposed), &plain)
+        );
+        assert_eq!(proposed.len(), DRAFT_LEN, "p_min 0 never stops early");
+        for drafted in &proposed {
+            assert!(
+                (0.0..=1.0).contains(&drafted.prob) && drafted.prob > 0.0,
+                "fixture {index}: probability {} out of range",
+                drafted.prob
+            );
+        }
+    }
+}
+
+/// The draft model's own greedy continuation of `prompt`, by plain decoding.
+fn generate_tokens(target: &Target, prompt: &[Token], max_tokens: usize) -> Vec<Token> {
+    let mut session = target.session(&session_params()).expect("session");
+    let request =
+        spechost::engine::Request::new(prompt.to_vec(), max_tokens, SamplingParams::greedy());
+    session
+        .generate(&request, &mut Cascade::empty(), &mut |_| {})
+        .expect("plain decoding")
+        .tokens
+}
+
+#[test]
+fn proposals_stop_after_the_first_token_below_p_min() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let draft = load_draft(&smollm2_draft_path());
+    let mut stopped_early = 0;
+    for index in 0..fixtures().len() {
+        let prompt = prompt(&target, index);
+        let full = fresh(&draft, &prompt).propose(DRAFT_LEN, 0.0);
+        for p_min in [0.3, 0.5, 0.9] {
+            let cut = fresh(&draft, &prompt).propose(DRAFT_LEN, p_min);
+            let expected = full
+                .iter()
+                .position(|d| d.prob < p_min)
+                .map_or(full.len(), |first_low| first_low + 1);
+            assert_eq!(
+                tokens(&cut),
+                tokens(&full[..expected]),
+                "fixture {index}, p_min {p_min}: {cut:?}"
+            );
+            assert!(
+                cut[..cut.len() - 1].iter().all(|d| d.prob >= p_min),
+                "fixture {index}, p_min {p_min}: a token below p_min before the last: {cut:?}"
+            );
+            stopped_early += usize::from(cut.len() < DRAFT_LEN);
+        }
+    }
+    assert!(
+        stopped_early > 0,
+        "no proposal ever stopped early; the stop rule was not exercised"
+    );
+}
+
+#[test]
+fn accepted_drafts_fed_back_propose_as_a_fresh_context_would() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let draft = load_draft(&smollm2_draft_path());
+    let prompt = prompt(&target, 1);
+    let mut reused = fresh(&draft, &prompt);
+    let first = tokens(&reused.propose(DRAFT_LEN, 0.0));
+    // Rounds as the engine plays them: some drafted tokens accepted, then the target's token
+    // (here a token the draft did not propose, or the next proposal when all were accepted).
+    let mut context = prompt.clone();
+    let mut previous = first;
+    for n_accepted in [3, 0, DRAFT_LEN, 5] {
+        let mut committed = previous[..n_accepted].to_vec();
+        let target_token = match previous.get(n_accepted) {
+            Some(&rejected) => (rejected + 1) % target.vocab_size(),
+            None => previous[0],
+        };
+        committed.push(target_token);
+        reused.feed(&committed);
+        context.extend_from_slice(&committed);
+        let proposed = reused.propose(DRAFT_LEN, 0.0);
+        let expected = fresh(&draft, &context).propose(DRAFT_LEN, 0.0);
+        assert_eq!(
+            tokens(&proposed),
+            tokens(&expected),
+            "after {n_accepted} accepted: the reused cache proposes differently"
+        );
+        for (reused, fresh) in proposed.iter().zip(&expected) {
+            assert!(
+                (reused.prob - fresh.prob).abs() < 1e-4,
+                "after {n_accepted} accepted: probabilities {} vs {}",
+                reused.prob,
+                fresh.prob
+            );
+        }
+        previous = tokens(&proposed);
+    }
+    assert_eq!(reused.context_tokens(), context.as_slice());
+}
+
+#[test]
+fn reset_forgets_the_context_and_invalid_tokens() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let draft = load_draft(&smollm2_draft_path());
+    let (first, second) = (prompt(&target, 0), prompt(&target, 2));
+    let mut context = fresh(&draft, &first);
+    context.propose(DRAFT_LEN, 0.0);
+    context.reset();
+    assert!(context.context_tokens().is_empty());
+    assert!(
+        context.propose(DRAFT_LEN, 0.0).is_empty(),
+        "an empty context drafts nothing"
+    );
+    context.feed(&second);
+    let after_reset = tokens(&context.propose(DRAFT_LEN, 0.0));
+    let expected = tokens(&fresh(&draft, &second).propose(DRAFT_LEN, 0.0));
+    assert_eq!(after_reset, expected);
+
+    context.feed(&[target.vocab_size()]);
+    assert!(
+        context.propose(DRAFT_LEN, 0.0).is_empty(),
+        "a token outside the vocabulary stops proposals"
+    );
+    context.reset();
+    context.feed(&second);
+    assert_eq!(tokens(&context.propose(DRAFT_LEN, 0.0)), expected);
+}
+
+#[test]
+fn a_full_context_proposes_nothing_and_a_nearly_full_one_stops_at_its_end() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let draft = DraftModelHost::load(
+        &DraftModelConfig {
+            ctx_size: 256,
+            ..draft_config(&smollm2_draft_path())
+        },
+        &TargetParams::default(),
+    )
+    .expect("draft loads");
+    let mut context = draft.open_context().expect("context");
+    let ctx_size = context.ctx_size() as usize;
+    let text: Vec<Token> = prompt(&target, 0)
+        .into_iter()
+        .cycle()
+        .take(ctx_size)
+        .collect();
+    context.feed(&text[..ctx_size - 2]);
+    let near_end = context.propose(DRAFT_LEN, 0.0);
+    assert_eq!(near_end.len(), 2, "two positions left: {near_end:?}");
+    context.feed(&text[ctx_size - 2..]);
+    assert!(
+        context.propose(DRAFT_LEN, 0.0).is_empty(),
+        "the context is full"
+    );
+    context.feed(&text[..1]);
+    assert!(context.propose(DRAFT_LEN, 0.0).is_empty(), "past full");
+}
+
+#[test]
+fn the_draft_plugin_over_the_default_draft_keeps_greedy_output_identical() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let draft = DraftModelHost::load_for(
+        &target,
+        &draft_config(&smollm2_draft_path()),
+        &TargetParams::default(),
+    )
+    .expect("the default draft loads");
+    let host = plugin_host();
+    assert!(
+        host.attach_draft_model(Arc::new(draft)),
+        "a fresh host takes a draft model"
+    );
+    let mut accepted = 0;
+    for fixture in fixtures() {
+        let plain = generate(
+            &target,
+            &fixture.user_message,
+            MAX_TOKENS,
+            SamplingParams::greedy(),
+            8,
+            &mut Cascade::empty(),
+        );
+        let mut cascade = cascade(&host, &[SourceSpec::Builtin("draft".into())]);
+        let spec = generate(
+            &target,
+            &fixture.user_message,
+            MAX_TOKENS,
+            SamplingParams::greedy(),
+            8,
+            &mut cascade,
+        );
+        assert_eq!(
+            spec.tokens,
+            plain.tokens,
+            "{}: the draft cascade changed the output at token {:?}",
+            fixture.id,
+            first_difference(&spec.tokens, &plain.tokens)
+        );
+        accepted += spec.stats.accepted;
+    }
+    assert!(
+        accepted > 0,
+        "no drafted token was ever accepted: the bridge proposed nothing useful"
+    );
+}
+
+/// Tokens generated per request in the end-to-end test.
+const MAX_TOKENS: usize = 48;
+
+/// Runs the `spechost` binary.
+fn spechost(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_spechost"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("spechost runs")
+}
+
+/// Asserts a clean failure whose `error:` line contains every one of `needles`.
+fn assert_fails_with(output: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "expected failure, stderr: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no `error:` line in: {stderr}"));
+    for needle in needles {
+        assert!(error.contains(needle), "`{needle}` not in: {error}");
+    }
+}
+
+#[test]
+fn cli_missing_draft_model_names_the_flag() {
+    let out = spechost(&[
+        "run",
+        "--draft-model",
+        "/nonexistent/d.gguf",
+        "--cascade",
+        "none",
+        "-n",
+        "1",
+        "--prompt",
+        "hi",
+    ]);
+    assert_fails_with(&out, &["/nonexistent/d.gguf", "not found", "--draft-model"]);
+}
+
+#[test]
+fn cli_draft_plugin_without_a_draft_model_fails_before_loading_models() {
+    common::wasm("draft");
+    let out = spechost(&["run", "--cascade", "draft", "-n", "1", "--prompt", "hi"]);
+    assert_fails_with(&out, &["`draft`", "add --draft-model auto"]);
+}
+
+#[test]
+fn cli_mismatched_draft_vocab_names_the_difference_and_the_fix() {
+    let _guard = exclusive();
+    let out = spechost(&[
+        "run",
+        "--model",
+        "smollm2",
+        "--draft-model",
+        "gemma3",
+        "--cascade",
+        "none",
+        "-n",
+        "1",
+        "--prompt",
+        "hi",
+    ]);
+    assert_fails_with(
+        &out,
+        &[
+            "does not use the tokenizer",
+            "vocabulary size: target 49152, draft 262144",
+            "spechost models quantize",
+        ],
+    );
+}
+
+#[test]
+fn cli_auto_draft_loads_next_to_the_default_target() {
+    let _guard = exclusive();
+    smollm2_draft_path();
+    let out = spechost(&[
+        "run",
+        "--draft-model",
+        "auto",
+        "--cascade",
+        "none",
+        "-n",
+        "2",
+        "--prompt",
+        "hi",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn cli_quantize_writes_once_per_recipe_and_refuses_bad_paths() {
+    let out = spechost(&[
+        "models",
+        "quantize",
+        "--model",
+        "/nonexistent/m.gguf",
+        "--type",
+        "Q4_0",
+    ]);
+    assert_fails_with(&out, &["/nonexistent/m.gguf", "not a GGUF file"]);
+    let smollm2 = DefaultModel::SmolLm2.path(&cache_dir());
+    let out = spechost(&[
+        "models",
+        "quantize",
+        "--model",
+        "smollm2",
+        "--type",
+        "Q4_0",
+        "--out",
+        &smollm2.to_string_lossy(),
+    ]);
+    assert_fails_with(&out, &["is the input model"]);
+
+    let _guard = exclusive();
+    let dir = std::env::temp_dir().join(format!("spechost-quantize-cli-{}", std::process::id()));
+    let path = dir.join("draft.gguf");
+    let quantize = |embeddings: Option<&str>| {
+        let mut args = vec![
+            "models".to_owned(),
+            "quantize".into(),
+            "--model".into(),
+            "smollm2".into(),
+            "--type".into(),
+            "q4_0".into(),
+            "--out".into(),
+            path.to_string_lossy().into_owned(),
+        ];
+        if let Some(embeddings) = embeddings {
+            args.extend(["--embeddings".into(), embeddings.to_owned()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = spechost(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "stderr: {stderr}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            path.to_string_lossy()
+        );
+        let size = std::fs::metadata(&path).expect("output written").len();
+        (stderr.contains("kept"), size)
+    };
+    let (kept, small) = quantize(Some("Q4_0"));
+    assert!(!kept, "a new output was reported as kept");
+    assert_eq!(
+        quantize(Some("Q4_0")),
+        (true, small),
+        "the same recipe again is kept"
+    );
+    let (kept, large) = quantize(None);
+    assert!(!kept, "another recipe must rewrite the output");
+    assert!(
+        large > small,
+        "Q8_0 embeddings ({large} bytes) should be larger than Q4_0 ones ({small} bytes)"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
