@@ -29,6 +29,10 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             let config = args.into_config(&cache)?;
             spechost::bench::run(&config, &cache)
         }
+        Command::Serve(args) => {
+            let config = args.into_config(&cache)?;
+            spechost::server::serve(&config, &cache)
+        }
         Command::Models(ModelsCommand::Fetch { models }) => {
             let models = if models.is_empty() {
                 DefaultModel::ALL.to_vec()
