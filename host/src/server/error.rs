@@ -133,11 +133,6 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
 
-    /// The HTTP status.
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
-
     /// The message shown to the client.
     pub fn message(&self) -> &str {
         &self.message

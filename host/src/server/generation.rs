@@ -172,7 +172,6 @@ impl Plan {
         );
         let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
         let job = Job {
-            id: id.clone(),
             endpoint: self.endpoint,
             request: Request {
                 prompt,
@@ -214,9 +213,14 @@ impl Plan {
     }
 }
 
-/// Counts a request refused as invalid, and passes the error on.
+/// Counts and logs a request refused as invalid, and passes the error on.
 pub fn count_invalid(state: &AppState, endpoint: Endpoint, error: ApiError) -> ApiError {
     state.metrics.request(endpoint, RequestOutcome::Invalid);
+    tracing::debug!(
+        ?endpoint,
+        message = error.message(),
+        "refused an invalid request"
+    );
     error
 }
 

@@ -365,11 +365,6 @@ impl Registry {
         self.current.load().generation
     }
 
-    /// Facts of the target that plugins are opened with.
-    pub fn facts(&self) -> &ModelFacts {
-        &self.facts
-    }
-
     /// Changes the defaults: loads new plugins, smoke-tests new plugins and changed configs,
     /// then publishes. Blocks (compiling a plugin takes a while): call it off the async runtime.
     pub fn update_defaults(&self, update: DefaultsUpdate) -> Result<Arc<Snapshot>, UpdateError> {

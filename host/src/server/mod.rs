@@ -3,7 +3,7 @@
 //!
 //! # How a request flows
 //!
-//! 1. [`router`] (axum on tokio) routes `POST /v1/completions` or `/v1/chat/completions` to its
+//! 1. `router::router` (axum on tokio) routes `POST /v1/completions` or `/v1/chat/completions` to its
 //!    handler, which checks the body (`generation::Plan`), tokenizes the prompt (chat template
 //!    from the GGUF) and queues a job.
 //! 2. The queue (`scheduler`) is bounded and first-come-first-served; a full queue answers 429
@@ -59,7 +59,4 @@ mod support;
 mod watch;
 pub mod wire;
 
-pub use self::error::ApiError;
-pub use self::router::router;
 pub use self::startup::serve;
-pub use self::state::{AppState, RequestLimits, Shared};

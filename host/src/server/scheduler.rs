@@ -27,8 +27,6 @@ const MAX_RETRY_AFTER_SECS: u64 = 60;
 /// One request waiting for, or running in, a slot.
 #[derive(Debug)]
 pub struct Job {
-    /// The request's id, as the API shows it.
-    pub id: String,
     /// Which endpoint it came from (for metrics).
     pub endpoint: Endpoint,
     /// What to generate.
@@ -217,12 +215,12 @@ mod tests {
     use super::*;
     use crate::engine::SamplingParams;
 
-    fn job(id: &str) -> (Job, tokio::sync::mpsc::UnboundedReceiver<Event>) {
+    /// A job told apart from others by its `max_tokens`.
+    fn job(number: usize) -> (Job, tokio::sync::mpsc::UnboundedReceiver<Event>) {
         let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
         let job = Job {
-            id: id.to_owned(),
             endpoint: Endpoint::Completions,
-            request: Request::new(vec![1], 1, SamplingParams::greedy()),
+            request: Request::new(vec![1], number, SamplingParams::greedy()),
             cascade: CascadeChoice::Default,
             mode: CascadeMode::First,
             events,
@@ -237,14 +235,14 @@ mod tests {
         let queue = Queue::new(1, 2);
         let mean = Duration::from_secs(2);
         let mut receivers = Vec::new();
-        for id in ["a", "b", "c"] {
-            let (job, receiver) = job(id);
+        for number in [1, 2, 3] {
+            let (job, receiver) = job(number);
             queue
                 .submit(job, mean)
                 .expect("room for 1 running + 2 waiting");
             receivers.push(receiver);
         }
-        let (extra, _receiver) = job("d");
+        let (extra, _receiver) = job(4);
         let refused = queue.submit(extra, mean).expect_err("full");
         assert_eq!(
             refused,
@@ -255,7 +253,7 @@ mod tests {
             }
         );
         let first = queue.next().expect("a job");
-        assert_eq!(first.id, "a");
+        assert_eq!(first.request.max_tokens, 1, "the oldest job first");
         assert_eq!(
             queue.gauges(),
             QueueGauges {
@@ -266,21 +264,21 @@ mod tests {
             }
         );
         queue.finished();
-        assert_eq!(queue.next().map(|j| j.id), Some("b".to_owned()));
+        assert_eq!(queue.next().map(|j| j.request.max_tokens), Some(2));
     }
 
     #[test]
     fn closing_refuses_new_jobs_and_drains_queued_ones() {
         let queue = Queue::new(1, 1);
-        let (queued, _r1) = job("queued");
+        let (queued, _r1) = job(1);
         queue.submit(queued, Duration::ZERO).expect("room");
         queue.close();
-        let (late, _r2) = job("late");
+        let (late, _r2) = job(2);
         assert_eq!(
             queue.submit(late, Duration::ZERO),
             Err(Rejected::ShuttingDown)
         );
-        assert_eq!(queue.next().map(|j| j.id), Some("queued".to_owned()));
+        assert_eq!(queue.next().map(|j| j.request.max_tokens), Some(1));
         queue.finished();
         assert!(queue.next().is_none(), "closed and empty");
     }
