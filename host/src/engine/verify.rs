@@ -193,9 +193,9 @@ impl<'a> Session<'a> {
                 needed,
             });
         }
-        let can_verify_drafts =
-            request.draft_max > 0 && (cascade.is_empty() || self.roll_back_check());
-        let mut speculate = can_verify_drafts && !cascade.is_empty();
+        // A cascade swapped in between rounds drafts only if drafts can be verified at all.
+        let can_verify_drafts = request.draft_max > 0 && self.target.can_roll_back();
+        let mut speculate = !cascade.is_empty() && request.draft_max > 0 && self.roll_back_check();
         let mut stats = GenerationStats {
             prompt_tokens: prompt.len(),
             ..GenerationStats::default()
