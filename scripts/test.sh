@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: builds the plugins and the deliberately broken test plugins,
-# fetches both default models (the tests run on real models), then `cargo test` in release.
+# fetches both default models (the tests run on real models), installs the openai Python client
+# for the server test that uses it, then `cargo test` in release.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 install_prerequisites
 build_all
 fetch_models smollm2 gemma3
+install_openai_client
 cd "$SPECHOST_ROOT"
 cargo test --release --locked --workspace --no-fail-fast

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use spechost::cascade::Cascade;
 use spechost::config::SourceSpec;
-use spechost::engine::SamplingParams;
+use spechost::engine::{Request, RoundDecision, SamplingParams, StopReason};
 use spechost::models::DefaultModel;
 
 const MAX_TOKENS: usize = 96;
@@ -119,5 +119,76 @@ fn seeded_sampling_is_reproducible_and_speculation_keeps_the_draws() {
         first.tokens,
         "speculative sampling diverged at token {:?}",
         first_difference(&spec.tokens, &first.tokens)
+    );
+}
+
+#[test]
+fn replacing_the_cascade_between_rounds_keeps_greedy_output_and_stop_cancels() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let host = plugin_host();
+    let lookup = [SourceSpec::Builtin("lookup".into())];
+    let fixture = &fixtures()[0];
+    let greedy = SamplingParams::greedy();
+    let plain = generate(
+        &target,
+        &fixture.user_message,
+        MAX_TOKENS,
+        greedy.clone(),
+        8,
+        &mut Cascade::empty(),
+    );
+    let mut session = target.session(&session_params()).expect("session");
+    let prompt = target
+        .tokenize_chat(&fixture.user_message)
+        .expect("chat template");
+    let request = Request::new(prompt, MAX_TOKENS, greedy);
+
+    // Every third round drafts with a fresh lookup, every third without a cascade.
+    let mut rounds = 0;
+    let mut swapping = Cascade::empty();
+    let swapped = session
+        .generate_controlled(&request, &mut swapping, &mut |_| {}, &mut || {
+            rounds += 1;
+            match rounds % 3 {
+                1 => RoundDecision::Replace(cascade(&host, &lookup)),
+                2 => RoundDecision::Continue,
+                _ => RoundDecision::Replace(Cascade::empty()),
+            }
+        })
+        .expect("generation succeeds");
+    assert_eq!(
+        swapped.tokens,
+        plain.tokens,
+        "swapping cascades changed the output at token {:?}",
+        first_difference(&swapped.tokens, &plain.tokens)
+    );
+    let sources = &swapped.stats.sources;
+    assert_eq!(
+        sources.len(),
+        1,
+        "one `lookup` entry, summed over swaps: {sources:?}"
+    );
+    assert!(
+        sources[0].asked as usize > rounds / 3,
+        "lookup's counters were not summed across swaps: {sources:?}"
+    );
+
+    let mut asked = 0;
+    let stopped = session
+        .generate_controlled(&request, &mut Cascade::empty(), &mut |_| {}, &mut || {
+            asked += 1;
+            if asked > 3 {
+                RoundDecision::Stop
+            } else {
+                RoundDecision::Continue
+            }
+        })
+        .expect("generation succeeds");
+    assert_eq!(stopped.stop_reason, StopReason::Cancelled);
+    assert_eq!(
+        stopped.tokens,
+        plain.tokens[..4],
+        "the first token, then one per plain round until the stop"
     );
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
-use crate::cascade::CascadeMode;
+pub use crate::cascade::CascadeMode;
 use crate::engine::{DraftModelConfig, SamplingParams, SessionParams, StopStrings, TargetParams};
 use crate::models::{
     DefaultDraft, DefaultModel, EmbeddingsType, QuantType, QuantizeRequest, default_output,
@@ -42,6 +42,8 @@ pub enum Command {
     /// Describe this machine (CPUs, NUMA, caches, memory paging), the thread and pinning plan
     /// spechost would use, and the llama.cpp build.
     Info(InfoArgs),
+    /// Serve an OpenAI-compatible HTTP API, with the cascade swappable at run time.
+    Serve(Box<ServeArgs>),
     /// Tools for the suffix drafter's cross-request cache.
     #[command(subcommand)]
     Suffix(SuffixCommand),
@@ -474,6 +476,35 @@ pub enum ConfigError {
     /// This machine's CPU layout cannot be read.
     #[error(transparent)]
     Topology(#[from] TopologyError),
+    /// A count that must be positive is 0.
+    #[error("{flag} must be at least 1")]
+    ZeroCount {
+        /// The flag.
+        flag: &'static str,
+    },
+    /// `--max-tokens` above `--max-tokens-limit`.
+    #[error(
+        "--max-tokens {max_tokens} is above --max-tokens-limit {limit}; lower the default or raise the limit"
+    )]
+    MaxTokensOverLimit {
+        /// The default `max_tokens` of requests.
+        max_tokens: usize,
+        /// The most a request may ask for.
+        limit: usize,
+    },
+    /// `--admin-token ""`.
+    #[error(
+        "--admin-token (or SPECHOST_ADMIN_TOKEN) is empty; give a secret of at least {MIN_ADMIN_TOKEN_LEN} characters, or leave it unset to keep the admin endpoints off"
+    )]
+    AdminTokenTooShort,
+    /// `--watch` is not a directory.
+    #[error("--watch {path}: {problem}; give the directory that holds the plugin .wasm files")]
+    WatchDir {
+        /// The path given.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// The TOML file cannot be read or parsed.
     #[error("cannot use config file {path}: {problem}")]
     File {
@@ -1075,6 +1106,256 @@ impl BenchArgs {
     }
 }
 
+/// Flags of `spechost serve`.
+#[derive(Debug, Args, Default)]
+pub struct ServeArgs {
+    /// The target, its context (per slot) and where plugins come from.
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Default draft sources, as for `run --cascade`; a request may choose others among the
+    /// loaded plugins with `speculative.cascade`.
+    #[arg(long, short = 'c')]
+    pub cascade: Option<String>,
+    /// Default way the cascade picks a draft: `first` or `scored`.
+    #[arg(long, value_enum)]
+    pub cascade_mode: Option<CascadeMode>,
+    /// Default policy plugin choosing the draft length of each round.
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// Default most draft tokens verified per round (K).
+    #[arg(long)]
+    pub draft_max: Option<usize>,
+    /// Tokens generated for a request that gives no `max_tokens`.
+    #[arg(long, short = 'n')]
+    pub max_tokens: Option<usize>,
+    /// The most `max_tokens` a request may ask for.
+    #[arg(long)]
+    pub max_tokens_limit: Option<usize>,
+    /// Default sampling temperature of requests that give none; 0 is greedy.
+    #[arg(long)]
+    pub temp: Option<f32>,
+    /// Default top-k of requests (0 = off).
+    #[arg(long)]
+    pub top_k: Option<i32>,
+    /// Default top-p of requests (1 = off).
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Default min-p of requests (0 = off).
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Address to listen on.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Port to listen on; 0 picks a free one (the address is printed on stdout).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Model name in the API (`/v1/models`, the `model` field); default: the --model alias or
+    /// file stem.
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Requests generated at once, each in its own llama.cpp context (slot).
+    #[arg(long)]
+    pub parallel: Option<usize>,
+    /// Requests that may wait for a slot; more get 429 with Retry-After.
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// Largest request body, in bytes; larger ones get 413.
+    #[arg(long)]
+    pub max_body_bytes: Option<usize>,
+    /// Bearer token of the /admin endpoints; without it they are off.
+    #[arg(long, env = "SPECHOST_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Reload a loaded plugin when its .wasm file in this directory changes.
+    #[arg(long, value_name = "DIR")]
+    pub watch: Option<PathBuf>,
+}
+
+/// Default address `spechost serve` listens on: loopback only.
+pub const DEFAULT_SERVE_HOST: &str = "127.0.0.1";
+/// Default port of `spechost serve`.
+pub const DEFAULT_SERVE_PORT: u16 = 8080;
+/// Default requests waiting for a slot.
+pub const DEFAULT_MAX_QUEUE: usize = 64;
+/// Default largest request body: 1 MiB holds a prompt far beyond the default context.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+/// Default largest `max_tokens` of a request.
+pub const DEFAULT_MAX_TOKENS_LIMIT: usize = 4096;
+/// Shortest admin token accepted.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 1;
+
+/// Everything `spechost serve` needs, validated.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The target GGUF.
+    pub model: PathBuf,
+    /// The model's name in the API.
+    pub model_id: String,
+    /// The draft model, if one was asked for.
+    pub draft_model: Option<PathBuf>,
+    /// Default draft sources in order (empty: plain decoding).
+    pub cascade: Vec<SourceSpec>,
+    /// Default cascade mode.
+    pub cascade_mode: CascadeMode,
+    /// Default policy plugin, if any.
+    pub policy: Option<String>,
+    /// Per-plugin configuration strings, by plugin name.
+    pub plugin_configs: BTreeMap<String, String>,
+    /// Extra directories searched for built-in plugins, before the default ones.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Default most draft tokens per round.
+    pub draft_max: usize,
+    /// `max_tokens` of requests that give none.
+    pub default_max_tokens: usize,
+    /// The most `max_tokens` a request may ask for.
+    pub max_tokens_limit: usize,
+    /// Sampling of requests that give no sampling settings; the seed is drawn per request.
+    pub sampling: SamplingParams,
+    /// Settings of each slot's llama.cpp context.
+    pub session: SessionParams,
+    /// Model loading settings.
+    pub target: TargetParams,
+    /// Host name or address to listen on.
+    pub host: String,
+    /// Port to listen on (0: any free one).
+    pub port: u16,
+    /// Slots: requests generated at once.
+    pub parallel: usize,
+    /// Requests that may wait for a slot.
+    pub max_queue: usize,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Bearer token of the admin endpoints; `None` turns them off.
+    pub admin_token: Option<String>,
+    /// Directory watched for changed plugin files.
+    pub watch: Option<PathBuf>,
+    /// Directory for persisted plugin state.
+    pub state_dir: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    /// Validates the flags into a [`ServeConfig`].
+    pub fn into_config(self, cache_dir: &Path) -> Result<ServeConfig, ConfigError> {
+        let model_arg = self
+            .target
+            .model
+            .clone()
+            .unwrap_or_else(|| DefaultModel::SmolLm2.alias().to_owned());
+        let model = resolve_model(Some(model_arg.clone()), cache_dir);
+        let model_id = self.served_model_name.clone().unwrap_or_else(|| {
+            match DefaultModel::from_alias(&model_arg) {
+                Some(default) => default.alias().to_owned(),
+                None => model.file_stem().map_or_else(
+                    || model.display().to_string(),
+                    |stem| stem.to_string_lossy().into_owned(),
+                ),
+            }
+        });
+        let draft_model = self
+            .target
+            .draft_model
+            .clone()
+            .map(|draft| resolve_model(Some(draft), cache_dir));
+
+        let cascade = parse_cascade(self.cascade.as_deref().unwrap_or("lookup"))?;
+        // Requests may pick any loaded plugin, so settings may name a built-in outside the
+        // default cascade too.
+        let mut loadable = cascade.clone();
+        for name in crate::plugins::BUILTINS {
+            if !loadable.iter().any(|source| source.name() == *name) {
+                loadable.push(SourceSpec::Builtin((*name).to_owned()));
+            }
+        }
+        check_plugin_settings_target_cascade(&self.target.plugin_config, &loadable)?;
+        let mut plugin_configs = BTreeMap::new();
+        merge_plugin_settings(&mut plugin_configs, &self.target.plugin_config)?;
+
+        let draft_max = self.draft_max.unwrap_or(crate::engine::DEFAULT_DRAFT_MAX);
+        if draft_max == 0 {
+            return Err(ConfigError::ZeroDraftMax);
+        }
+        let max_tokens_limit = self.max_tokens_limit.unwrap_or(DEFAULT_MAX_TOKENS_LIMIT);
+        let default_max_tokens = self
+            .max_tokens
+            .unwrap_or(DEFAULT_MAX_TOKENS.min(max_tokens_limit));
+        for (flag, value) in [
+            ("--max-tokens", default_max_tokens),
+            ("--max-tokens-limit", max_tokens_limit),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::ZeroCount { flag });
+            }
+        }
+        if default_max_tokens > max_tokens_limit {
+            return Err(ConfigError::MaxTokensOverLimit {
+                max_tokens: default_max_tokens,
+                limit: max_tokens_limit,
+            });
+        }
+        let parallel = self.parallel.unwrap_or(1);
+        let max_body_bytes = self.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        for (flag, value) in [
+            ("--parallel", parallel),
+            ("--max-body-bytes", max_body_bytes),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::ZeroCount { flag });
+            }
+        }
+        // Slots share the cores: each context gets its part unless --threads says otherwise.
+        let placement = self.target.placement.plan(&FileRun::default())?;
+        let threads = self
+            .target
+            .placement
+            .threads
+            .unwrap_or_else(|| (placement.threads / parallel).max(1));
+        let session = session_params(threads, self.target.ctx_size)?;
+        let sampling = sampling_params(self.temp, self.top_k, self.top_p, self.min_p, Some(0))?;
+        if self
+            .admin_token
+            .as_ref()
+            .is_some_and(|token| token.trim().len() < MIN_ADMIN_TOKEN_LEN)
+        {
+            return Err(ConfigError::AdminTokenTooShort);
+        }
+        if let Some(dir) = &self.watch
+            && !dir.is_dir()
+        {
+            return Err(ConfigError::WatchDir {
+                path: dir.clone(),
+                problem: if dir.exists() {
+                    "not a directory".into()
+                } else {
+                    "no such directory".into()
+                },
+            });
+        }
+        Ok(ServeConfig {
+            model,
+            model_id,
+            draft_model,
+            cascade,
+            cascade_mode: self.cascade_mode.unwrap_or_default(),
+            policy: self.policy,
+            plugin_configs,
+            plugin_dirs: self.target.plugin_dirs(),
+            draft_max,
+            default_max_tokens,
+            max_tokens_limit,
+            sampling,
+            session,
+            target: self.target.target_params(&placement),
+            host: self.host.unwrap_or_else(|| DEFAULT_SERVE_HOST.to_owned()),
+            port: self.port.unwrap_or(DEFAULT_SERVE_PORT),
+            parallel,
+            max_queue: self.max_queue.unwrap_or(DEFAULT_MAX_QUEUE),
+            max_body_bytes,
+            admin_token: self.admin_token,
+            watch: self.watch,
+            state_dir: self.target.state_dir.clone(),
+        })
+    }
+}
+
 /// The model path: a default model's cached file for its alias, else the path as given; the
 /// default target when none was given.
 fn resolve_model(model: Option<String>, cache_dir: &Path) -> PathBuf {
@@ -1195,8 +1476,8 @@ fn sampling_params(
     Ok(params)
 }
 
-/// A seed from the clock, for runs that did not ask for one.
-fn fresh_seed() -> u32 {
+/// A seed from the clock, for runs and requests that did not ask for one.
+pub(crate) fn fresh_seed() -> u32 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos() ^ d.as_secs() as u32);
@@ -1510,5 +1791,96 @@ mod tests {
             message.contains("`first`") && message.contains("`scored`"),
             "message: {message}"
         );
+    }
+
+    #[test]
+    fn serve_defaults_and_limits_are_checked() {
+        let config = ServeArgs::default()
+            .into_config(Path::new("/tmp"))
+            .expect("defaults are valid");
+        assert_eq!(
+            (
+                config.host.as_str(),
+                config.port,
+                config.parallel,
+                config.model_id.as_str()
+            ),
+            (DEFAULT_SERVE_HOST, DEFAULT_SERVE_PORT, 1, "smollm2")
+        );
+        assert!(
+            config.sampling.is_greedy(),
+            "default sampling: {:?}",
+            config.sampling
+        );
+        let named = ServeArgs {
+            target: TargetArgs {
+                model: Some("/models/my-model.gguf".into()),
+                ..TargetArgs::default()
+            },
+            ..ServeArgs::default()
+        };
+        let named = named.into_config(Path::new("/tmp")).expect("valid");
+        assert_eq!(named.model_id, "my-model");
+        for (bad, needle) in [
+            (
+                ServeArgs {
+                    parallel: Some(0),
+                    ..ServeArgs::default()
+                },
+                "--parallel must be at least 1",
+            ),
+            (
+                ServeArgs {
+                    max_tokens: Some(100),
+                    max_tokens_limit: Some(50),
+                    ..ServeArgs::default()
+                },
+                "raise the limit",
+            ),
+            (
+                ServeArgs {
+                    admin_token: Some("  ".into()),
+                    ..ServeArgs::default()
+                },
+                "--admin-token",
+            ),
+            (
+                ServeArgs {
+                    watch: Some("/nonexistent/spechost-watch".into()),
+                    ..ServeArgs::default()
+                },
+                "no such directory",
+            ),
+            (
+                ServeArgs {
+                    target: TargetArgs {
+                        plugin_config: vec!["nope.k=v".into()],
+                        ..TargetArgs::default()
+                    },
+                    ..ServeArgs::default()
+                },
+                "`nope`",
+            ),
+        ] {
+            let err = bad
+                .into_config(Path::new("/tmp"))
+                .expect_err(needle)
+                .to_string();
+            assert!(err.contains(needle), "wanted `{needle}` in: {err}");
+        }
+    }
+
+    #[test]
+    fn serve_plugin_settings_may_name_builtins_outside_the_default_cascade() {
+        let args = ServeArgs {
+            cascade: Some("lookup".into()),
+            target: TargetArgs {
+                plugin_config: vec!["suffix.max_depth=32".into()],
+                ..TargetArgs::default()
+            },
+            ..ServeArgs::default()
+        };
+        let config = args.into_config(Path::new("/tmp")).expect("valid");
+        assert_eq!(config.plugin_configs["suffix"], "max_depth=32");
     }
 }

@@ -19,6 +19,9 @@
 //! 6. The committed tokens are fed back to every source, streamed as text, and counted in
 //!    [`engine::GenerationStats`].
 //!
+//! [`server`] puts this behind an OpenAI-compatible HTTP API (`spechost serve`): requests queue
+//! for slots (one context each), and the cascade can be swapped between rounds while they run.
+//!
 //! ```no_run
 //! use spechost::engine::{Request, Target, TargetParams, SessionParams, SamplingParams};
 //! use spechost::cascade::Cascade;
@@ -43,5 +46,6 @@ pub mod models;
 pub mod placement;
 pub mod plugins;
 pub mod run;
+pub mod server;
 pub mod telemetry;
 pub mod warm;

@@ -42,6 +42,10 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Info(args) => spechost::info::run(args.into_config()?),
+        Command::Serve(args) => {
+            let config = args.into_config(&cache)?;
+            spechost::server::serve(&config, &cache)
+        }
         Command::Models(ModelsCommand::Fetch { models }) => {
             let models = if models.is_empty() {
                 DefaultModel::ALL.to_vec()

@@ -28,7 +28,9 @@ pub const DEFAULT_EXPENSIVE_THRESHOLD: f64 = 2.0;
 pub const MAX_SHADOW_LEN: usize = 32;
 
 /// How the cascade chooses among its sources' proposals.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum CascadeMode {
     /// The first source (in order) with a long enough proposal wins.

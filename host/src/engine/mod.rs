@@ -6,6 +6,8 @@
 //! 3. [`Target::session`] creates a llama.cpp context, reused across requests;
 //! 4. [`Session::generate`] decodes the prompt, then runs rounds: draft from the cascade,
 //!    verify `[last, d1..dK]` in one batch, accept, roll the KV cache back, stream the text.
+//!    [`Session::generate_controlled`] also asks a [`RoundControl`] before each round whether
+//!    to stop (a client went away) or to go on with another cascade (a hot swap).
 //!
 //! The draft model (`--draft-model`) is a second GGUF loaded with [`DraftModelHost::load`] and
 //! checked against the target with [`check_vocab_compatible`]; it hands each drafter plugin that
@@ -35,4 +37,7 @@ pub use self::model::{Target, TargetParams};
 pub use self::sample::SamplingParams;
 pub use self::stats::GenerationStats;
 pub use self::text::StopStrings;
-pub use self::verify::{DEFAULT_DRAFT_MAX, Outcome, Request, Session, SessionParams, StopReason};
+pub use self::verify::{
+    DEFAULT_DRAFT_MAX, Outcome, Request, RoundControl, RoundDecision, Session, SessionParams,
+    StopReason,
+};

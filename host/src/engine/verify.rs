@@ -19,7 +19,7 @@ use super::model::{Target, to_llama};
 use super::sample::{SamplingParams, TokenSampler};
 use super::stats::GenerationStats;
 use super::text::{StopStrings, TextStream};
-use crate::cascade::{Cascade, Draft, RoundTiming, Token};
+use crate::cascade::{Cascade, Draft, RoundTiming, SourceStats, Token};
 
 /// Default maximum draft length per round.
 pub const DEFAULT_DRAFT_MAX: usize = 24;
@@ -93,6 +93,36 @@ pub enum StopReason {
     MaxTokens,
     /// A stop string appeared.
     StopString,
+    /// The caller's [`RoundControl`] stopped generation (the client went away).
+    Cancelled,
+}
+
+/// What the caller of [`Session::generate_controlled`] decides before a round.
+pub enum RoundDecision {
+    /// Run the round with the current cascade.
+    Continue,
+    /// End generation now, with [`StopReason::Cancelled`].
+    Stop,
+    /// Run this and later rounds with another cascade. The engine ends the current cascade
+    /// (its counters are kept in the outcome's per-source stats) and begins the new one with the
+    /// whole context so far, so the new sources draft from exactly where the old ones stopped.
+    Replace(Cascade),
+}
+
+/// Consulted between rounds: whether generation goes on, and with which cascade.
+///
+/// Called before every round after the first token, never inside one, so a replaced cascade
+/// or a stop always falls between two verified rounds. Greedy output does not depend on the
+/// decisions: every committed token is the target's own.
+pub trait RoundControl {
+    /// Decides the next round; [`RoundDecision::Continue`] keeps going as before.
+    fn before_round(&mut self) -> RoundDecision;
+}
+
+impl<F: FnMut() -> RoundDecision> RoundControl for F {
+    fn before_round(&mut self) -> RoundDecision {
+        self()
+    }
 }
 
 /// The result of a request.
@@ -141,6 +171,18 @@ impl<'a> Session<'a> {
         cascade: &mut Cascade,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Outcome, EngineError> {
+        self.generate_controlled(request, cascade, on_text, &mut || RoundDecision::Continue)
+    }
+
+    /// Like [`Self::generate`], asking `control` before every round whether to go on and with
+    /// which cascade. On return `cascade` is the one the last round used.
+    pub fn generate_controlled(
+        &mut self,
+        request: &Request,
+        cascade: &mut Cascade,
+        on_text: &mut dyn FnMut(&str),
+        control: &mut dyn RoundControl,
+    ) -> Result<Outcome, EngineError> {
         let prompt = &request.prompt;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -155,7 +197,9 @@ impl<'a> Session<'a> {
                 needed,
             });
         }
-        let speculate = !cascade.is_empty() && request.draft_max > 0 && self.roll_back_check();
+        // A cascade swapped in between rounds drafts only if drafts can be verified at all.
+        let can_verify_drafts = request.draft_max > 0 && self.target.can_roll_back();
+        let mut speculate = !cascade.is_empty() && request.draft_max > 0 && self.roll_back_check();
         let mut stats = GenerationStats {
             prompt_tokens: prompt.len(),
             ..GenerationStats::default()
@@ -171,19 +215,36 @@ impl<'a> Session<'a> {
 
         let started = Instant::now();
         let mut stop = output.commit(last);
+        let facts = self.target.facts(ctx_size);
         if speculate {
             let draft_started = Instant::now();
             let context = [prompt.as_slice(), &[last]].concat();
-            cascade.begin(
-                &self.target.facts(ctx_size),
-                &context,
-                request.draft_max,
-                &request.verify_costs,
-            );
+            cascade.begin(&facts, &context, request.draft_max, &request.verify_costs);
             stats.draft_time += draft_started.elapsed();
         }
         let mut n_past = prompt.len();
         while stop.is_none() {
+            match control.before_round() {
+                RoundDecision::Continue => {}
+                RoundDecision::Stop => {
+                    stop = Some(StopReason::Cancelled);
+                    break;
+                }
+                RoundDecision::Replace(replacement) => {
+                    let draft_started = Instant::now();
+                    if speculate {
+                        cascade.end();
+                        merge_source_stats(&mut stats.sources, cascade.stats());
+                    }
+                    *cascade = replacement;
+                    speculate = can_verify_drafts && !cascade.is_empty();
+                    if speculate {
+                        let context = [prompt.as_slice(), &output.tokens].concat();
+                        cascade.begin(&facts, &context, request.draft_max, &request.verify_costs);
+                    }
+                    stats.draft_time += draft_started.elapsed();
+                }
+            }
             let remaining = request.max_tokens - output.tokens.len();
             let budget = if speculate {
                 request
@@ -260,7 +321,7 @@ impl<'a> Session<'a> {
         stats.generation_time = started.elapsed();
         if speculate {
             cascade.end();
-            stats.sources = cascade.stats();
+            merge_source_stats(&mut stats.sources, cascade.stats());
         }
         let stop_reason = stop.expect("the loop ends only with a stop reason");
         let (tokens, text) = output.finish(stop_reason);
@@ -362,6 +423,17 @@ impl<'a> Session<'a> {
                               keeps every key and value it has seen so far. ";
         let tokens = self.target.tokenize_text(FILLER);
         tokens.iter().cycle().take(n).copied().collect()
+    }
+}
+
+/// Adds the counters of a finished cascade to a request's per-source stats: a source already
+/// there (the same name, before a cascade was replaced) is summed, a new one is appended.
+fn merge_source_stats(sources: &mut Vec<SourceStats>, finished: Vec<SourceStats>) {
+    for source in finished {
+        match sources.iter_mut().find(|s| s.name == source.name) {
+            Some(existing) => existing.add(&source),
+            None => sources.push(source),
+        }
     }
 }
 

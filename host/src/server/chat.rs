@@ -1,0 +1,259 @@
+//! `POST /v1/chat/completions`: the conversation goes through the model's chat template (from
+//! the GGUF), then generation continues the assistant's turn.
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use super::extract::ApiJson;
+use super::generation::{
+    self, Piece, Plan, collect, count_invalid, finish_reason, speculative_report,
+};
+use super::metrics::Endpoint;
+use super::state::AppState;
+use super::wire::{
+    AssistantMessage, ChatChoice, ChatCompletion, ChatMessage, ChatRequest, MessageContent, Usage,
+};
+use crate::cascade::Token;
+
+const ENDPOINT: Endpoint = Endpoint::ChatCompletions;
+/// `object` of a chat completion.
+const OBJECT: &str = "chat.completion";
+/// `object` of a chunk of a streamed chat completion.
+const CHUNK_OBJECT: &str = "chat.completion.chunk";
+/// The role of generated messages.
+const ASSISTANT: &str = "assistant";
+
+/// `POST /v1/chat/completions`.
+pub async fn create(
+    State(state): State<AppState>,
+    body: Result<ApiJson<ChatRequest>, ApiError>,
+) -> Result<Response, ApiError> {
+    let invalid = |error| count_invalid(&state, ENDPOINT, error);
+    let ApiJson(body) = body.map_err(invalid)?;
+    refuse_unsupported(&body).map_err(invalid)?;
+    let messages = conversation(&body.messages).map_err(invalid)?;
+    let max_tokens = body.max_completion_tokens.or(body.common.max_tokens);
+    let plan = Plan::from_params(&state, ENDPOINT, body.common, max_tokens).map_err(invalid)?;
+    let prompt = tokenize(&state, messages).await.map_err(invalid)?;
+    let submitted = plan.submit(&state, "chatcmpl", prompt)?;
+
+    let id = submitted.id;
+    let created = submitted.created;
+    let model = state.model_id.clone();
+    let chunk = move |delta: AssistantMessage, finish_reason: Option<String>| ChatCompletion {
+        id: id.clone(),
+        object: CHUNK_OBJECT.to_owned(),
+        created,
+        model: model.clone(),
+        choices: vec![ChatChoice {
+            index: 0,
+            message: None,
+            delta: Some(delta),
+            logprobs: None,
+            finish_reason,
+        }],
+        usage: None,
+        speculative: None,
+    };
+    if plan.stream {
+        let include_usage = plan.include_usage;
+        let mut role_sent = false;
+        return Ok(generation::event_stream(submitted.events, move |piece| {
+            let mut chunks = Vec::new();
+            if !std::mem::replace(&mut role_sent, true) {
+                chunks.push(chunk(
+                    AssistantMessage {
+                        role: Some(ASSISTANT.to_owned()),
+                        content: Some(String::new()),
+                    },
+                    None,
+                ));
+            }
+            match piece {
+                Piece::Text(text) => chunks.push(chunk(
+                    AssistantMessage {
+                        role: None,
+                        content: Some(text),
+                    },
+                    None,
+                )),
+                Piece::Done(finished) => {
+                    chunks.push(ChatCompletion {
+                        speculative: Some(speculative_report(&finished)),
+                        ..chunk(
+                            AssistantMessage::default(),
+                            Some(finish_reason(finished.outcome.stop_reason)),
+                        )
+                    });
+                    if include_usage {
+                        chunks.push(ChatCompletion {
+                            choices: Vec::new(),
+                            usage: Some(Usage::of(&finished.outcome.stats)),
+                            ..chunk(AssistantMessage::default(), None)
+                        });
+                    }
+                }
+            }
+            chunks
+                .iter()
+                .map(|chunk| serde_json::to_value(chunk).unwrap_or_default())
+                .collect()
+        }));
+    }
+    let finished = collect(submitted.events).await?;
+    let template = chunk(AssistantMessage::default(), None);
+    let response = ChatCompletion {
+        object: OBJECT.to_owned(),
+        choices: vec![ChatChoice {
+            index: 0,
+            message: Some(AssistantMessage {
+                role: Some(ASSISTANT.to_owned()),
+                content: Some(finished.outcome.text.clone()),
+            }),
+            delta: None,
+            logprobs: None,
+            finish_reason: Some(finish_reason(finished.outcome.stop_reason)),
+        }],
+        usage: Some(Usage::of(&finished.outcome.stats)),
+        speculative: Some(speculative_report(&finished)),
+        ..template
+    };
+    Ok(Json(response).into_response())
+}
+
+/// Refuses chat parameters the server cannot honour.
+fn refuse_unsupported(body: &ChatRequest) -> Result<(), ApiError> {
+    if body.tools.as_ref().is_some_and(|tools| !tools.is_empty()) {
+        return Err(ApiError::invalid_param(
+            "tools",
+            "tools (function calling) are not supported; leave them out",
+        ));
+    }
+    if let Some(format) = &body.response_format {
+        let kind = format.get("type").and_then(|kind| kind.as_str());
+        if kind != Some("text") {
+            return Err(ApiError::invalid_param(
+                "response_format",
+                "only response_format {\"type\": \"text\"} is supported; leave it out",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `(role, content)` pairs for the chat template. `developer` is the newer name of `system`;
+/// text parts of a message are joined with newlines.
+fn conversation(messages: &[ChatMessage]) -> Result<Vec<(String, String)>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "messages is empty; send at least one user message",
+        ));
+    }
+    messages
+        .iter()
+        .map(|message| {
+            let role = match message.role.as_str() {
+                "system" | "developer" => "system",
+                "user" => "user",
+                "assistant" => ASSISTANT,
+                other => {
+                    return Err(ApiError::invalid_param(
+                        "messages",
+                        format!(
+                            "role `{other}` is not supported; use system, developer, user or assistant"
+                        ),
+                    ));
+                }
+            };
+            let content = match &message.content {
+                None => String::new(),
+                Some(MessageContent::Text(text)) => text.clone(),
+                Some(MessageContent::Parts(parts)) => {
+                    let mut texts = Vec::with_capacity(parts.len());
+                    for part in parts {
+                        match (part.kind.as_str(), &part.text) {
+                            ("text", Some(text)) => texts.push(text.as_str()),
+                            (kind, _) => {
+                                return Err(ApiError::invalid_param(
+                                    "messages",
+                                    format!(
+                                        "content parts of type `{kind}` are not supported; send text"
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                    texts.join("\n")
+                }
+            };
+            Ok((role.to_owned(), content))
+        })
+        .collect()
+}
+
+/// The conversation's tokens through the model's chat template, ready for the assistant's
+/// turn (off the async threads: a long conversation takes a while).
+async fn tokenize(
+    state: &AppState,
+    messages: Vec<(String, String)>,
+) -> Result<Vec<Token>, ApiError> {
+    let target = std::sync::Arc::clone(&state.target);
+    let tokenized = tokio::task::spawn_blocking(move || {
+        let pairs: Vec<(&str, &str)> = messages
+            .iter()
+            .map(|(role, content)| (role.as_str(), content.as_str()))
+            .collect();
+        target.tokenize_messages(&pairs)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing the conversation failed: {e}")))?;
+    tokenized.map_err(|e| ApiError::invalid_param("messages", e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(role: &str, content: serde_json::Value) -> ChatMessage {
+        serde_json::from_value(serde_json::json!({"role": role, "content": content}))
+            .expect("valid message")
+    }
+
+    #[test]
+    fn conversation_maps_roles_and_joins_text_parts() {
+        let messages = [
+            message("developer", serde_json::json!("Be brief.")),
+            message(
+                "user",
+                serde_json::json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]),
+            ),
+            message("assistant", serde_json::Value::Null),
+        ];
+        let pairs = conversation(&messages).expect("valid conversation");
+        let expected = [("system", "Be brief."), ("user", "a\nb"), ("assistant", "")];
+        let pairs: Vec<(&str, &str)> = pairs
+            .iter()
+            .map(|(r, c)| (r.as_str(), c.as_str()))
+            .collect();
+        assert_eq!(pairs, expected);
+    }
+
+    #[test]
+    fn conversation_refuses_images_unknown_roles_and_emptiness() {
+        let image = message(
+            "user",
+            serde_json::json!([{"type": "image_url", "image_url": {"url": "x"}}]),
+        );
+        for (messages, needle) in [
+            (vec![image], "image_url"),
+            (vec![message("tool", serde_json::json!("x"))], "`tool`"),
+            (Vec::new(), "empty"),
+        ] {
+            let error = conversation(&messages).expect_err(needle);
+            assert!(error.message().contains(needle), "{}", error.message());
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! `POST /v1/completions`: text completion of a raw prompt (no chat template).
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use super::extract::ApiJson;
+use super::generation::{
+    self, Piece, Plan, collect, count_invalid, finish_reason, speculative_report,
+};
+use super::metrics::Endpoint;
+use super::state::AppState;
+use super::wire::{Completion, CompletionChoice, CompletionRequest, Prompt, Usage};
+use crate::cascade::Token;
+
+const ENDPOINT: Endpoint = Endpoint::Completions;
+/// `object` of completions and their stream chunks.
+const OBJECT: &str = "text_completion";
+
+/// `POST /v1/completions`.
+pub async fn create(
+    State(state): State<AppState>,
+    body: Result<ApiJson<CompletionRequest>, ApiError>,
+) -> Result<Response, ApiError> {
+    let invalid = |error| count_invalid(&state, ENDPOINT, error);
+    let ApiJson(body) = body.map_err(invalid)?;
+    refuse_unsupported(&body).map_err(invalid)?;
+    let max_tokens = body.common.max_tokens;
+    let plan = Plan::from_params(&state, ENDPOINT, body.common, max_tokens).map_err(invalid)?;
+    let prompt = tokenize(&state, body.prompt).await.map_err(invalid)?;
+    let submitted = plan.submit(&state, "cmpl", prompt)?;
+
+    let id = submitted.id;
+    let created = submitted.created;
+    let model = state.model_id.clone();
+    let completion = move |text: String, finish_reason: Option<String>| Completion {
+        id: id.clone(),
+        object: OBJECT.to_owned(),
+        created,
+        model: model.clone(),
+        choices: vec![CompletionChoice {
+            text,
+            index: 0,
+            logprobs: None,
+            finish_reason,
+        }],
+        usage: None,
+        speculative: None,
+    };
+    if plan.stream {
+        let include_usage = plan.include_usage;
+        return Ok(generation::event_stream(submitted.events, move |piece| {
+            let chunks = match piece {
+                Piece::Text(text) => vec![completion(text, None)],
+                Piece::Done(finished) => {
+                    let last = Completion {
+                        speculative: Some(speculative_report(&finished)),
+                        ..completion(
+                            String::new(),
+                            Some(finish_reason(finished.outcome.stop_reason)),
+                        )
+                    };
+                    let usage = Completion {
+                        choices: Vec::new(),
+                        usage: Some(Usage::of(&finished.outcome.stats)),
+                        ..completion(String::new(), None)
+                    };
+                    if include_usage {
+                        vec![last, usage]
+                    } else {
+                        vec![last]
+                    }
+                }
+            };
+            chunks.iter().map(to_json).collect()
+        }));
+    }
+    let finished = collect(submitted.events).await?;
+    let response = Completion {
+        usage: Some(Usage::of(&finished.outcome.stats)),
+        speculative: Some(speculative_report(&finished)),
+        ..completion(
+            finished.outcome.text.clone(),
+            Some(finish_reason(finished.outcome.stop_reason)),
+        )
+    };
+    Ok(Json(response).into_response())
+}
+
+fn to_json(completion: &Completion) -> serde_json::Value {
+    serde_json::to_value(completion).unwrap_or_default()
+}
+
+/// Refuses completion parameters the server cannot honour.
+fn refuse_unsupported(body: &CompletionRequest) -> Result<(), ApiError> {
+    if body.echo {
+        return Err(ApiError::invalid_param(
+            "echo",
+            "echo is not supported; leave it out",
+        ));
+    }
+    if body.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid_param(
+            "suffix",
+            "suffix (insertion) is not supported; leave it out",
+        ));
+    }
+    if body.best_of.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid_param(
+            "best_of",
+            "best_of other than 1 is not supported; leave it out",
+        ));
+    }
+    Ok(())
+}
+
+/// The prompt's tokens: text tokenized as-is (off the async threads: a long prompt takes a
+/// while), or token ids checked against the vocabulary.
+async fn tokenize(state: &AppState, prompt: Prompt) -> Result<Vec<Token>, ApiError> {
+    let text = match prompt {
+        Prompt::Text(text) => text,
+        Prompt::Texts(mut texts) if texts.len() == 1 => texts.remove(0),
+        Prompt::Texts(texts) => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                format!("got {} prompts; send one prompt per request", texts.len()),
+            ));
+        }
+        Prompt::Tokens(tokens) => {
+            let vocab_size = state.target.vocab_size();
+            if let Some(token) = tokens.iter().find(|&&token| token >= vocab_size) {
+                return Err(ApiError::invalid_param(
+                    "prompt",
+                    format!("token {token} is outside the vocabulary of {vocab_size} tokens"),
+                ));
+            }
+            return Ok(tokens);
+        }
+    };
+    let target = std::sync::Arc::clone(&state.target);
+    tokio::task::spawn_blocking(move || target.tokenize_raw(&text))
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))
+}

@@ -1,0 +1,504 @@
+//! What completions and chat completions share: checking a request's parameters into an engine
+//! request, queueing it, and reading its result back, whole or as server-sent events.
+//!
+//! Order for one request: [`Plan::from_params`] validates everything that does not depend on
+//! the prompt (and refuses parameters the server cannot honour, naming them);
+//! [`Plan::submit`] checks that prompt plus `max_tokens` fit the context and queues the job;
+//! the handler then [`collect`]s the result or turns the events into a stream with
+//! [`event_stream`].
+
+use std::time::Instant;
+
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::{Stream, StreamExt as _};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::error::ApiError;
+use super::hotswap::{CascadeChoice, Speculation};
+use super::metrics::{Endpoint, RequestOutcome};
+use super::scheduler::{Event, Finished, Job};
+use super::state::AppState;
+use super::support;
+use super::wire::{CommonParams, SourceReport, SpeculativeReport};
+use crate::cascade::Token;
+use crate::config::{CascadeMode, parse_cascade};
+use crate::engine::{Request, SamplingParams, StopReason, StopStrings};
+
+/// Most stop strings a request may give.
+const MAX_STOP_STRINGS: usize = 16;
+
+/// A checked request, waiting for its prompt.
+#[derive(Debug)]
+pub struct Plan {
+    endpoint: Endpoint,
+    max_tokens: usize,
+    sampling: SamplingParams,
+    stop: StopStrings,
+    cascade: CascadeChoice,
+    draft_max: usize,
+    mode: CascadeMode,
+    /// Stream the answer.
+    pub stream: bool,
+    /// Send a usage chunk at the end of a stream.
+    pub include_usage: bool,
+}
+
+/// A queued request: its id and where its events arrive.
+#[derive(Debug)]
+pub struct Submitted {
+    /// The request id.
+    pub id: String,
+    /// Unix seconds when it was queued (the `created` of its answer).
+    pub created: u64,
+    /// Text pieces, then the result.
+    pub events: UnboundedReceiver<Event>,
+}
+
+impl Plan {
+    /// Checks the parameters shared by both endpoints against the server's limits, defaults
+    /// and loaded plugins.
+    pub fn from_params(
+        state: &AppState,
+        endpoint: Endpoint,
+        params: CommonParams,
+        max_tokens: Option<usize>,
+    ) -> Result<Self, ApiError> {
+        if let Some(model) = &params.model
+            && model != &state.model_id
+        {
+            return Err(ApiError::not_found(
+                "model_not_found",
+                format!(
+                    "model `{model}` does not exist; this server serves `{}` (see GET /v1/models)",
+                    state.model_id
+                ),
+            ));
+        }
+        refuse_unsupported(&params)?;
+        let limit = state.limits.max_tokens_limit;
+        let max_tokens = max_tokens.unwrap_or(state.limits.default_max_tokens);
+        if max_tokens == 0 || max_tokens > limit {
+            return Err(ApiError::invalid_param(
+                "max_tokens",
+                format!(
+                    "max_tokens must be between 1 and {limit} (the server's --max-tokens-limit), got {max_tokens}"
+                ),
+            ));
+        }
+        let sampling = sampling(&state.sampling, &params)?;
+        let stop = params.stop.map(|stop| stop.into_vec()).unwrap_or_default();
+        if stop.len() > MAX_STOP_STRINGS {
+            return Err(ApiError::invalid_param(
+                "stop",
+                format!(
+                    "at most {MAX_STOP_STRINGS} stop strings, got {}",
+                    stop.len()
+                ),
+            ));
+        }
+
+        let speculative = params.speculative.unwrap_or_default();
+        let snapshot = state.registry.snapshot();
+        let cascade = match &speculative.cascade {
+            None => CascadeChoice::Default,
+            Some(spec) => CascadeChoice::Named(cascade_names(spec)?),
+        };
+        snapshot.resolve(&cascade)?;
+        let draft_max = speculative.draft_max.unwrap_or(snapshot.defaults.draft_max);
+        if draft_max == 0 {
+            return Err(ApiError::invalid_param(
+                "speculative.draft_max",
+                "speculative.draft_max must be at least 1; use speculative.cascade `none` to decode without speculation",
+            ));
+        }
+        let speculation = Speculation {
+            cascade: Vec::new(),
+            draft_max,
+            mode: speculative.mode.unwrap_or(snapshot.defaults.mode),
+            policy: speculative
+                .policy
+                .or_else(|| snapshot.defaults.policy.clone()),
+        };
+        support::check_speculation(&speculation)?;
+        Ok(Self {
+            endpoint,
+            max_tokens,
+            sampling,
+            stop: StopStrings::new(stop),
+            cascade,
+            draft_max,
+            mode: speculation.mode,
+            stream: params.stream,
+            include_usage: params
+                .stream_options
+                .is_some_and(|options| options.include_usage),
+        })
+    }
+
+    /// Queues the request with its `prompt`, after checking that prompt and `max_tokens` fit
+    /// the context.
+    pub fn submit(
+        &self,
+        state: &AppState,
+        id_prefix: &str,
+        prompt: Vec<Token>,
+    ) -> Result<Submitted, ApiError> {
+        if prompt.is_empty() {
+            return Err(count_invalid(
+                state,
+                self.endpoint,
+                ApiError::invalid_param("prompt", "the prompt is empty; send some text"),
+            ));
+        }
+        let ctx_size = state.limits.ctx_size as usize;
+        if prompt.len() + self.max_tokens > ctx_size {
+            return Err(count_invalid(
+                state,
+                self.endpoint,
+                ApiError::context_length_exceeded(format!(
+                    "the prompt ({} tokens) plus max_tokens ({}) exceed the context of {ctx_size} tokens; shorten the prompt or lower max_tokens",
+                    prompt.len(),
+                    self.max_tokens
+                )),
+            ));
+        }
+        let id = state.request_id(id_prefix);
+        let span = tracing::info_span!(
+            "request",
+            id = %id,
+            model = %state.model_id,
+            cascade = %self.cascade_label(state),
+        );
+        let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let job = Job {
+            endpoint: self.endpoint,
+            request: Request {
+                prompt,
+                max_tokens: self.max_tokens,
+                sampling: self.sampling.clone(),
+                stop: self.stop.clone(),
+                draft_max: self.draft_max,
+                // The server has no policy plugins yet: every round drafts `draft_max`.
+                verify_costs: Vec::new(),
+            },
+            cascade: self.cascade.clone(),
+            mode: self.mode,
+            events,
+            span,
+            queued_at: Instant::now(),
+        };
+        if let Err(rejected) = state.queue.submit(job, state.metrics.mean_request_time()) {
+            state
+                .metrics
+                .request(self.endpoint, RequestOutcome::Rejected);
+            return Err(rejected.into());
+        }
+        Ok(Submitted {
+            id,
+            created: super::state::unix_now(),
+            events: receiver,
+        })
+    }
+
+    fn cascade_label(&self, state: &AppState) -> String {
+        match &self.cascade {
+            CascadeChoice::Default => {
+                format!(
+                    "default({})",
+                    state.registry.snapshot().defaults.cascade.join(",")
+                )
+            }
+            CascadeChoice::Named(names) if names.is_empty() => "none".to_owned(),
+            CascadeChoice::Named(names) => names.join(","),
+        }
+    }
+}
+
+/// Counts and logs a request refused as invalid, and passes the error on.
+pub fn count_invalid(state: &AppState, endpoint: Endpoint, error: ApiError) -> ApiError {
+    state.metrics.request(endpoint, RequestOutcome::Invalid);
+    tracing::debug!(
+        ?endpoint,
+        message = error.message(),
+        "refused an invalid request"
+    );
+    error
+}
+
+/// Plugin names of a request's `speculative.cascade`: `none`, or loaded plugins by name; paths
+/// are for admins (`PUT /admin/cascade`).
+fn cascade_names(spec: &str) -> Result<Vec<String>, ApiError> {
+    let param = "speculative.cascade";
+    let entries = parse_cascade(spec).map_err(|e| ApiError::invalid_param(param, e.to_string()))?;
+    entries
+        .into_iter()
+        .map(|entry| match entry {
+            crate::config::SourceSpec::Builtin(name) => Ok(name),
+            crate::config::SourceSpec::Path(path) => Err(ApiError::invalid_param(
+                param,
+                format!(
+                    "requests may name loaded plugins only, not files ({}); an admin loads a new plugin with PUT /admin/cascade",
+                    path.display()
+                ),
+            )),
+        })
+        .collect()
+}
+
+/// Refuses parameters the server cannot honour, rather than ignore them.
+fn refuse_unsupported(params: &CommonParams) -> Result<(), ApiError> {
+    let refuse = |param: &'static str, what: &str| {
+        Err(ApiError::invalid_param(
+            param,
+            format!("{param} {what} is not supported; leave it out"),
+        ))
+    };
+    if params.n.is_some_and(|n| n != 1) {
+        return refuse("n", "other than 1");
+    }
+    let truthy = |value: &Option<serde_json::Value>| {
+        value.as_ref().is_some_and(|value| {
+            !(value.is_null()
+                || value == &serde_json::json!(false)
+                || value == &serde_json::json!(0))
+        })
+    };
+    if truthy(&params.logprobs) {
+        return refuse("logprobs", "(log probabilities)");
+    }
+    if truthy(&params.top_logprobs) {
+        return refuse("top_logprobs", "(log probabilities)");
+    }
+    if params.presence_penalty.is_some_and(|p| p != 0.0) {
+        return refuse("presence_penalty", "other than 0");
+    }
+    if params.frequency_penalty.is_some_and(|p| p != 0.0) {
+        return refuse("frequency_penalty", "other than 0");
+    }
+    if params
+        .logit_bias
+        .as_ref()
+        .is_some_and(|bias| !bias.is_empty())
+    {
+        return refuse("logit_bias", "(token biases)");
+    }
+    Ok(())
+}
+
+/// The request's sampling: its own values over the server's defaults, checked; a fresh seed
+/// unless it gives one.
+fn sampling(defaults: &SamplingParams, params: &CommonParams) -> Result<SamplingParams, ApiError> {
+    let mut sampling = defaults.clone();
+    if let Some(temperature) = params.temperature {
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            return Err(ApiError::invalid_param(
+                "temperature",
+                format!("temperature must be 0 (greedy) or positive, got {temperature}"),
+            ));
+        }
+        sampling.temperature = temperature;
+    }
+    if let Some(top_p) = params.top_p {
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::invalid_param(
+                "top_p",
+                format!("top_p must be in (0, 1], got {top_p}"),
+            ));
+        }
+        sampling.top_p = top_p;
+    }
+    if let Some(top_k) = params.top_k {
+        if top_k < 0 {
+            return Err(ApiError::invalid_param(
+                "top_k",
+                format!("top_k must be 0 (off) or positive, got {top_k}"),
+            ));
+        }
+        sampling.top_k = top_k;
+    }
+    if let Some(min_p) = params.min_p {
+        if !(0.0..1.0).contains(&min_p) {
+            return Err(ApiError::invalid_param(
+                "min_p",
+                format!("min_p must be in [0, 1), got {min_p}"),
+            ));
+        }
+        sampling.min_p = min_p;
+    }
+    sampling.seed = params.seed.unwrap_or_else(crate::config::fresh_seed);
+    Ok(sampling)
+}
+
+/// Waits for the end of a request; the text comes with the result.
+pub async fn collect(mut events: UnboundedReceiver<Event>) -> Result<Box<Finished>, ApiError> {
+    while let Some(event) = events.recv().await {
+        match event {
+            Event::Text(_) => {}
+            Event::Done(finished) => return Ok(finished),
+            Event::Failed(message) => return Err(ApiError::internal(message)),
+        }
+    }
+    Err(ApiError::internal(
+        "the request ended without a result; see the server log",
+    ))
+}
+
+/// `finish_reason` of a stop reason.
+pub fn finish_reason(stop_reason: StopReason) -> String {
+    match stop_reason {
+        StopReason::MaxTokens => "length",
+        StopReason::EndOfGeneration | StopReason::StopString | StopReason::Cancelled => "stop",
+    }
+    .to_owned()
+}
+
+/// The `speculative` block of a finished request.
+pub fn speculative_report(finished: &Finished) -> SpeculativeReport {
+    let stats = &finished.outcome.stats;
+    SpeculativeReport {
+        cascade: finished.cascade.clone(),
+        draft_max: finished.draft_max,
+        mode: finished.mode,
+        rounds: stats.rounds,
+        draft_rounds: stats.draft_rounds,
+        drafted: stats.drafted,
+        accepted: stats.accepted,
+        acceptance_percent: 100.0 * stats.acceptance(),
+        mean_accepted_length: stats.mean_accepted_per_draft_round(),
+        tokens_per_second: stats.generation_tokens_per_second(),
+        swaps: finished.swaps,
+        queue_ms: finished.queue_time.as_millis() as u64,
+        sources: stats.sources.iter().map(SourceReport::from).collect(),
+    }
+}
+
+/// What an SSE stream is made of, for the endpoint to format.
+pub enum Piece {
+    /// Text that is final.
+    Text(String),
+    /// The end: the last chunk (finish reason, `speculative`) and, if asked, a usage chunk.
+    Done(Box<Finished>),
+}
+
+/// An SSE response over a request's events: each [`Piece`] becomes the chunks `format` makes,
+/// a failure becomes an `{"error": ...}` event, and the stream ends with `data: [DONE]`.
+/// Dropping the response (the client went away) drops the receiver, which cancels the request.
+pub fn event_stream<F>(events: UnboundedReceiver<Event>, format: F) -> Response
+where
+    F: FnMut(Piece) -> Vec<serde_json::Value> + Send + 'static,
+{
+    Sse::new(sse_events(events, format))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+fn sse_events<F>(
+    events: UnboundedReceiver<Event>,
+    format: F,
+) -> impl Stream<Item = Result<SseEvent, std::convert::Infallible>> + Send + 'static
+where
+    F: FnMut(Piece) -> Vec<serde_json::Value> + Send + 'static,
+{
+    /// `None` once the stream has sent its end.
+    type State<F> = Option<(UnboundedReceiver<Event>, F)>;
+    futures_util::stream::unfold(Some((events, format)), |state: State<F>| async move {
+        let (mut events, mut format) = state?;
+        let (values, ended) = match events.recv().await {
+            Some(Event::Text(text)) => (format(Piece::Text(text)), false),
+            Some(Event::Done(finished)) => (format(Piece::Done(finished)), true),
+            Some(Event::Failed(message)) => (vec![ApiError::internal(message).to_json()], true),
+            None => (
+                vec![
+                    ApiError::internal("the request ended without a result; see the server log")
+                        .to_json(),
+                ],
+                true,
+            ),
+        };
+        let mut out: Vec<SseEvent> = values.into_iter().map(json_event).collect();
+        if ended {
+            out.push(SseEvent::default().data("[DONE]"));
+            Some((out, None))
+        } else {
+            Some((out, Some((events, format))))
+        }
+    })
+    .flat_map(|events| futures_util::stream::iter(events.into_iter().map(Ok)))
+}
+
+fn json_event(value: serde_json::Value) -> SseEvent {
+    SseEvent::default().data(value.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_cascades_name_loaded_plugins_not_files() {
+        assert_eq!(
+            cascade_names("suffix, lookup").expect("names"),
+            vec!["suffix".to_owned(), "lookup".to_owned()]
+        );
+        assert!(cascade_names("none").expect("none").is_empty());
+        let error = cascade_names("./evil.wasm").expect_err("a path");
+        assert!(
+            error.message().contains("PUT /admin/cascade"),
+            "{}",
+            error.message()
+        );
+    }
+
+    #[test]
+    fn unsupported_parameters_are_refused_by_name() {
+        let params = |json: serde_json::Value| -> CommonParams {
+            serde_json::from_value(json).expect("valid params")
+        };
+        assert!(
+            refuse_unsupported(&params(
+                serde_json::json!({"n": 1, "logprobs": null, "presence_penalty": 0})
+            ))
+            .is_ok()
+        );
+        for (json, name) in [
+            (serde_json::json!({"n": 2}), "n "),
+            (serde_json::json!({"logprobs": true}), "logprobs"),
+            (serde_json::json!({"logprobs": 5}), "logprobs"),
+            (
+                serde_json::json!({"frequency_penalty": 0.5}),
+                "frequency_penalty",
+            ),
+            (
+                serde_json::json!({"logit_bias": {"50256": -100}}),
+                "logit_bias",
+            ),
+        ] {
+            let error = refuse_unsupported(&params(json)).expect_err(name);
+            assert!(error.message().starts_with(name), "{}", error.message());
+        }
+    }
+
+    #[test]
+    fn request_sampling_overrides_defaults_within_range() {
+        let defaults = SamplingParams::greedy();
+        let params: CommonParams =
+            serde_json::from_value(serde_json::json!({"temperature": 0.7, "top_k": 40, "seed": 9}))
+                .expect("valid");
+        let sampling = sampling(&defaults, &params).expect("in range");
+        assert_eq!(
+            (sampling.temperature, sampling.top_k, sampling.seed),
+            (0.7, 40, 9)
+        );
+        let bad: CommonParams =
+            serde_json::from_value(serde_json::json!({"top_p": 0})).expect("valid json");
+        assert!(sampling_err(&defaults, &bad).contains("top_p"));
+    }
+
+    fn sampling_err(defaults: &SamplingParams, params: &CommonParams) -> String {
+        sampling(defaults, params)
+            .expect_err("out of range")
+            .message()
+            .to_owned()
+    }
+}

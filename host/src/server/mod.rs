@@ -1,0 +1,62 @@
+//! `spechost serve`: an OpenAI-compatible HTTP server whose speculation (cascade, draft length,
+//! plugin versions) can change while it runs.
+//!
+//! # How a request flows
+//!
+//! 1. `router::router` (axum on tokio) routes `POST /v1/completions` or `/v1/chat/completions` to its
+//!    handler, which checks the body (`generation::Plan`), tokenizes the prompt (chat template
+//!    from the GGUF) and queues a job.
+//! 2. The queue (`scheduler`) is bounded and first-come-first-served; a full queue answers 429
+//!    with `Retry-After`.
+//! 3. A slot (`slot`) takes the job: one std thread per slot owns one llama.cpp context and the
+//!    plugin instances it keeps across requests (`pool`), and runs the engine's round loop.
+//! 4. Before every round the slot checks whether the client went away (stop) and whether the
+//!    plugin registry (`hotswap`) published new sources for this request (swap the cascade,
+//!    begun again with the context so far).
+//! 5. Text flows back over a channel and is returned whole or as server-sent events, with
+//!    `usage` and a `speculative` block (per-source drafted, accepted, rounds won, acceptance,
+//!    mean accepted length).
+//!
+//! # Concurrency: one context per slot
+//!
+//! `--parallel N` (default 1) creates N llama.cpp contexts, each served by its own thread, each
+//! with `--ctx-size` tokens of KV cache and `threads / N` compute threads. This was chosen over
+//! several sequences in one context because the engine's verify loop is single-sequence (its
+//! rollback, batch layout and exactness checks assume one sequence), because a slot then is a
+//! plain blocking loop with no cross-request batching to get wrong, and because on a CPU server
+//! speculation, not batching, is what makes one request fast. The cost: N full KV caches, and
+//! no batching of tokens across requests. Each slot keeps its own plugin instances, so a
+//! cross-request cache (the `suffix` plugin's) is per slot.
+//!
+//! # Hot swap
+//!
+//! The registry is one immutable snapshot behind an atomic pointer. An update (admin call or
+//! `--watch`) compiles and smoke-tests new plugin versions on a blocking thread, then publishes
+//! the next snapshot; a refused update changes nothing. Slots read the snapshot's generation
+//! before every round, so a swap lands between two rounds of a request in flight and greedy
+//! output stays identical to plain decoding.
+//!
+//! Not here: the round loop and verification (`engine`), the cascade (`cascade`), the sandbox
+//! (`plugins`), and parsing flags (`config`). `support` lists the API settings this build's
+//! engine cannot honour yet and is where those features plug in.
+
+mod admin;
+mod chat;
+mod completions;
+mod error;
+mod extract;
+mod generation;
+mod hotswap;
+mod metrics;
+mod models;
+mod pool;
+mod router;
+mod scheduler;
+mod slot;
+mod startup;
+mod state;
+mod support;
+mod watch;
+pub mod wire;
+
+pub use self::startup::serve;

@@ -1,0 +1,295 @@
+//! The bounded queue between HTTP handlers and the engine's slots.
+//!
+//! Fairness is arrival order: a free slot always takes the oldest waiting request, so no
+//! request is overtaken. The queue holds at most `slots + max_queue` requests in all (running
+//! plus waiting); [`Queue::submit`] refuses the next with [`Rejected::Full`], which the API
+//! answers with 429 and a `Retry-After` estimated from recent request times.
+//!
+//! A request's tokens flow back to its handler over an unbounded tokio channel of [`Event`]s
+//! (bounded in practice by `max_tokens`), so a slow client never stalls a slot. When the client
+//! goes away its handler drops the receiving end; the slot sees the channel closed before it
+//! starts the request, or between two rounds, and stops.
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::hotswap::CascadeChoice;
+use super::metrics::Endpoint;
+use crate::config::CascadeMode;
+use crate::engine::{Outcome, Request};
+
+/// Longest `Retry-After` the server suggests, in seconds.
+const MAX_RETRY_AFTER_SECS: u64 = 60;
+
+/// One request waiting for, or running in, a slot.
+#[derive(Debug)]
+pub struct Job {
+    /// Which endpoint it came from (for metrics).
+    pub endpoint: Endpoint,
+    /// What to generate.
+    pub request: Request,
+    /// Which sources draft for it.
+    pub cascade: CascadeChoice,
+    /// How its cascade picks drafts.
+    pub mode: CascadeMode,
+    /// Where its text and result go.
+    pub events: UnboundedSender<Event>,
+    /// The request's tracing span, entered by the slot.
+    pub span: tracing::Span,
+    /// When it was queued.
+    pub queued_at: Instant,
+}
+
+/// What a slot sends back about a request.
+#[derive(Debug)]
+pub enum Event {
+    /// Text that is final.
+    Text(String),
+    /// Generation finished.
+    Done(Box<Finished>),
+    /// Generation failed; the message says why.
+    Failed(String),
+}
+
+/// The result of a finished request.
+#[derive(Debug)]
+pub struct Finished {
+    /// Tokens, text, stop reason and stats.
+    pub outcome: Outcome,
+    /// Names of the sources the last round drafted with.
+    pub cascade: Vec<String>,
+    /// The draft length the request ran with.
+    pub draft_max: usize,
+    /// The cascade mode the request ran with.
+    pub mode: CascadeMode,
+    /// Times its cascade was replaced between rounds (hot swaps).
+    pub swaps: u32,
+    /// Time it waited for a slot.
+    pub queue_time: Duration,
+}
+
+/// Why a request was not queued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    /// Every slot is busy and the queue is full.
+    #[error(
+        "the server is busy: {running} requests running and {waiting} waiting, the most it queues (--max-queue); retry after {retry_after_secs} s"
+    )]
+    Full {
+        /// Requests being generated.
+        running: usize,
+        /// Requests waiting.
+        waiting: usize,
+        /// Suggested wait before retrying, in seconds.
+        retry_after_secs: u64,
+    },
+    /// The server is shutting down.
+    #[error("the server is shutting down; retry on another instance or after it restarts")]
+    ShuttingDown,
+}
+
+/// Queue occupancy, for `/metrics` and `/health`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueGauges {
+    /// Requests waiting for a slot.
+    pub waiting: usize,
+    /// Requests being generated.
+    pub running: usize,
+    /// Slots.
+    pub slots: usize,
+    /// Most requests that may wait.
+    pub max_queue: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    waiting: VecDeque<Job>,
+    running: usize,
+    closed: bool,
+}
+
+/// The first-come-first-served queue of requests, shared by handlers and slots.
+#[derive(Debug)]
+pub struct Queue {
+    state: Mutex<State>,
+    ready: Condvar,
+    slots: usize,
+    max_queue: usize,
+}
+
+impl Queue {
+    /// A queue feeding `slots` slots, holding at most `max_queue` waiting requests.
+    pub fn new(slots: usize, max_queue: usize) -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            ready: Condvar::new(),
+            slots,
+            max_queue,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock leaves the queue consistent (every change is one
+        // push, pop or counter update), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `job`, or refuses it when `slots + max_queue` requests are already in. The
+    /// `Retry-After` of a refusal assumes requests take `mean_request_time`.
+    pub fn submit(&self, job: Job, mean_request_time: Duration) -> Result<(), Rejected> {
+        let mut state = self.lock();
+        if state.closed {
+            return Err(Rejected::ShuttingDown);
+        }
+        if state.running + state.waiting.len() >= self.slots + self.max_queue {
+            return Err(Rejected::Full {
+                running: state.running,
+                waiting: state.waiting.len(),
+                retry_after_secs: retry_after_secs(
+                    state.waiting.len(),
+                    self.slots,
+                    mean_request_time,
+                ),
+            });
+        }
+        state.waiting.push_back(job);
+        drop(state);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// The oldest waiting request, blocking until there is one; `None` once the queue is closed
+    /// and empty. The caller must call [`Self::finished`] when done with it.
+    pub fn next(&self) -> Option<Job> {
+        let mut state = self.lock();
+        loop {
+            if let Some(job) = state.waiting.pop_front() {
+                state.running += 1;
+                return Some(job);
+            }
+            if state.closed {
+                return None;
+            }
+            state = self.ready.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// A slot finished the request it took with [`Self::next`].
+    pub fn finished(&self) {
+        let mut state = self.lock();
+        state.running = state.running.saturating_sub(1);
+    }
+
+    /// Refuses new requests; slots finish those already queued, then [`Self::next`] returns
+    /// `None`.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_all();
+    }
+
+    /// Current occupancy.
+    pub fn gauges(&self) -> QueueGauges {
+        let state = self.lock();
+        QueueGauges {
+            waiting: state.waiting.len(),
+            running: state.running,
+            slots: self.slots,
+            max_queue: self.max_queue,
+        }
+    }
+}
+
+/// Seconds until a slot is likely free for a new request: the waiting requests plus one, spread
+/// over the slots, at `mean_request_time` each; at least 1, at most [`MAX_RETRY_AFTER_SECS`].
+fn retry_after_secs(waiting: usize, slots: usize, mean_request_time: Duration) -> u64 {
+    let rounds = (waiting + 1).div_ceil(slots.max(1)) as f64;
+    let secs = (rounds * mean_request_time.as_secs_f64()).ceil() as u64;
+    secs.clamp(1, MAX_RETRY_AFTER_SECS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::SamplingParams;
+
+    /// A job told apart from others by its `max_tokens`.
+    fn job(number: usize) -> (Job, tokio::sync::mpsc::UnboundedReceiver<Event>) {
+        let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let job = Job {
+            endpoint: Endpoint::Completions,
+            request: Request::new(vec![1], number, SamplingParams::greedy()),
+            cascade: CascadeChoice::Default,
+            mode: CascadeMode::First,
+            events,
+            span: tracing::Span::none(),
+            queued_at: Instant::now(),
+        };
+        (job, receiver)
+    }
+
+    #[test]
+    fn serves_in_arrival_order_and_refuses_beyond_slots_plus_queue() {
+        let queue = Queue::new(1, 2);
+        let mean = Duration::from_secs(2);
+        let mut receivers = Vec::new();
+        for number in [1, 2, 3] {
+            let (job, receiver) = job(number);
+            queue
+                .submit(job, mean)
+                .expect("room for 1 running + 2 waiting");
+            receivers.push(receiver);
+        }
+        let (extra, _receiver) = job(4);
+        let refused = queue.submit(extra, mean).expect_err("full");
+        assert_eq!(
+            refused,
+            Rejected::Full {
+                running: 0,
+                waiting: 3,
+                retry_after_secs: 8
+            }
+        );
+        let first = queue.next().expect("a job");
+        assert_eq!(first.request.max_tokens, 1, "the oldest job first");
+        assert_eq!(
+            queue.gauges(),
+            QueueGauges {
+                waiting: 2,
+                running: 1,
+                slots: 1,
+                max_queue: 2
+            }
+        );
+        queue.finished();
+        assert_eq!(queue.next().map(|j| j.request.max_tokens), Some(2));
+    }
+
+    #[test]
+    fn closing_refuses_new_jobs_and_drains_queued_ones() {
+        let queue = Queue::new(1, 1);
+        let (queued, _r1) = job(1);
+        queue.submit(queued, Duration::ZERO).expect("room");
+        queue.close();
+        let (late, _r2) = job(2);
+        assert_eq!(
+            queue.submit(late, Duration::ZERO),
+            Err(Rejected::ShuttingDown)
+        );
+        assert_eq!(queue.next().map(|j| j.request.max_tokens), Some(1));
+        queue.finished();
+        assert!(queue.next().is_none(), "closed and empty");
+    }
+
+    #[test]
+    fn retry_after_spreads_waiting_requests_over_slots() {
+        assert_eq!(retry_after_secs(0, 1, Duration::ZERO), 1, "at least 1 s");
+        assert_eq!(retry_after_secs(3, 2, Duration::from_millis(1500)), 3);
+        assert_eq!(
+            retry_after_secs(1000, 1, Duration::from_secs(5)),
+            MAX_RETRY_AFTER_SECS
+        );
+    }
+}

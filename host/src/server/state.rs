@@ -1,0 +1,90 @@
+//! [`AppState`]: what every handler shares, behind one `Arc`.
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::hotswap::Registry;
+use super::metrics::Metrics;
+use super::scheduler::Queue;
+use crate::engine::{SamplingParams, Target};
+
+/// Limits and defaults of requests.
+#[derive(Debug, Clone)]
+pub struct RequestLimits {
+    /// `max_tokens` of requests that give none.
+    pub default_max_tokens: usize,
+    /// The most `max_tokens` a request may ask for.
+    pub max_tokens_limit: usize,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Context size of every slot, in tokens: prompt plus `max_tokens` must fit.
+    pub ctx_size: u32,
+}
+
+/// Everything handlers share.
+pub struct Shared {
+    /// The model's name in the API.
+    pub model_id: String,
+    /// The target, for tokenizing prompts in handlers (slots generate with it).
+    pub target: Arc<Target>,
+    /// Limits and defaults of requests.
+    pub limits: RequestLimits,
+    /// Sampling of requests that give none (the seed is drawn per request).
+    pub sampling: SamplingParams,
+    /// The queue to the slots.
+    pub queue: Arc<Queue>,
+    /// The published plugins and defaults.
+    pub registry: Arc<Registry>,
+    /// The server's counters.
+    pub metrics: Arc<Metrics>,
+    /// Bearer token of the admin endpoints; `None` turns them off.
+    pub admin_token: Option<String>,
+}
+
+struct Inner {
+    shared: Shared,
+    started_at: u64,
+    next_request: AtomicU64,
+}
+
+/// The handlers' state: cheap to clone; dereferences to [`Shared`].
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+impl AppState {
+    /// State over `shared`, started now; request ids start at 1.
+    pub fn new(shared: Shared) -> Self {
+        Self(Arc::new(Inner {
+            shared,
+            started_at: unix_now(),
+            next_request: AtomicU64::new(1),
+        }))
+    }
+
+    /// When the server started, in seconds since the Unix epoch.
+    pub fn started_at(&self) -> u64 {
+        self.0.started_at
+    }
+
+    /// A fresh request id: `prefix-<server start, hex>-<counter>`, unique across restarts.
+    pub fn request_id(&self, prefix: &str) -> String {
+        let n = self.0.next_request.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:x}-{n}", self.0.started_at)
+    }
+}
+
+impl Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0.shared
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

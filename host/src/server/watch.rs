@@ -1,0 +1,135 @@
+//! `--watch DIR`: reloads a loaded plugin when its `.wasm` file in `DIR` changes.
+//!
+//! The watcher polls the modification time and size of the loaded plugins' files every
+//! [`POLL_INTERVAL`] rather than subscribing to file-system events: it is a handful of `stat`
+//! calls, it behaves the same on every file system (network mounts and container overlays
+//! included), and it needs no dependency. A change is acted on once the file has stayed the
+//! same for one more poll (debounced), so a file still being written is not loaded half-way.
+//! The reload itself is the admin one (`Registry::reload`): compiled and smoke-tested off the
+//! request path, published only if it passes; a broken version is logged and the old one kept.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::hotswap::Registry;
+use super::metrics::{Metrics, ReloadOutcome};
+
+/// How often the watched files are checked.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// What identifies a version of a file: modification time and size.
+type Stamp = (SystemTime, u64);
+
+/// Debounces the changes of one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Debounce {
+    /// The version last acted on (or first seen).
+    settled: Option<Stamp>,
+    /// A different version seen at the last poll, acted on if it is still there at the next.
+    pending: Option<Stamp>,
+}
+
+impl Debounce {
+    fn new(first_seen: Option<Stamp>) -> Self {
+        Self {
+            settled: first_seen,
+            pending: None,
+        }
+    }
+
+    /// Takes this poll's stamp (`None`: the file is missing); `true` when a change has settled
+    /// and the plugin should be reloaded.
+    fn observe(&mut self, now: Option<Stamp>) -> bool {
+        if now.is_none() || now == self.settled {
+            self.pending = None;
+            return false;
+        }
+        if self.pending == now {
+            self.settled = now;
+            self.pending = None;
+            return true;
+        }
+        self.pending = now;
+        false
+    }
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len()))
+}
+
+/// Watches `dir` until the runtime shuts down.
+pub async fn run(dir: PathBuf, registry: Arc<Registry>, metrics: Arc<Metrics>) {
+    let dir = dir.canonicalize().unwrap_or(dir);
+    tracing::info!(dir = %dir.display(), "watching plugin files");
+    let mut files: BTreeMap<PathBuf, Debounce> = BTreeMap::new();
+    let mut ticks = tokio::time::interval(POLL_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        ticks.tick().await;
+        let mut changed = Vec::new();
+        for plugin in registry.snapshot().plugins() {
+            let path = plugin.path.canonicalize().unwrap_or(plugin.path);
+            if path.parent() != Some(dir.as_path()) {
+                continue;
+            }
+            let now = stamp(&path);
+            let debounce = files.entry(path).or_insert_with(|| Debounce::new(now));
+            if debounce.observe(now) {
+                changed.push(plugin.name);
+            }
+        }
+        if changed.is_empty() {
+            continue;
+        }
+        let reloading = Arc::clone(&registry);
+        let names = changed.clone();
+        let result = tokio::task::spawn_blocking(move || reloading.reload(Some(&names))).await;
+        match result {
+            Ok(Ok(report)) => {
+                metrics.reload(ReloadOutcome::Published);
+                tracing::info!(plugins = %changed.join(","), reloaded = %report.reloaded.join(","), generation = report.generation, "reloaded changed plugin files");
+            }
+            Ok(Err(error)) => {
+                metrics.reload(ReloadOutcome::Rejected);
+                tracing::warn!(plugins = %changed.join(","), %error, "changed plugin file refused; the previous version stays in use");
+            }
+            Err(error) => {
+                metrics.reload(ReloadOutcome::Rejected);
+                tracing::error!(%error, "plugin reload panicked");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64, len: u64) -> Option<Stamp> {
+        Some((SystemTime::UNIX_EPOCH + Duration::from_secs(secs), len))
+    }
+
+    #[test]
+    fn a_change_is_acted_on_once_it_holds_for_a_poll() {
+        let mut debounce = Debounce::new(at(1, 100));
+        assert!(!debounce.observe(at(1, 100)), "unchanged");
+        assert!(!debounce.observe(at(2, 50)), "changed: wait one poll");
+        assert!(!debounce.observe(at(2, 80)), "still being written");
+        assert!(debounce.observe(at(2, 80)), "settled");
+        assert!(!debounce.observe(at(2, 80)), "acted on once");
+    }
+
+    #[test]
+    fn a_missing_file_is_not_a_change() {
+        let mut debounce = Debounce::new(at(1, 100));
+        assert!(!debounce.observe(None));
+        assert!(!debounce.observe(None));
+        assert!(!debounce.observe(at(1, 100)), "back as it was");
+        assert!(!debounce.observe(at(3, 100)));
+        assert!(debounce.observe(at(3, 100)), "replaced");
+    }
+}

@@ -1,0 +1,429 @@
+//! The OpenAI wire format, as serde types: request bodies, responses, stream chunks.
+//!
+//! Requests accept what OpenAI clients send; fields this server cannot honour (`n > 1`,
+//! `logprobs`, `echo`, penalties, tools, ...) are read so that they can be refused with a
+//! message instead of being silently ignored (see `generation.rs`). Unknown fields are ignored,
+//! as OpenAI does. The extension is `speculative`: per-request speculation settings in the
+//! request, and what speculation did in the response.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cascade::{SourceStats, Token, ratio};
+use crate::config::CascadeMode;
+use crate::engine::GenerationStats;
+
+/// `prompt` of a completion request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// One prompt.
+    Text(String),
+    /// Pre-tokenized prompt.
+    Tokens(Vec<Token>),
+    /// Several prompts (only one is supported).
+    Texts(Vec<String>),
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl Stop {
+    /// The stop strings as a list.
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(stop) => vec![stop],
+            Self::Many(stops) => stops,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage`.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `speculative` in a request: overrides the server's defaults for this request.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeParams {
+    /// Sources in order, comma-separated loaded plugin names, or `none`.
+    pub cascade: Option<String>,
+    /// Policy plugin choosing the draft length.
+    pub policy: Option<String>,
+    /// Most draft tokens per round.
+    pub draft_max: Option<usize>,
+    /// How the cascade picks a draft.
+    pub mode: Option<CascadeMode>,
+}
+
+/// Parameters shared by completion and chat completion requests.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CommonParams {
+    /// The model to use; must be the served model when given.
+    pub model: Option<String>,
+    /// Most tokens to generate.
+    pub max_tokens: Option<usize>,
+    /// Sampling temperature; 0 is greedy.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling.
+    pub top_p: Option<f32>,
+    /// Top-k sampling (extension, as in vLLM and llama.cpp).
+    pub top_k: Option<i32>,
+    /// Min-p sampling (extension).
+    pub min_p: Option<f32>,
+    /// Seed of the sampler.
+    pub seed: Option<u32>,
+    /// Stop strings.
+    pub stop: Option<Stop>,
+    /// Completions to generate; only 1.
+    pub n: Option<u32>,
+    /// Stream the answer as server-sent events.
+    #[serde(default)]
+    pub stream: bool,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Log probabilities (not supported).
+    pub logprobs: Option<serde_json::Value>,
+    /// Top log probabilities (not supported).
+    pub top_logprobs: Option<serde_json::Value>,
+    /// Presence penalty (only 0).
+    pub presence_penalty: Option<f32>,
+    /// Frequency penalty (only 0).
+    pub frequency_penalty: Option<f32>,
+    /// Logit bias (not supported).
+    pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Speculation settings of this request.
+    pub speculative: Option<SpeculativeParams>,
+}
+
+/// `POST /v1/completions` body.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    /// The prompt, sent as-is (no chat template).
+    pub prompt: Prompt,
+    /// Echo the prompt (not supported).
+    #[serde(default)]
+    pub echo: bool,
+    /// Text after the completion (not supported).
+    pub suffix: Option<String>,
+    /// Server-side candidates (only 1).
+    pub best_of: Option<u32>,
+    /// Everything else.
+    #[serde(flatten)]
+    pub common: CommonParams,
+}
+
+/// Content of a chat message: a string, or a list of parts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// Content parts; only `text` parts are supported.
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    /// `text`, `image_url`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    pub text: Option<String>,
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `developer`, `user` or `assistant`.
+    pub role: String,
+    /// The message; `null` for an assistant message that only called tools.
+    pub content: Option<MessageContent>,
+}
+
+/// `POST /v1/chat/completions` body.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    /// The conversation so far.
+    pub messages: Vec<ChatMessage>,
+    /// Newer name of `max_tokens`.
+    pub max_completion_tokens: Option<usize>,
+    /// Tools (not supported).
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// Output format; only `text`.
+    pub response_format: Option<serde_json::Value>,
+    /// Everything else.
+    #[serde(flatten)]
+    pub common: CommonParams,
+}
+
+/// Token counts of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Their sum.
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    /// Usage of a request from its stats.
+    pub fn of(stats: &GenerationStats) -> Self {
+        Self {
+            prompt_tokens: stats.prompt_tokens,
+            completion_tokens: stats.generated_tokens,
+            total_tokens: stats.prompt_tokens + stats.generated_tokens,
+        }
+    }
+}
+
+/// What one source did in a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceReport {
+    /// The source's name.
+    pub name: String,
+    /// Rounds it was asked to propose.
+    pub asked: u64,
+    /// Rounds it proposed something.
+    pub proposed: u64,
+    /// Rounds its proposal was the verified draft.
+    pub rounds_won: u64,
+    /// Its draft tokens that were verified.
+    pub drafted: u64,
+    /// Its draft tokens that were accepted.
+    pub accepted: u64,
+    /// `100 * accepted / drafted`.
+    pub acceptance_percent: f64,
+    /// Accepted tokens per round won.
+    pub mean_accepted_length: f64,
+    /// `[i]`: rounds won in which draft position `i` was accepted.
+    pub accepted_by_position: Vec<u64>,
+    /// Calls that faulted.
+    pub faults: u64,
+}
+
+impl From<&SourceStats> for SourceReport {
+    fn from(stats: &SourceStats) -> Self {
+        Self {
+            name: stats.name.clone(),
+            asked: stats.asked,
+            proposed: stats.proposed,
+            rounds_won: stats.won,
+            drafted: stats.drafted,
+            accepted: stats.accepted,
+            acceptance_percent: 100.0 * stats.acceptance(),
+            mean_accepted_length: ratio(stats.accepted, stats.won),
+            accepted_by_position: stats.accepted_by_position.clone(),
+            faults: stats.faults,
+        }
+    }
+}
+
+/// `speculative` in a response: what speculation did for this request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpeculativeReport {
+    /// Sources of the cascade the last round used, in order.
+    pub cascade: Vec<String>,
+    /// Most draft tokens per round.
+    pub draft_max: usize,
+    /// How the cascade picked drafts.
+    pub mode: CascadeMode,
+    /// Verify rounds after the first token.
+    pub rounds: u64,
+    /// Rounds that verified a draft.
+    pub draft_rounds: u64,
+    /// Draft tokens verified.
+    pub drafted: u64,
+    /// Draft tokens accepted.
+    pub accepted: u64,
+    /// `100 * accepted / drafted`.
+    pub acceptance_percent: f64,
+    /// Accepted tokens per round that verified a draft.
+    pub mean_accepted_length: f64,
+    /// Generated tokens per second after the first.
+    pub tokens_per_second: f64,
+    /// Times the cascade was replaced between rounds (hot swaps).
+    pub swaps: u32,
+    /// Milliseconds the request waited for a slot.
+    pub queue_ms: u64,
+    /// Per source, every source the request drafted with.
+    pub sources: Vec<SourceReport>,
+}
+
+/// `choices[0]` of a completion.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    /// Generated text (a piece of it in a stream chunk).
+    pub text: String,
+    /// Always 0.
+    pub index: u32,
+    /// Always `null`.
+    pub logprobs: Option<serde_json::Value>,
+    /// `stop` or `length` at the end; `null` before.
+    pub finish_reason: Option<String>,
+}
+
+/// A completion, or one chunk of a streamed one (`object` tells which).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Completion {
+    /// Request id.
+    pub id: String,
+    /// `text_completion`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model.
+    pub model: String,
+    /// One choice (none in a stream's usage chunk).
+    pub choices: Vec<CompletionChoice>,
+    /// Token counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// What speculation did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeReport>,
+}
+
+/// A chat message in a response, or the change a stream chunk brings to it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    /// `assistant` (in a stream, only in the first chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// Text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// `choices[0]` of a chat completion or chunk.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChatChoice {
+    /// Always 0.
+    pub index: u32,
+    /// The whole message (non-streamed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<AssistantMessage>,
+    /// The change (streamed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<AssistantMessage>,
+    /// Always `null`.
+    pub logprobs: Option<serde_json::Value>,
+    /// `stop` or `length` at the end; `null` before.
+    pub finish_reason: Option<String>,
+}
+
+/// A chat completion (`chat.completion`) or a chunk of one (`chat.completion.chunk`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChatCompletion {
+    /// Request id.
+    pub id: String,
+    /// `chat.completion` or `chat.completion.chunk`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model.
+    pub model: String,
+    /// One choice (none in a stream's usage chunk).
+    pub choices: Vec<ChatChoice>,
+    /// Token counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// What speculation did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeReport>,
+}
+
+/// One model of `GET /v1/models`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Model {
+    /// The name requests use.
+    pub id: String,
+    /// `model`.
+    pub object: String,
+    /// Unix seconds (server start).
+    pub created: u64,
+    /// `spechost`.
+    pub owned_by: String,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelList {
+    /// `list`.
+    pub object: String,
+    /// The served model.
+    pub data: Vec<Model>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_openai_chat_bodies_with_extensions_and_unknown_fields() {
+        let body = serde_json::json!({
+            "model": "smollm2",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}]}
+            ],
+            "temperature": 0,
+            "stop": "\n\n",
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "user": "someone",
+            "speculative": {"cascade": "suffix,lookup", "draft_max": 4, "mode": "first"}
+        });
+        let request: ChatRequest = serde_json::from_value(body).expect("valid chat body");
+        assert_eq!(request.messages.len(), 2);
+        assert!(request.common.stream);
+        let speculative = request.common.speculative.expect("speculative block");
+        assert_eq!(speculative.cascade.as_deref(), Some("suffix,lookup"));
+        assert_eq!(speculative.mode, Some(CascadeMode::First));
+        assert_eq!(
+            request.common.stop.map(Stop::into_vec),
+            Some(vec!["\n\n".to_owned()])
+        );
+    }
+
+    #[test]
+    fn rejects_typos_in_the_speculative_block() {
+        let body = serde_json::json!({"prompt": "x", "speculative": {"cascde": "lookup"}});
+        let error = serde_json::from_value::<CompletionRequest>(body)
+            .expect_err("unknown field")
+            .to_string();
+        assert!(error.contains("cascde"), "error: {error}");
+    }
+
+    #[test]
+    fn completion_prompt_may_be_text_tokens_or_a_list() {
+        for (prompt, tokens) in [
+            (serde_json::json!("hello"), false),
+            (serde_json::json!([1, 2, 3]), true),
+            (serde_json::json!(["a"]), false),
+        ] {
+            let request: CompletionRequest =
+                serde_json::from_value(serde_json::json!({"prompt": prompt}))
+                    .expect("valid prompt");
+            assert_eq!(
+                matches!(request.prompt, Prompt::Tokens(_)),
+                tokens,
+                "{:?}",
+                request.prompt
+            );
+        }
+    }
+}

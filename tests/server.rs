@@ -1,0 +1,998 @@
+//! `spechost serve` on loopback with the default model (SmolLM2-135M), driven by a real HTTP
+//! client: OpenAI-compatible answers, greedy output identical to `spechost run` and to plain
+//! decoding, streaming, per-request cascades, the bounded queue, client disconnects, admin
+//! authentication, and hot swaps of the cascade and of plugin files while requests stream.
+//!
+//! Each test starts its own server (`spechost serve --port 0`, address read from stdout) and
+//! kills it at the end. Needs the model (`spechost models fetch smollm2`) and the plugins
+//! (`scripts/build-plugins.sh`).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{exclusive, fixtures, wasm_dir};
+use serde_json::{Value, json};
+use spechost::config::cache_dir;
+use spechost::models::DefaultModel;
+
+/// Admin token of the servers that have one.
+const ADMIN_TOKEN: &str = "test-admin-token";
+/// Context of every test server, in tokens (fits every fixture prompt plus its output).
+const CTX_SIZE: &str = "2048";
+/// How long a test waits for something the server does in the background (a watched file
+/// reloaded, a cancelled request counted). Waiting is not timing: it only bounds a hang.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// A `spechost serve` child process, killed on drop.
+struct Server {
+    child: Child,
+    base: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts `spechost serve --model smollm2 --port 0 --ctx-size 2048 ARGS` and waits for its
+    /// `listening on` line.
+    fn start(args: &[&str]) -> Self {
+        let model = DefaultModel::SmolLm2.path(&cache_dir());
+        assert!(
+            model.exists(),
+            "{} is missing; fetch it with `spechost models fetch smollm2`",
+            model.display()
+        );
+        let mut child = Command::new(env!("CARGO_BIN_EXE_spechost"))
+            .args([
+                "serve",
+                "--model",
+                "smollm2",
+                "--port",
+                "0",
+                "--ctx-size",
+                CTX_SIZE,
+            ])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spechost serve starts");
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut stderr = child.stderr.take().expect("stderr is piped");
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buffer) {
+                if n == 0 {
+                    break;
+                }
+                let text = String::from_utf8_lossy(&buffer[..n]).into_owned();
+                sink.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push_str(&text);
+            }
+        });
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut line = String::new();
+        let read = BufReader::new(stdout).read_line(&mut line);
+        let base = match line.trim().strip_prefix("listening on ") {
+            Some(base) if read.is_ok() => base.to_owned(),
+            _ => {
+                let status = child.wait();
+                std::thread::sleep(Duration::from_millis(200));
+                panic!(
+                    "spechost serve did not start ({status:?}, stdout {line:?}); its log:\n{}",
+                    log.lock().unwrap_or_else(|e| e.into_inner())
+                );
+            }
+        };
+        Self { child, base, log }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP client that returns error statuses as responses.
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// Sends `body` as compact JSON (ureq's `send_json` pretty-prints, which would distort the
+/// body-size limits under test).
+fn send(
+    request: ureq::RequestBuilder<ureq::typestate::WithBody>,
+    body: &Value,
+) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+    request
+        .header("Content-Type", "application/json")
+        .send(body.to_string())
+}
+
+/// An answer: status, headers of interest, JSON body.
+struct Answer {
+    status: u16,
+    retry_after: Option<String>,
+    body: Value,
+}
+
+fn answer(result: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Answer {
+    let mut response = result.expect("the server answers");
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let text = response.body_mut().read_to_string().expect("body");
+    let body = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("status {status}: body is not JSON ({e}): {text}"));
+    Answer {
+        status,
+        retry_after,
+        body,
+    }
+}
+
+fn post(server: &Server, path: &str, body: &Value) -> Answer {
+    answer(send(agent().post(server.url(path)), body))
+}
+
+fn admin_put(server: &Server, path: &str, body: &Value) -> Answer {
+    answer(send(
+        agent()
+            .put(server.url(path))
+            .header("Authorization", format!("Bearer {ADMIN_TOKEN}")),
+        body,
+    ))
+}
+
+fn admin_post(server: &Server, path: &str, body: &Value) -> Answer {
+    answer(send(
+        agent()
+            .post(server.url(path))
+            .header("Authorization", format!("Bearer {ADMIN_TOKEN}")),
+        body,
+    ))
+}
+
+fn get(server: &Server, path: &str, token: Option<&str>) -> Answer {
+    let mut request = agent().get(server.url(path));
+    if let Some(token) = token {
+        request = request.header("Authorization", format!("Bearer {token}"));
+    }
+    answer(request.call())
+}
+
+fn metrics(server: &Server) -> String {
+    agent()
+        .get(server.url("/metrics"))
+        .call()
+        .expect("metrics answer")
+        .body_mut()
+        .read_to_string()
+        .expect("metrics text")
+}
+
+/// The value of a metrics sample (`name{labels}` exactly as rendered), 0 if absent.
+fn sample(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits until `ready` holds, failing after [`PATIENCE`] with `what` and the server's log.
+fn wait_for(server: &Server, what: &str, mut ready: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !ready() {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "gave up waiting for {what}; server log:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A chat body: one user message, greedy, `max_tokens`, plus `extra` fields.
+fn chat_body(user: &str, max_tokens: usize, extra: Value) -> Value {
+    let mut body = json!({
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": user}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    });
+    if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        body.extend(extra.clone());
+    }
+    body
+}
+
+fn chat_text(answer: &Answer) -> String {
+    assert_eq!(answer.status, 200, "chat failed: {}", answer.body);
+    answer.body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no content in {}", answer.body))
+        .to_owned()
+}
+
+/// What a streamed answer delivered.
+#[derive(Debug, Default)]
+struct Streamed {
+    status: u16,
+    /// Every `data:` payload but `[DONE]`, parsed.
+    chunks: Vec<Value>,
+    done: bool,
+}
+
+impl Streamed {
+    /// The text of every chunk's delta (chat) or text (completions), joined.
+    fn text(&self) -> String {
+        self.chunks
+            .iter()
+            .filter_map(|chunk| {
+                let choice = chunk["choices"].get(0)?;
+                choice["delta"]["content"]
+                    .as_str()
+                    .or_else(|| choice["text"].as_str())
+            })
+            .collect()
+    }
+
+    /// The chunk that carries `finish_reason`.
+    fn last(&self) -> &Value {
+        self.chunks
+            .iter()
+            .rev()
+            .find(|chunk| chunk["choices"][0]["finish_reason"].is_string())
+            .unwrap_or_else(|| panic!("no chunk with a finish_reason in {:?}", self.chunks))
+    }
+
+    fn errors(&self) -> Vec<&Value> {
+        self.chunks
+            .iter()
+            .filter(|c| c.get("error").is_some())
+            .collect()
+    }
+}
+
+/// Reads SSE lines from `reader` into `streamed`, calling `on_chunk` after each chunk.
+fn read_events(reader: impl Read, streamed: &mut Streamed, mut on_chunk: impl FnMut(&Value)) {
+    for line in BufReader::new(reader).lines() {
+        let line = line.expect("stream line");
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            streamed.done = true;
+            break;
+        }
+        let chunk: Value = serde_json::from_str(data).expect("chunk is JSON");
+        on_chunk(&chunk);
+        streamed.chunks.push(chunk);
+    }
+}
+
+/// Posts `body` with `stream: true` to `path` and reads the whole stream.
+fn stream(server: &Server, path: &str, body: &Value) -> Streamed {
+    stream_at(&server.base, path, body, |_| {})
+}
+
+/// Like [`stream`], on the server at `base`, calling `on_chunk` after each chunk.
+fn stream_at(base: &str, path: &str, body: &Value, on_chunk: impl FnMut(&Value)) -> Streamed {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let response = send(agent().post(format!("{base}{path}")), &body).expect("the server answers");
+    let mut streamed = Streamed {
+        status: response.status().as_u16(),
+        ..Streamed::default()
+    };
+    if streamed.status == 200 {
+        read_events(response.into_body().into_reader(), &mut streamed, on_chunk);
+    }
+    streamed
+}
+
+/// The user message of the fixture prompt `id`.
+fn fixture(id: &str) -> String {
+    fixtures()
+        .into_iter()
+        .find(|f| f.id == id)
+        .unwrap_or_else(|| panic!("no fixture {id}"))
+        .user_message
+}
+
+/// A temporary directory for one test, removed first if a previous run left it.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("spechost-server-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// A built plugin's `.wasm` path (from `scripts/build-plugins.sh`).
+fn built(stem: &str) -> PathBuf {
+    let path = wasm_dir().join(format!("{stem}.wasm"));
+    assert!(
+        path.exists(),
+        "{} is missing; build the plugins with scripts/build-plugins.sh",
+        path.display()
+    );
+    path
+}
+
+/// Replaces `to` with a copy of `from` in one rename, so no reader sees half a file.
+fn install(from: &Path, to: &Path) {
+    let temp = to.with_extension("wasm.partial");
+    std::fs::copy(from, &temp).expect("copy plugin");
+    std::fs::rename(&temp, to).expect("rename plugin into place");
+}
+
+#[test]
+fn greedy_chat_completion_is_identical_to_spechost_run() {
+    let _guard = exclusive();
+    let prompt = fixture("edit-shlex-split");
+    let run = Command::new(env!("CARGO_BIN_EXE_spechost"))
+        .args([
+            "run",
+            "--model",
+            "smollm2",
+            "--cascade",
+            "none",
+            "--ctx-size",
+            CTX_SIZE,
+        ])
+        .args(["--max-tokens", "64", "--prompt", &prompt])
+        .output()
+        .expect("spechost run starts");
+    assert!(
+        run.status.success(),
+        "spechost run failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let expected = String::from_utf8(run.stdout).expect("run prints UTF-8");
+
+    let server = Server::start(&["--cascade", "lookup"]);
+    let answer = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(&prompt, 64, json!({})),
+    );
+    let text = chat_text(&answer);
+    assert_eq!(text, expected, "server and `spechost run` differ");
+    let body = &answer.body;
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], "smollm2");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    let usage = &body["usage"];
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(
+            usage["prompt_tokens"].as_u64().unwrap_or(0)
+                + usage["completion_tokens"].as_u64().unwrap_or(0)
+        ),
+        "usage: {usage}"
+    );
+    let speculative = &body["speculative"];
+    assert_eq!(speculative["cascade"], json!(["lookup"]), "{speculative}");
+    assert_eq!(speculative["sources"][0]["name"], "lookup");
+    assert!(
+        speculative["accepted"].as_u64() > Some(0),
+        "lookup had nothing accepted on an edit prompt, so the identity check proved nothing: {speculative}"
+    );
+    for key in ["acceptance_percent", "mean_accepted_length", "rounds_won"] {
+        assert!(
+            speculative["sources"][0].get(key).is_some(),
+            "no `{key}` in {speculative}"
+        );
+    }
+}
+
+#[test]
+fn streams_chat_and_completions_as_server_sent_events() {
+    let _guard = exclusive();
+    let server = Server::start(&["--cascade", "lookup"]);
+    let prompt = fixture("HumanEval-2");
+    let whole = chat_text(&post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(&prompt, 48, json!({})),
+    ));
+
+    let streamed = stream(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(
+            &prompt,
+            48,
+            json!({"stream_options": {"include_usage": true}}),
+        ),
+    );
+    assert_eq!(streamed.status, 200);
+    assert!(streamed.done, "no [DONE] after {:?}", streamed.chunks);
+    assert!(
+        streamed.errors().is_empty(),
+        "errors: {:?}",
+        streamed.errors()
+    );
+    assert_eq!(streamed.text(), whole, "streamed and whole answers differ");
+    let first = &streamed.chunks[0];
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    let last = streamed.last();
+    assert!(
+        last["speculative"]["sources"].is_array(),
+        "last chunk: {last}"
+    );
+    let usage = streamed.chunks.last().expect("a usage chunk");
+    assert_eq!(usage["choices"], json!([]), "usage chunk: {usage}");
+    assert!(usage["usage"]["completion_tokens"].as_u64() > Some(0));
+
+    let completion = json!({"prompt": "def fibonacci(n):", "max_tokens": 24, "temperature": 0});
+    let whole = post(&server, "/v1/completions", &completion);
+    assert_eq!(whole.status, 200, "{}", whole.body);
+    assert_eq!(whole.body["object"], "text_completion");
+    let streamed = stream(&server, "/v1/completions", &completion);
+    assert!(streamed.done);
+    assert_eq!(
+        Some(streamed.text().as_str()),
+        whole.body["choices"][0]["text"].as_str(),
+        "streamed completion differs"
+    );
+    assert_eq!(
+        streamed.last()["choices"][0]["finish_reason"],
+        whole.body["choices"][0]["finish_reason"]
+    );
+}
+
+#[test]
+fn each_request_may_choose_its_cascade_and_the_output_does_not_change() {
+    let _guard = exclusive();
+    let server = Server::start(&["--cascade", "lookup"]);
+    let prompt = fixture("extract-protocols-0");
+    let plain = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(&prompt, 48, json!({"speculative": {"cascade": "none"}})),
+    );
+    let plain_text = chat_text(&plain);
+    assert_eq!(plain.body["speculative"]["drafted"], 0, "{}", plain.body);
+    assert_eq!(plain.body["speculative"]["sources"], json!([]));
+
+    let suffix = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(
+            &prompt,
+            48,
+            json!({"speculative": {"cascade": "suffix,lookup", "draft_max": 3, "mode": "first"}}),
+        ),
+    );
+    assert_eq!(
+        chat_text(&suffix),
+        plain_text,
+        "suffix,lookup changed the output"
+    );
+    let speculative = &suffix.body["speculative"];
+    assert_eq!(
+        speculative["cascade"],
+        json!(["suffix", "lookup"]),
+        "{speculative}"
+    );
+    assert_eq!(speculative["draft_max"], 3);
+    assert_eq!(speculative["sources"][0]["name"], "suffix");
+
+    let default = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(&prompt, 48, json!({})),
+    );
+    assert_eq!(chat_text(&default), plain_text);
+    assert_eq!(default.body["speculative"]["cascade"], json!(["lookup"]));
+    let scored = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(&prompt, 48, json!({"cascade": "lookup,suffix", "mode": "scored"})),
+    );
+    assert_eq!(chat_text(&scored), plain_text, "scored mode changed the output");
+
+    for (speculative, status, needle) in [
+        (json!({"cascade": "nope"}), 400, "lookup, suffix"),
+        (json!({"cascade": "./x.wasm"}), 400, "PUT /admin/cascade"),
+        (
+            json!({"policy": "adaptive"}),
+            400,
+            "not supported by this build yet",
+        ),
+        (json!({"draft_max": 0}), 400, "at least 1"),
+        (json!({"cascde": "lookup"}), 400, "cascde"),
+    ] {
+        let answer = post(
+            &server,
+            "/v1/chat/completions",
+            &chat_body(&prompt, 8, json!({"speculative": speculative})),
+        );
+        let message = answer.body["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(answer.status, status, "{speculative}: {}", answer.body);
+        assert!(
+            message.contains(needle),
+            "{speculative}: `{needle}` not in {message}"
+        );
+    }
+}
+
+#[test]
+fn refuses_what_it_cannot_do_with_openai_errors() {
+    let _guard = exclusive();
+    let server = Server::start(&["--max-body-bytes", "4096", "--max-tokens-limit", "512"]);
+    assert_eq!(get(&server, "/health", None).body["status"], "ok");
+    let models = get(&server, "/v1/models", None);
+    assert_eq!(models.body["data"][0]["id"], "smollm2", "{}", models.body);
+
+    let long_text = "word ".repeat(2000);
+    let long_prompt = vec![5u32; 1600];
+    for (path, body, status, needle) in [
+        (
+            "/v1/chat/completions",
+            chat_body("hi", 8, json!({"model": "gpt-4"})),
+            404,
+            "serves `smollm2`",
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body("hi", 100_000, json!({})),
+            400,
+            "--max-tokens-limit",
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body(&long_text, 8, json!({})),
+            413,
+            "--max-body-bytes",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": long_prompt, "max_tokens": 512}),
+            400,
+            "exceed the context",
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body("hi", 8, json!({"n": 2})),
+            400,
+            "n other than 1",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": "hi"}),
+            400,
+            "messages",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [999_999_999]}),
+            400,
+            "outside the vocabulary",
+        ),
+    ] {
+        let answer = post(&server, path, &body);
+        let error = &answer.body["error"];
+        assert_eq!(answer.status, status, "{path}: {}", answer.body);
+        let message = error["message"].as_str().unwrap_or_default();
+        assert!(message.contains(needle), "`{needle}` not in {message}");
+        assert!(
+            error["type"].is_string(),
+            "not an OpenAI error: {}",
+            answer.body
+        );
+    }
+    let unknown = get(&server, "/v1/nothing", None);
+    assert_eq!(unknown.status, 404);
+
+    let ok = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body("Say hi.", 8, json!({})),
+    );
+    chat_text(&ok);
+    let page = metrics(&server);
+    for name in [
+        "spechost_requests_total{endpoint=\"chat_completions\",outcome=\"completed\"}",
+        "spechost_requests_total{endpoint=\"chat_completions\",outcome=\"invalid\"}",
+        "spechost_generated_tokens_total",
+        "spechost_queue_slots",
+    ] {
+        assert!(
+            sample(&page, name) >= 1.0,
+            "`{name}` missing or 0 in:\n{page}"
+        );
+    }
+    assert!(page.contains("# TYPE spechost_source_accepted_at_position_total counter"));
+}
+
+#[test]
+fn a_full_queue_answers_429_and_a_client_that_leaves_is_cancelled() {
+    let _guard = exclusive();
+    let server = Server::start(&["--parallel", "1", "--max-queue", "1"]);
+    let long =
+        json!({"prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "max_tokens": 1500, "temperature": 0});
+
+    // A long streamed request holds the only slot; stop reading it once it runs.
+    let mut body = long.clone();
+    body["stream"] = json!(true);
+    let response = send(agent().post(server.url("/v1/completions")), &body).expect("stream starts");
+    assert_eq!(response.status().as_u16(), 200);
+    let mut running = BufReader::new(response.into_body().into_reader());
+    let mut first = String::new();
+    while !first.starts_with("data: ") {
+        first.clear();
+        running.read_line(&mut first).expect("first chunk");
+    }
+
+    // A second request waits in the queue; its client gives up after a while.
+    let waiting_url = server.url("/v1/completions");
+    let waiting = std::thread::spawn(move || {
+        let impatient: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(2)))
+            .build()
+            .into();
+        send(
+            impatient.post(waiting_url),
+            &json!({"prompt": "Hello", "max_tokens": 8}),
+        )
+        .is_err()
+    });
+    wait_for(&server, "the second request to queue", || {
+        sample(&metrics(&server), "spechost_queue_waiting") == 1.0
+    });
+
+    let refused = post(
+        &server,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 8}),
+    );
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert_eq!(refused.body["error"]["code"], "queue_full");
+    let retry_after: u64 = refused
+        .retry_after
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After in seconds");
+    assert!(retry_after >= 1, "Retry-After {retry_after}");
+
+    assert!(
+        waiting.join().expect("client thread"),
+        "the impatient client got an answer"
+    );
+    drop(running);
+    let cancelled = "spechost_requests_total{endpoint=\"completions\",outcome=\"cancelled\"}";
+    wait_for(&server, "both requests to be cancelled", || {
+        sample(&metrics(&server), cancelled) == 2.0
+    });
+    let page = metrics(&server);
+    assert_eq!(sample(&page, "spechost_queue_running"), 0.0, "{page}");
+    assert!(
+        sample(&page, "spechost_generated_tokens_total") < 1500.0,
+        "the abandoned stream was generated to the end:\n{page}"
+    );
+    let after = post(
+        &server,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 4}),
+    );
+    assert_eq!(after.status, 200, "{}", after.body);
+}
+
+#[test]
+fn admin_endpoints_are_off_without_a_token_and_require_it_with_one() {
+    let _guard = exclusive();
+    let closed = Server::start(&[]);
+    assert_eq!(get(&closed, "/admin/cascade", None).status, 404);
+    assert_eq!(
+        get(&closed, "/admin/cascade", Some(ADMIN_TOKEN)).status,
+        404
+    );
+    drop(closed);
+
+    let server = Server::start(&["--admin-token", ADMIN_TOKEN, "--cascade", "lookup"]);
+    let missing = get(&server, "/admin/cascade", None);
+    assert_eq!(missing.status, 401, "{}", missing.body);
+    assert_eq!(get(&server, "/admin/cascade", Some("wrong")).status, 401);
+    let shown = get(&server, "/admin/cascade", Some(ADMIN_TOKEN));
+    assert_eq!(shown.status, 200, "{}", shown.body);
+    assert_eq!(shown.body["defaults"]["cascade"], json!(["lookup"]));
+    let unauthorized_put = answer(send(
+        agent().put(server.url("/admin/cascade")),
+        &json!({"cascade": "suffix"}),
+    ));
+    assert_eq!(unauthorized_put.status, 401);
+
+    let updated = admin_put(
+        &server,
+        "/admin/cascade",
+        &json!({"cascade": "suffix", "draft_max": 4}),
+    );
+    assert_eq!(updated.status, 200, "{}", updated.body);
+    assert_eq!(updated.body["defaults"]["cascade"], json!(["suffix"]));
+    let answer = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body("Name three colours.", 16, json!({})),
+    );
+    chat_text(&answer);
+    assert_eq!(answer.body["speculative"]["cascade"], json!(["suffix"]));
+    assert_eq!(answer.body["speculative"]["draft_max"], 4);
+
+    for (body, status, needle) in [
+        (
+            json!({"cascade": "nope"}),
+            422,
+            "no built-in drafter `nope`",
+        ),
+        (
+            json!({"plugin_configs": {"lookup": "max_ngram=banana"}}),
+            422,
+            "lookup",
+        ),
+    ] {
+        let refused = admin_put(&server, "/admin/cascade", &body);
+        assert_eq!(refused.status, status, "{body}: {}", refused.body);
+        let message = refused.body["error"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(message.contains(needle), "`{needle}` not in {message}");
+    }
+    let unchanged = get(&server, "/admin/cascade", Some(ADMIN_TOKEN));
+    assert_eq!(
+        unchanged.body["defaults"]["cascade"],
+        json!(["suffix"]),
+        "a refused update changed the defaults"
+    );
+}
+
+#[test]
+fn hot_swaps_while_streaming_keep_every_output_identical_to_plain_decoding() {
+    let _guard = exclusive();
+    let dir = scratch("hotswap");
+    let swapped = dir.join("swapped.wasm");
+    install(&built("lookup"), &swapped);
+    let cascade = format!("lookup,{}", swapped.display());
+    let server = Server::start(&["--admin-token", ADMIN_TOKEN, "--cascade", &cascade]);
+    let prompts: Vec<String> = [
+        "edit-shlex-split",
+        "extract-protocols-0",
+        "HumanEval-2",
+        "HumanEval-5",
+    ]
+    .iter()
+    .map(|id| fixture(id))
+    .collect();
+    let max_tokens = 64;
+    let plain: Vec<String> = prompts
+        .iter()
+        .map(|prompt| {
+            chat_text(&post(
+                &server,
+                "/v1/chat/completions",
+                &chat_body(
+                    prompt,
+                    max_tokens,
+                    json!({"speculative": {"cascade": "none"}}),
+                ),
+            ))
+        })
+        .collect();
+
+    // The client streams one request after another with the default cascade and says when
+    // each has started, so that every swap lands while a request is in flight.
+    let (started, requests_started) = mpsc::channel::<()>();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = {
+        let base = server.base.clone();
+        let prompts = prompts.clone();
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut results = Vec::new();
+            for index in 0.. {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let prompt = index % prompts.len();
+                let mut told = false;
+                let body = chat_body(&prompts[prompt], max_tokens, json!({}));
+                let streamed = stream_at(&base, "/v1/chat/completions", &body, |_| {
+                    if !told {
+                        told = true;
+                        let _ = started.send(());
+                    }
+                });
+                results.push((prompt, streamed));
+            }
+            results
+        })
+    };
+
+    let cascades = [
+        "swapped",
+        "suffix,swapped",
+        "swapped,lookup",
+        "lookup,swapped",
+    ];
+    for round in 0..10 {
+        requests_started
+            .recv_timeout(PATIENCE)
+            .expect("the client starts a request");
+        let updated = admin_put(
+            &server,
+            "/admin/cascade",
+            &json!({"cascade": cascades[round % cascades.len()]}),
+        );
+        assert_eq!(updated.status, 200, "swap {round}: {}", updated.body);
+        let version = if round % 2 == 0 { "suffix" } else { "lookup" };
+        install(&built(version), &swapped);
+        let reloaded = admin_post(
+            &server,
+            "/admin/plugins/reload",
+            &json!({"plugins": ["swapped"]}),
+        );
+        assert_eq!(reloaded.status, 200, "reload {round}: {}", reloaded.body);
+        assert_eq!(
+            reloaded.body["reloaded"],
+            json!(["swapped"]),
+            "reload {round}"
+        );
+    }
+
+    // A broken version is refused and the working one kept.
+    let before = get(&server, "/admin/cascade", Some(ADMIN_TOKEN));
+    install(&built("hostile_panic"), &swapped);
+    let refused = admin_post(
+        &server,
+        "/admin/plugins/reload",
+        &json!({"plugins": ["swapped"]}),
+    );
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    assert!(
+        refused.body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("smoke test"),
+        "{}",
+        refused.body
+    );
+    let after = get(&server, "/admin/cascade", Some(ADMIN_TOKEN));
+    assert_eq!(
+        before.body["plugins"], after.body["plugins"],
+        "the broken version was published"
+    );
+    requests_started
+        .recv_timeout(PATIENCE)
+        .expect("one more request");
+
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let results = client.join().expect("client thread");
+    assert!(results.len() >= 11, "only {} requests ran", results.len());
+    let mut swaps = 0;
+    for (index, (prompt, streamed)) in results.iter().enumerate() {
+        assert_eq!(streamed.status, 200, "request {index} failed");
+        assert!(
+            streamed.done && streamed.errors().is_empty(),
+            "request {index}: {:?}",
+            streamed.chunks
+        );
+        assert_eq!(
+            streamed.text(),
+            plain[*prompt],
+            "request {index} (prompt {prompt}) differs from plain decoding"
+        );
+        swaps += streamed.last()["speculative"]["swaps"]
+            .as_u64()
+            .unwrap_or(0);
+    }
+    assert!(
+        swaps >= 1,
+        "no request was swapped mid-flight; the test proved nothing"
+    );
+    let page = metrics(&server);
+    assert!(
+        sample(&page, "spechost_cascade_swaps_total") >= 1.0,
+        "{page}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn watch_reloads_a_changed_plugin_file_and_keeps_the_old_one_when_broken() {
+    let _guard = exclusive();
+    let dir = scratch("watch");
+    let watched = dir.join("watched.wasm");
+    install(&built("lookup"), &watched);
+    let server = Server::start(&[
+        "--admin-token",
+        ADMIN_TOKEN,
+        "--watch",
+        dir.to_str().expect("UTF-8 temp dir"),
+        "--cascade",
+        watched.to_str().expect("UTF-8 temp dir"),
+    ]);
+    let sha = |server: &Server| {
+        let shown = get(server, "/admin/cascade", Some(ADMIN_TOKEN));
+        shown.body["plugins"]
+            .as_array()
+            .and_then(|plugins| plugins.iter().find(|p| p["name"] == "watched"))
+            .map(|p| p["sha256"].clone())
+            .unwrap_or_else(|| panic!("no `watched` plugin in {}", shown.body))
+    };
+    let original = sha(&server);
+    install(&built("suffix"), &watched);
+    wait_for(&server, "the changed file to be reloaded", || {
+        sha(&server) != original
+    });
+    let reloaded = sha(&server);
+
+    install(&built("hostile_panic"), &watched);
+    let rejected = "spechost_plugin_reloads_total{outcome=\"rejected\"}";
+    wait_for(&server, "the broken file to be refused", || {
+        sample(&metrics(&server), rejected) >= 1.0
+    });
+    assert_eq!(sha(&server), reloaded, "the broken version was published");
+    let answer = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body("Say hi.", 8, json!({})),
+    );
+    chat_text(&answer);
+    assert_eq!(answer.body["speculative"]["cascade"], json!(["watched"]));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_official_openai_python_client_works() {
+    let python = std::env::var("SPECHOST_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let has_openai = Command::new(&python)
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !has_openai {
+        println!(
+            "skipped: `{python} -c 'import openai'` failed; scripts/test.sh installs the openai package into a venv and sets SPECHOST_PYTHON"
+        );
+        return;
+    }
+    let _guard = exclusive();
+    let server = Server::start(&["--cascade", "lookup"]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/openai_client.py");
+    let output = Command::new(&python)
+        .arg(&script)
+        .args(["--base-url", &server.url("/v1")])
+        .output()
+        .expect("python starts");
+    assert!(
+        output.status.success(),
+        "{} failed:\nstdout: {}\nstderr: {}\nserver log:\n{}",
+        script.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+        server.log()
+    );
+}
