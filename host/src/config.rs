@@ -33,6 +33,13 @@ pub enum Command {
     Models(ModelsCommand),
     /// Measure cascades against plain decoding on workload files (greedy), in one process.
     Bench(Box<BenchArgs>),
+    /// Record the target's greedy output for workload files, for `simulate`.
+    Trace(Box<TraceArgs>),
+    /// Replay a trace through cascades without the model: acceptance in seconds.
+    Simulate(Box<SimulateArgs>),
+    /// Write each workload request's prompt as the target reads it (chat template applied),
+    /// for running other tools on exactly the same text.
+    Prompts(Box<PromptsArgs>),
 }
 
 /// `spechost models ...`
@@ -206,6 +213,9 @@ pub enum ConfigError {
     /// `--repeat 0`.
     #[error("--repeat must be at least 1: the medians need at least one measured pass")]
     ZeroRepeat,
+    /// `--cost-repeat 0`.
+    #[error("--cost-repeat must be at least 1: the verify cost curve needs a measured run")]
+    ZeroCostRepeat,
     /// The same value given twice to a flag that takes a list.
     #[error("{flag} `{value}` appears twice; give each once")]
     Repeated {
@@ -228,6 +238,12 @@ pub enum ConfigError {
     /// Stdin cannot be read.
     #[error("cannot read the prompt from stdin: {0}")]
     Stdin(std::io::Error),
+    /// Plugin flags given to a subcommand that runs no plugins.
+    #[error("`spechost {command}` decodes without drafts; drop --plugin-config and --plugin-dir")]
+    PluginsUnused {
+        /// The subcommand.
+        command: &'static str,
+    },
     /// The TOML file cannot be read or parsed.
     #[error("cannot use config file {path}: {problem}")]
     File {
@@ -532,6 +548,9 @@ pub struct BenchArgs {
     /// Cap on each request's max_tokens.
     #[arg(long, short = 'n')]
     pub max_tokens: Option<usize>,
+    /// Measured runs of each batch size for the verify cost curve (its median is the cost).
+    #[arg(long, default_value_t = crate::engine::DEFAULT_COST_REPETITIONS)]
+    pub cost_repeat: usize,
     /// Directory for results.md, results.csv, results.json and the SVG charts.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -558,6 +577,8 @@ pub struct BenchConfig {
     pub repeat: usize,
     /// Unmeasured passes before them.
     pub warmup: usize,
+    /// Measured runs of each batch size for the verify cost curve.
+    pub cost_repeat: usize,
     /// Cap on each request's `max_tokens`.
     pub max_tokens_cap: Option<usize>,
     /// `max_tokens` of requests that do not give one.
@@ -578,63 +599,15 @@ impl BenchArgs {
     /// Validates the flags into a [`BenchConfig`].
     pub fn into_config(self, cache_dir: &Path) -> Result<BenchConfig, ConfigError> {
         let model = resolve_model(self.target.model.clone(), cache_dir);
-
-        let mut stems = Vec::new();
-        for path in &self.workloads {
-            let stem = path.file_stem().map_or_else(
-                || path.display().to_string(),
-                |s| s.to_string_lossy().into_owned(),
-            );
-            if stems.contains(&stem) {
-                return Err(ConfigError::Repeated {
-                    flag: "--workload",
-                    value: stem,
-                });
-            }
-            stems.push(stem);
-        }
-
-        let mut cascades: Vec<Vec<SourceSpec>> = Vec::new();
-        for spec in &self.cascades {
-            let cascade = parse_cascade(spec)?;
-            if cascade.is_empty() {
-                return Err(ConfigError::Cascade {
-                    spec: spec.clone(),
-                    problem: "plain decoding always runs as the baseline; drop `--cascade none`"
-                        .into(),
-                });
-            }
-            if cascades.contains(&cascade) {
-                return Err(ConfigError::Repeated {
-                    flag: "--cascade",
-                    value: spec.clone(),
-                });
-            }
-            cascades.push(cascade);
-        }
-        let all_sources: Vec<SourceSpec> = cascades.iter().flatten().cloned().collect();
-        check_plugin_settings_target_cascade(&self.target.plugin_config, &all_sources)?;
-        let mut plugin_configs = BTreeMap::new();
-        merge_plugin_settings(&mut plugin_configs, &self.target.plugin_config)?;
-
-        let mut draft_maxes = Vec::new();
-        for draft_max in self.draft_maxes {
-            if draft_max == 0 {
-                return Err(ConfigError::ZeroDraftMax);
-            }
-            if draft_maxes.contains(&draft_max) {
-                return Err(ConfigError::Repeated {
-                    flag: "--draft-max",
-                    value: draft_max.to_string(),
-                });
-            }
-            draft_maxes.push(draft_max);
-        }
-        if draft_maxes.is_empty() {
-            draft_maxes.push(crate::engine::DEFAULT_DRAFT_MAX);
-        }
+        check_workload_names(&self.workloads)?;
+        let cascades = parse_cascades(&self.cascades)?;
+        let plugin_configs = plugin_configs_for(&self.target.plugin_config, &cascades)?;
+        let draft_maxes = check_draft_maxes(self.draft_maxes)?;
         if self.repeat == 0 {
             return Err(ConfigError::ZeroRepeat);
+        }
+        if self.cost_repeat == 0 {
+            return Err(ConfigError::ZeroCostRepeat);
         }
         if self.max_tokens == Some(0) {
             return Err(ConfigError::ZeroMaxTokens);
@@ -647,12 +620,287 @@ impl BenchArgs {
             draft_maxes,
             repeat: self.repeat,
             warmup: self.warmup,
+            cost_repeat: self.cost_repeat,
             max_tokens_cap: self.max_tokens,
             default_max_tokens: DEFAULT_MAX_TOKENS,
             plugin_configs,
             plugin_dirs: self.target.plugin_dirs(),
             session,
             target: self.target.target_params(),
+            out: self.out,
+        })
+    }
+}
+
+/// Workloads are named by their file stems, so no two may share one.
+fn check_workload_names(workloads: &[PathBuf]) -> Result<(), ConfigError> {
+    let mut stems = Vec::new();
+    for path in workloads {
+        let stem = path.file_stem().map_or_else(
+            || path.display().to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        if stems.contains(&stem) {
+            return Err(ConfigError::Repeated {
+                flag: "--workload",
+                value: stem,
+            });
+        }
+        stems.push(stem);
+    }
+    Ok(())
+}
+
+/// Parses the `--cascade` list of `bench` and `simulate`: each non-empty, none twice.
+fn parse_cascades(specs: &[String]) -> Result<Vec<Vec<SourceSpec>>, ConfigError> {
+    let mut cascades: Vec<Vec<SourceSpec>> = Vec::new();
+    for spec in specs {
+        let cascade = parse_cascade(spec)?;
+        if cascade.is_empty() {
+            return Err(ConfigError::Cascade {
+                spec: spec.clone(),
+                problem: "plain decoding always runs as the baseline; drop `--cascade none`".into(),
+            });
+        }
+        if cascades.contains(&cascade) {
+            return Err(ConfigError::Repeated {
+                flag: "--cascade",
+                value: spec.clone(),
+            });
+        }
+        cascades.push(cascade);
+    }
+    Ok(cascades)
+}
+
+/// Merges `--plugin-config` settings, each of which must name a source of some cascade.
+fn plugin_configs_for(
+    settings: &[String],
+    cascades: &[Vec<SourceSpec>],
+) -> Result<BTreeMap<String, String>, ConfigError> {
+    let all_sources: Vec<SourceSpec> = cascades.iter().flatten().cloned().collect();
+    check_plugin_settings_target_cascade(settings, &all_sources)?;
+    let mut plugin_configs = BTreeMap::new();
+    merge_plugin_settings(&mut plugin_configs, settings)?;
+    Ok(plugin_configs)
+}
+
+/// Checks a `--draft-max K,K,...` list: each at least 1, none twice; the default when empty.
+fn check_draft_maxes(given: Vec<usize>) -> Result<Vec<usize>, ConfigError> {
+    let mut draft_maxes = Vec::new();
+    for draft_max in given {
+        if draft_max == 0 {
+            return Err(ConfigError::ZeroDraftMax);
+        }
+        if draft_maxes.contains(&draft_max) {
+            return Err(ConfigError::Repeated {
+                flag: "--draft-max",
+                value: draft_max.to_string(),
+            });
+        }
+        draft_maxes.push(draft_max);
+    }
+    if draft_maxes.is_empty() {
+        draft_maxes.push(crate::engine::DEFAULT_DRAFT_MAX);
+    }
+    Ok(draft_maxes)
+}
+
+/// Flags naming a target and workloads, shared by `trace` and `prompts`.
+#[derive(Debug, Args, Default)]
+pub struct WorkloadTargetArgs {
+    /// The target (no plugins are used: requests are decoded, or templated, without drafts).
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// A JSONL workload file, as for `bench` (repeatable); requests keep file order.
+    #[arg(
+        long = "workload",
+        short = 'w',
+        value_name = "FILE.jsonl",
+        required = true
+    )]
+    pub workloads: Vec<PathBuf>,
+    /// Cap on each request's max_tokens (as `bench --max-tokens`).
+    #[arg(long, short = 'n')]
+    pub max_tokens: Option<usize>,
+}
+
+/// A target and workloads, validated: what `trace` decodes and `prompts` templates.
+#[derive(Debug, Clone)]
+pub struct WorkloadTargetConfig {
+    /// The target GGUF.
+    pub model: PathBuf,
+    /// Workload files, in the order given; each is named by its file stem.
+    pub workloads: Vec<PathBuf>,
+    /// Cap on each request's `max_tokens`.
+    pub max_tokens_cap: Option<usize>,
+    /// `max_tokens` of requests that do not give one.
+    pub default_max_tokens: usize,
+    /// llama.cpp context settings.
+    pub session: SessionParams,
+    /// Model loading settings.
+    pub target: TargetParams,
+}
+
+impl WorkloadTargetArgs {
+    /// Validates the flags; `command` names the subcommand in errors.
+    fn into_config(
+        self,
+        command: &'static str,
+        cache_dir: &Path,
+    ) -> Result<WorkloadTargetConfig, ConfigError> {
+        if !self.target.plugin_config.is_empty() || !self.target.plugin_dirs.is_empty() {
+            return Err(ConfigError::PluginsUnused { command });
+        }
+        check_workload_names(&self.workloads)?;
+        if self.max_tokens == Some(0) {
+            return Err(ConfigError::ZeroMaxTokens);
+        }
+        Ok(WorkloadTargetConfig {
+            model: resolve_model(self.target.model.clone(), cache_dir),
+            workloads: self.workloads,
+            max_tokens_cap: self.max_tokens,
+            default_max_tokens: DEFAULT_MAX_TOKENS,
+            session: session_params(self.target.threads, self.target.ctx_size)?,
+            target: self.target.target_params(),
+        })
+    }
+}
+
+/// Flags of `spechost trace`.
+#[derive(Debug, Args, Default)]
+pub struct TraceArgs {
+    /// The target and the workloads to decode.
+    #[command(flatten)]
+    pub inputs: WorkloadTargetArgs,
+    /// The trace file to write (JSONL).
+    #[arg(long, short = 'o', value_name = "TRACE.jsonl")]
+    pub out: PathBuf,
+    /// Largest verify batch of the recorded verify cost curve (0: record none); `simulate`
+    /// gives an ideal speedup for drafts up to one less.
+    #[arg(long, default_value_t = DEFAULT_TRACE_COST_MAX_TOKENS)]
+    pub cost_max_tokens: usize,
+    /// Measured runs of each batch size for the verify cost curve (its median is the cost).
+    #[arg(long, default_value_t = crate::engine::DEFAULT_COST_REPETITIONS)]
+    pub cost_repeat: usize,
+}
+
+/// Default `--cost-max-tokens` of `spechost trace`: drafts of up to 32 tokens.
+pub const DEFAULT_TRACE_COST_MAX_TOKENS: usize = 33;
+
+/// Everything `spechost trace` needs, validated.
+#[derive(Debug, Clone)]
+pub struct TraceConfig {
+    /// The target and the workloads.
+    pub inputs: WorkloadTargetConfig,
+    /// The trace file to write.
+    pub out: PathBuf,
+    /// Largest verify batch of the recorded cost curve; 0 records none.
+    pub cost_max_tokens: usize,
+    /// Measured runs of each batch size for the cost curve.
+    pub cost_repeat: usize,
+}
+
+impl TraceArgs {
+    /// Validates the flags into a [`TraceConfig`].
+    pub fn into_config(self, cache_dir: &Path) -> Result<TraceConfig, ConfigError> {
+        if self.cost_repeat == 0 {
+            return Err(ConfigError::ZeroCostRepeat);
+        }
+        Ok(TraceConfig {
+            inputs: self.inputs.into_config("trace", cache_dir)?,
+            out: self.out,
+            cost_max_tokens: self.cost_max_tokens,
+            cost_repeat: self.cost_repeat,
+        })
+    }
+}
+
+/// Flags of `spechost prompts`.
+#[derive(Debug, Args, Default)]
+pub struct PromptsArgs {
+    /// The target (for its chat template and tokenizer) and the workloads.
+    #[command(flatten)]
+    pub inputs: WorkloadTargetArgs,
+    /// Directory to write the prompts into.
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+/// Everything `spechost prompts` needs, validated.
+#[derive(Debug, Clone)]
+pub struct PromptsConfig {
+    /// The target and the workloads.
+    pub inputs: WorkloadTargetConfig,
+    /// Directory to write the prompts into.
+    pub out: PathBuf,
+}
+
+impl PromptsArgs {
+    /// Validates the flags into a [`PromptsConfig`].
+    pub fn into_config(self, cache_dir: &Path) -> Result<PromptsConfig, ConfigError> {
+        Ok(PromptsConfig {
+            inputs: self.inputs.into_config("prompts", cache_dir)?,
+            out: self.out,
+        })
+    }
+}
+
+/// Flags of `spechost simulate`.
+#[derive(Debug, Args, Default)]
+pub struct SimulateArgs {
+    /// A trace written by `spechost trace`.
+    #[arg(long, value_name = "TRACE.jsonl")]
+    pub trace: PathBuf,
+    /// A cascade to replay, as for `run --cascade` (repeatable).
+    #[arg(long = "cascade", short = 'c', value_name = "SOURCES", required = true)]
+    pub cascades: Vec<String>,
+    /// Draft lengths (K) to replay each cascade with, comma-separated (default: 8).
+    #[arg(long = "draft-max", value_name = "K,K,...", value_delimiter = ',')]
+    pub draft_maxes: Vec<usize>,
+    /// A plugin setting, `plugin.key=value` (repeatable); applies in every cascade that has the
+    /// plugin.
+    #[arg(long = "plugin-config", value_name = "PLUGIN.KEY=VALUE")]
+    pub plugin_config: Vec<String>,
+    /// Extra directory to search for built-in plugins (repeatable).
+    #[arg(long = "plugin-dir")]
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Directory for simulation.md and simulation.json.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Everything `spechost simulate` needs, validated.
+#[derive(Debug, Clone)]
+pub struct SimulateConfig {
+    /// The trace to replay.
+    pub trace: PathBuf,
+    /// Cascades to replay, each non-empty, in the order given.
+    pub cascades: Vec<Vec<SourceSpec>>,
+    /// Draft lengths to replay every cascade with, in the order given.
+    pub draft_maxes: Vec<usize>,
+    /// Per-plugin configuration strings, by source name.
+    pub plugin_configs: BTreeMap<String, String>,
+    /// Extra directories searched for built-in plugins, before the default ones.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Where to write the result files, if anywhere.
+    pub out: Option<PathBuf>,
+}
+
+impl SimulateArgs {
+    /// Validates the flags into a [`SimulateConfig`].
+    pub fn into_config(self) -> Result<SimulateConfig, ConfigError> {
+        let cascades = parse_cascades(&self.cascades)?;
+        Ok(SimulateConfig {
+            trace: self.trace,
+            plugin_configs: plugin_configs_for(&self.plugin_config, &cascades)?,
+            cascades,
+            draft_maxes: check_draft_maxes(self.draft_maxes)?,
+            plugin_dirs: self
+                .plugin_dirs
+                .into_iter()
+                .chain(env_plugin_dirs())
+                .collect(),
             out: self.out,
         })
     }

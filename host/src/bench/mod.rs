@@ -14,21 +14,35 @@
 //!    `results.json`, `speedup.svg` and `acceptance-by-position.svg` into `--out`, and fails
 //!    when any output differed from plain decoding.
 //!
+//! Beside the benchmark: [`trace`] records the target's greedy output on workloads once,
+//! [`simulate`] replays it through cascades without the model (acceptance in seconds), and
+//! [`prompts`] writes the exact prompt text for running llama.cpp's tools on it
+//! (`bench/peers.sh`). [`VerifyCosts`] is the ceiling every speedup is compared with.
+//!
 //! Not here: flags (`config::BenchArgs`), the verify loop (`engine`), drafting (`cascade`,
 //! `plugins`).
 
+mod ceiling;
 mod chart;
+mod prepare;
+pub mod prompts;
 mod report;
 mod runner;
+pub mod simulate;
 mod stats;
+pub mod trace;
 mod workload;
 
 use std::path::Path;
 
 use anyhow::Context as _;
 
+pub use self::ceiling::{VerifyCostPoint, VerifyCosts, points_markdown};
 pub use self::chart::{acceptance_svg, speedup_svg};
-pub use self::report::{ConfigurationReport, Report, SourceReport, WorkloadReport};
+pub use self::prepare::{Prepared, TokenLimits, prepare};
+pub use self::report::{
+    ConfigurationReport, Report, SourceReport, VerifyCostReport, WorkloadReport,
+};
 pub use self::runner::{Configuration, Measurements, Mismatch, WorkloadRun, measure};
 pub use self::stats::{Summary, Totals, acceptance_by_position, speedup};
 pub use self::workload::{ChatMessage, Prompt, Workload, WorkloadError, WorkloadRequest};

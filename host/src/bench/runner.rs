@@ -20,11 +20,13 @@ use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use super::ceiling::VerifyCosts;
+use super::prepare::{Prepared, TokenLimits, prepare};
 use super::stats::Totals;
-use super::workload::{Prompt, Workload};
+use super::workload::Workload;
 use crate::cascade::{Cascade, ModelFacts, Token};
 use crate::config::{BenchConfig, SourceSpec};
-use crate::engine::{Request, SamplingParams, Session, StopStrings, Target};
+use crate::engine::{Request, Session, Target};
 use crate::plugins::{LoadedPlugin, PluginHost, PluginHostConfig};
 use crate::run::build_cascade;
 
@@ -52,15 +54,21 @@ impl Configuration {
     /// Plain decoding first, then every cascade with every draft length, in the order given.
     pub fn all(config: &BenchConfig) -> Vec<Self> {
         let mut all = vec![Self::plain()];
-        for cascade in &config.cascades {
-            for &draft_max in &config.draft_maxes {
-                all.push(Self {
+        all.extend(Self::grid(&config.cascades, &config.draft_maxes));
+        all
+    }
+
+    /// Every cascade with every draft length, cascade by cascade, in the order given.
+    pub fn grid(cascades: &[Vec<SourceSpec>], draft_maxes: &[usize]) -> Vec<Self> {
+        cascades
+            .iter()
+            .flat_map(|cascade| {
+                draft_maxes.iter().map(|&draft_max| Self {
                     cascade: cascade.clone(),
                     draft_max: Some(draft_max),
-                });
-            }
-        }
-        all
+                })
+            })
+            .collect()
     }
 
     /// Whether this is the plain baseline.
@@ -113,6 +121,8 @@ pub struct Mismatch {
 pub struct WorkloadRun {
     /// The workload.
     pub workload: Workload,
+    /// The target's verify cost curve after the workload's median-length prompt.
+    pub verify_costs: VerifyCosts,
     /// `passes[c]`: the measured passes of configuration `c`, in order.
     pub passes: Vec<Vec<Totals>>,
 }
@@ -132,12 +142,6 @@ pub struct Measurements {
     pub ctx_size: u32,
 }
 
-/// A request ready to decode: its id and its tokenized prompt.
-struct Prepared {
-    id: String,
-    request: Request,
-}
-
 /// Loads the plugins and the target, then runs every pass; see the [module docs](self).
 pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Result<Measurements> {
     let workloads = config
@@ -147,35 +151,8 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         .collect::<Result<Vec<_>, _>>()?;
 
     // Plugins first: a misspelt cascade entry fails before the model is loaded.
-    let host = PluginHost::new(PluginHostConfig {
-        cache_dir: Some(cache_dir.to_owned()),
-        plugin_dirs: config.plugin_dirs.clone(),
-        ..PluginHostConfig::default()
-    })
-    .context("starting the plugin host")?;
     let configurations = Configuration::all(config);
-    // Each plugin is loaded once, however many configurations use it.
-    let mut loaded: Vec<(&SourceSpec, LoadedPlugin)> = Vec::new();
-    for spec in config.cascades.iter().flatten() {
-        if !loaded.iter().any(|(known, _)| *known == spec) {
-            loaded.push((spec, host.load(spec)?));
-        }
-    }
-    let plugins: Vec<Vec<LoadedPlugin>> = configurations
-        .iter()
-        .map(|c| {
-            c.cascade
-                .iter()
-                .map(|spec| {
-                    let (_, plugin) = loaded
-                        .iter()
-                        .find(|(known, _)| *known == spec)
-                        .expect("every spec of a configuration was loaded above");
-                    plugin.clone()
-                })
-                .collect()
-        })
-        .collect();
+    let plugins = load_plugins(&configurations, cache_dir, &config.plugin_dirs)?;
 
     let target = Target::load(&config.model, &config.target)?;
     let mut session = target.session(&config.session)?;
@@ -184,10 +161,15 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
     for cascade in &plugins {
         build_cascade(cascade, &config.plugin_configs, &facts)?;
     }
+    let limits = TokenLimits {
+        default_max_tokens: config.default_max_tokens,
+        max_tokens_cap: config.max_tokens_cap,
+    };
     let prepared = workloads
         .iter()
-        .map(|w| prepare(&target, w, config, session.ctx_size()))
+        .map(|w| prepare(&target, w, &limits, session.ctx_size()))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let largest_batch = config.draft_maxes.iter().max().map_or(1, |k| k + 1);
 
     let passes = config.warmup + config.repeat;
     let total_requests: usize =
@@ -196,8 +178,15 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
     let mut mismatches = Vec::new();
     let mut runs = Vec::new();
     for (workload, requests) in workloads.into_iter().zip(prepared) {
+        progress.set_message(format!("{} · measuring verify costs", workload.name));
+        let verify_costs =
+            measure_verify_costs(&mut session, &requests, largest_batch, config.cost_repeat)
+                .with_context(|| {
+                    format!("measuring verify costs on workload `{}`", workload.name)
+                })?;
         let mut run = WorkloadRun {
             passes: vec![Vec::new(); configurations.len()],
+            verify_costs,
             workload,
         };
         let mut reference: Vec<Option<Vec<Token>>> = vec![None; requests.len()];
@@ -251,6 +240,67 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         threads: config.session.threads,
         ctx_size: session.ctx_size(),
     })
+}
+
+/// The verify cost curve for batches of 1..=`largest_batch` tokens after the prompt of median
+/// length among `requests` (cut to what the batch and the context hold), each the median of
+/// `repetitions` runs.
+pub(super) fn measure_verify_costs(
+    session: &mut Session<'_>,
+    requests: &[Prepared],
+    largest_batch: usize,
+    repetitions: usize,
+) -> anyhow::Result<VerifyCosts> {
+    let mut by_length: Vec<&Prepared> = requests.iter().collect();
+    by_length.sort_by_key(|r| r.request.prompt.len());
+    let context = &by_length
+        .get(by_length.len() / 2)
+        .context("a workload has at least one request")?
+        .request
+        .prompt;
+    let room = session.ctx_size() as usize - context.len();
+    let largest_batch = largest_batch.min(session.batch_size()).min(room).max(1);
+    let per_batch = session.measure_verify_costs(context, largest_batch, repetitions)?;
+    Ok(VerifyCosts {
+        context_tokens: context.len(),
+        per_batch,
+    })
+}
+
+/// The plugins of each configuration's cascade, in order; each plugin is loaded (and compiled)
+/// once, however many configurations use it.
+pub(super) fn load_plugins(
+    configurations: &[Configuration],
+    cache_dir: &std::path::Path,
+    plugin_dirs: &[std::path::PathBuf],
+) -> anyhow::Result<Vec<Vec<LoadedPlugin>>> {
+    let host = PluginHost::new(PluginHostConfig {
+        cache_dir: Some(cache_dir.to_owned()),
+        plugin_dirs: plugin_dirs.to_vec(),
+        ..PluginHostConfig::default()
+    })
+    .context("starting the plugin host")?;
+    let mut loaded: Vec<(&SourceSpec, LoadedPlugin)> = Vec::new();
+    for spec in configurations.iter().flat_map(|c| &c.cascade) {
+        if !loaded.iter().any(|(known, _)| *known == spec) {
+            loaded.push((spec, host.load(spec)?));
+        }
+    }
+    Ok(configurations
+        .iter()
+        .map(|c| {
+            c.cascade
+                .iter()
+                .map(|spec| {
+                    let (_, plugin) = loaded
+                        .iter()
+                        .find(|(known, _)| *known == spec)
+                        .expect("every spec of a configuration was loaded above");
+                    plugin.clone()
+                })
+                .collect()
+        })
+        .collect())
 }
 
 /// A fresh cascade of `plugins` (empty for plain decoding).
@@ -327,63 +377,8 @@ fn report_mismatch(mismatch: &Mismatch) {
     );
 }
 
-/// Tokenizes every request of `workload` and checks that it fits in the context.
-fn prepare(
-    target: &Target,
-    workload: &Workload,
-    config: &BenchConfig,
-    ctx_size: u32,
-) -> anyhow::Result<Vec<Prepared>> {
-    workload
-        .requests
-        .iter()
-        .map(|request| {
-            let where_ = || {
-                format!(
-                    "{}:{} (request `{}`)",
-                    workload.path.display(),
-                    request.line,
-                    request.id
-                )
-            };
-            let prompt = match &request.prompt {
-                Prompt::Chat(messages) => {
-                    let messages: Vec<(&str, &str)> = messages
-                        .iter()
-                        .map(|m| (m.role.as_str(), m.content.as_str()))
-                        .collect();
-                    target
-                        .tokenize_messages(&messages)
-                        .with_context(|| format!("templating {}", where_()))?
-                }
-                Prompt::Raw(text) => target.tokenize_raw(text),
-            };
-            let max_tokens = request.max_tokens.unwrap_or(config.default_max_tokens);
-            let max_tokens = config.max_tokens_cap.map_or(max_tokens, |cap| max_tokens.min(cap));
-            let needed = prompt.len() + max_tokens;
-            if needed > ctx_size as usize {
-                anyhow::bail!(
-                    "{}: prompt ({} tokens) + max_tokens ({max_tokens}) = {needed} do not fit in the context of {ctx_size} tokens; raise --ctx-size or lower --max-tokens",
-                    where_(),
-                    prompt.len()
-                );
-            }
-            Ok(Prepared {
-                id: request.id.clone(),
-                request: Request {
-                    prompt,
-                    max_tokens,
-                    sampling: SamplingParams::greedy(),
-                    stop: StopStrings::default(),
-                    draft_max: 0,
-                },
-            })
-        })
-        .collect()
-}
-
 /// A progress bar on stderr, or a hidden one when stderr is not a terminal (logs, CI).
-fn progress_bar(total_requests: u64) -> ProgressBar {
+pub(super) fn progress_bar(total_requests: u64) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }

@@ -7,9 +7,13 @@
 //! 4. [`Session::generate`] decodes the prompt, then runs rounds: draft from the cascade,
 //!    verify `[last, d1..dK]` in one batch, accept, roll the KV cache back, stream the text.
 //!
+//! [`Session::measure_verify_costs`] measures what a verify batch of each size costs (the
+//! ceiling of any speculation), and [`RoundLimits`] is the one rule for a round's draft length.
+//!
 //! Not here: where drafts come from (`cascade`, `plugins`) and how requests arrive (`main`,
 //! `server`).
 
+mod budget;
 mod error;
 mod model;
 mod sample;
@@ -17,9 +21,13 @@ mod stats;
 mod text;
 mod verify;
 
+pub use self::budget::RoundLimits;
 pub use self::error::EngineError;
 pub use self::model::{Target, TargetParams};
 pub use self::sample::SamplingParams;
 pub use self::stats::GenerationStats;
 pub use self::text::StopStrings;
-pub use self::verify::{DEFAULT_DRAFT_MAX, Outcome, Request, Session, SessionParams, StopReason};
+pub use self::verify::{
+    DEFAULT_COST_REPETITIONS, DEFAULT_DRAFT_MAX, Outcome, Request, Session, SessionParams,
+    StopReason,
+};
