@@ -112,6 +112,8 @@ fn simulation_of_a_trace_counts_what_a_real_greedy_run_counts() {
         "1",
         "--warmup",
         "0",
+        "--cost-max-tokens",
+        "1",
         "--cost-repeat",
         "1",
         "--out",

@@ -548,6 +548,10 @@ pub struct BenchArgs {
     /// Cap on each request's max_tokens.
     #[arg(long, short = 'n')]
     pub max_tokens: Option<usize>,
+    /// Largest verify batch of each workload's verify cost curve; the curve always reaches the
+    /// largest --draft-max + 1, which the ideal speedup needs.
+    #[arg(long, default_value_t = DEFAULT_COST_MAX_TOKENS)]
+    pub cost_max_tokens: usize,
     /// Measured runs of each batch size for the verify cost curve (its median is the cost).
     #[arg(long, default_value_t = crate::engine::DEFAULT_COST_REPETITIONS)]
     pub cost_repeat: usize,
@@ -577,6 +581,9 @@ pub struct BenchConfig {
     pub repeat: usize,
     /// Unmeasured passes before them.
     pub warmup: usize,
+    /// Largest verify batch of the verify cost curves (they also reach the largest draft
+    /// length + 1).
+    pub cost_max_tokens: usize,
     /// Measured runs of each batch size for the verify cost curve.
     pub cost_repeat: usize,
     /// Cap on each request's `max_tokens`.
@@ -620,6 +627,7 @@ impl BenchArgs {
             draft_maxes,
             repeat: self.repeat,
             warmup: self.warmup,
+            cost_max_tokens: self.cost_max_tokens,
             cost_repeat: self.cost_repeat,
             max_tokens_cap: self.max_tokens,
             default_max_tokens: DEFAULT_MAX_TOKENS,
@@ -778,15 +786,16 @@ pub struct TraceArgs {
     pub out: PathBuf,
     /// Largest verify batch of the recorded verify cost curve (0: record none); `simulate`
     /// gives an ideal speedup for drafts up to one less.
-    #[arg(long, default_value_t = DEFAULT_TRACE_COST_MAX_TOKENS)]
+    #[arg(long, default_value_t = DEFAULT_COST_MAX_TOKENS)]
     pub cost_max_tokens: usize,
     /// Measured runs of each batch size for the verify cost curve (its median is the cost).
     #[arg(long, default_value_t = crate::engine::DEFAULT_COST_REPETITIONS)]
     pub cost_repeat: usize,
 }
 
-/// Default `--cost-max-tokens` of `spechost trace`: drafts of up to 32 tokens.
-pub const DEFAULT_TRACE_COST_MAX_TOKENS: usize = 33;
+/// Default `--cost-max-tokens` of `bench` and `trace`: drafts of up to 32 tokens, and the
+/// batch sizes of `llama-bench -p 1,2,4,8,16,32`.
+pub const DEFAULT_COST_MAX_TOKENS: usize = 33;
 
 /// Everything `spechost trace` needs, validated.
 #[derive(Debug, Clone)]
@@ -1107,6 +1116,7 @@ mod tests {
             cascades: cascades.iter().map(|c| c.to_string()).collect(),
             draft_maxes: draft_maxes.to_vec(),
             repeat,
+            cost_repeat: 1,
             ..BenchArgs::default()
         };
         let config = args(&["lookup", "lookup,x.wasm"], &[4, 8], 2)
@@ -1129,6 +1139,13 @@ mod tests {
             ),
             (args(&["lookup"], &[0], 1), "--cascade none"),
             (args(&["lookup"], &[4], 0), "--repeat"),
+            (
+                BenchArgs {
+                    cost_repeat: 0,
+                    ..args(&["lookup"], &[4], 1)
+                },
+                "--cost-repeat",
+            ),
         ] {
             let err = bad
                 .into_config(Path::new("/tmp"))

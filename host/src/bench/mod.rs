@@ -4,12 +4,12 @@
 //! In order:
 //! 1. [`Workload::read`] parses each JSONL file into typed requests (a bad line is an error
 //!    naming the file and line);
-//! 2. [`measure`] loads the plugins, the target and one session, tokenizes every request, and
-//!    runs the passes: plain decoding (the baseline and the reference output) and each cascade
+//! 2. [`measure`] loads the plugins, the target and one session, tokenizes every request,
+//!    measures each workload's verify cost curve ([`VerifyCosts`]), and runs the passes: plain decoding (the baseline and the reference output) and each cascade
 //!    with each draft length, one long-lived cascade per configuration and pass, checking every
 //!    output against plain decoding token for token;
-//! 3. [`Report::new`] turns the per-pass [`Totals`] into medians, speedups, acceptance and shares
-//!    of time;
+//! 3. [`Report::new`] turns the per-pass [`Totals`] into medians, speedups, acceptance, shares
+//!    of time, and the ideal speedup and efficiency by the cost curve;
 //! 4. [`run`] prints the markdown table on stdout, writes `results.md`, `results.csv`,
 //!    `results.json`, `speedup.svg` and `acceptance-by-position.svg` into `--out`, and fails
 //!    when any output differed from plain decoding.

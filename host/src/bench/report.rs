@@ -483,6 +483,7 @@ mod tests {
             cascades: vec!["lookup,suffix".into()],
             draft_maxes: vec![4],
             repeat: 2,
+            cost_repeat: 1,
             ..BenchArgs::default()
         }
         .into_config(std::path::Path::new("/tmp"))

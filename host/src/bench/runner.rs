@@ -10,6 +10,10 @@
 //! one per pass keeps the passes alike: a cascade kept across passes would see every request
 //! again and remember its answer.
 //!
+//! Before a workload's passes, the target's verify cost curve is measured after its
+//! median-length prompt, up to the largest draft length + 1 (or `--cost-max-tokens`): the
+//! report's ideal speedups come from it.
+//!
 //! The first plain decoding of each request is the reference; every later output, of every
 //! configuration and pass (plain included), must equal it token for token.
 
@@ -169,7 +173,8 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         .iter()
         .map(|w| prepare(&target, w, &limits, session.ctx_size()))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let largest_batch = config.draft_maxes.iter().max().map_or(1, |k| k + 1);
+    let largest_draft = config.draft_maxes.iter().max().copied().unwrap_or(0);
+    let largest_batch = config.cost_max_tokens.max(largest_draft + 1);
 
     let passes = config.warmup + config.repeat;
     let total_requests: usize =
@@ -403,6 +408,7 @@ mod tests {
             cascades: vec!["lookup".into(), "lookup,suffix".into()],
             draft_maxes: vec![4, 8],
             repeat: 1,
+            cost_repeat: 1,
             ..crate::config::BenchArgs::default()
         }
         .into_config(std::path::Path::new("/tmp"))
