@@ -88,7 +88,7 @@ def tools(args, bench, peer_bin):
     """(name, spechost label it compares with, command builder, parser) of each tool to run."""
     k = args.draft_max
     common = ["-m", bench["model"], "-t", str(bench["threads"]), "-c", str(bench["ctx_size"]),
-              "--temp", "0", "--no-escape", "--no-warmup"]
+              "--temp", "0", "--no-escape"]
 
     def lookup(n_max):
         return lambda prompt, n: [str(peer_bin / "llama-lookup"), *common, "-n", str(n),
@@ -105,7 +105,8 @@ def tools(args, bench, peer_bin):
     if args.draft_model:
         chosen.append((f"llama-speculative-simple K={k}", f"{args.draft_cascade} K={k}",
                        lambda prompt, n: [str(peer_bin / "llama-speculative-simple"), *common,
-                                          "-md", str(args.draft_model), "-n", str(n),
+                                          "-md", str(args.draft_model),
+                                          "--spec-type", "draft-simple", "-n", str(n),
                                           "--spec-draft-n-max", str(k), "-p", prompt],
                        parse_decoded))
     return chosen

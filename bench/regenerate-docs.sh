@@ -22,6 +22,7 @@
 #   DRAFT_MAX    draft lengths of step 2 (default: 4,8,16,24)
 #   PEER_K       draft length compared with llama.cpp's tools (default: 8; must be in DRAFT_MAX)
 #   REPEAT, WARMUP   measured and warm-up passes of step 2 (defaults: 3, 1)
+#   COST_REPEAT  runs of each batch size of step 2's verify cost curves (default: 5)
 #   MAX_TOKENS   cap on every request's max_tokens (default: none)
 #   DRAFT_MODEL  draft GGUF for llama-speculative-simple (default: none, row skipped), and
 #   DRAFT_CASCADE    the spechost cascade it is compared with (default: draft; list it in CASCADES)
@@ -45,6 +46,7 @@ DRAFT_MAX=${DRAFT_MAX:-4,8,16,24}
 PEER_K=${PEER_K:-8}
 REPEAT=${REPEAT:-3}
 WARMUP=${WARMUP:-1}
+COST_REPEAT=${COST_REPEAT:-5}
 PEER_REPEAT=${PEER_REPEAT:-1}
 PLAIN_TOKENS=${PLAIN_TOKENS:-256}
 PLAIN_REPEAT=${PLAIN_REPEAT:-9}
@@ -75,7 +77,8 @@ limits=()
 echo "==> spechost bench" >&2
 mkdir -p "$RESULTS"
 bench_command=(bench --model "$MODEL" "${workloads[@]}" "${cascades[@]}" --draft-max "$DRAFT_MAX"
-    --repeat "$REPEAT" --warmup "$WARMUP" --threads "$THREADS" "${limits[@]}" --out "$RESULTS")
+    --repeat "$REPEAT" --warmup "$WARMUP" --cost-repeat "$COST_REPEAT" --threads "$THREADS"
+    "${limits[@]}" --out "$RESULTS")
 "$SPECHOST_BIN" "${bench_command[@]}" > "$work/bench.md"
 
 echo "==> bench/plain-decode.sh" >&2
