@@ -1156,6 +1156,67 @@ mod tests {
     }
 
     #[test]
+    fn trace_and_prompts_refuse_plugin_flags() {
+        let inputs = || WorkloadTargetArgs {
+            workloads: vec!["w/edit.jsonl".into()],
+            ..WorkloadTargetArgs::default()
+        };
+        let trace = TraceArgs {
+            inputs: inputs(),
+            out: "t.jsonl".into(),
+            cost_max_tokens: DEFAULT_COST_MAX_TOKENS,
+            cost_repeat: 1,
+        };
+        let config = trace.into_config(Path::new("/tmp")).expect("valid");
+        assert_eq!(config.inputs.max_tokens_cap, None);
+        let mut with_plugin = inputs();
+        with_plugin.target.plugin_config = vec!["lookup.max_ngram=3".into()];
+        let err = PromptsArgs {
+            inputs: with_plugin,
+            out: "p".into(),
+        }
+        .into_config(Path::new("/tmp"))
+        .expect_err("plugin flags")
+        .to_string();
+        assert!(
+            err.contains("`spechost prompts` decodes without drafts"),
+            "got {err}"
+        );
+        let zero = TraceArgs {
+            inputs: inputs(),
+            out: "t.jsonl".into(),
+            cost_max_tokens: 0,
+            cost_repeat: 0,
+        };
+        let err = zero.into_config(Path::new("/tmp")).expect_err("0 runs");
+        assert!(err.to_string().contains("--cost-repeat"), "got {err}");
+    }
+
+    #[test]
+    fn simulate_flags_are_checked_like_bench() {
+        let args = |cascades: &[&str], settings: &[&str]| SimulateArgs {
+            trace: "t.jsonl".into(),
+            cascades: cascades.iter().map(|c| c.to_string()).collect(),
+            draft_maxes: vec![4, 8],
+            plugin_config: settings.iter().map(|c| c.to_string()).collect(),
+            ..SimulateArgs::default()
+        };
+        let config = args(&["lookup", "lookup,suffix"], &["suffix.alpha=2"])
+            .into_config()
+            .expect("valid");
+        assert_eq!(config.cascades.len(), 2);
+        assert_eq!(config.draft_maxes, vec![4, 8]);
+        assert_eq!(config.plugin_configs["suffix"], "alpha=2");
+        for (bad, needle) in [
+            (args(&["none"], &[]), "baseline"),
+            (args(&["lookup"], &["suffix.alpha=2"]), "not in the cascade"),
+        ] {
+            let err = bad.into_config().expect_err(needle).to_string();
+            assert!(err.contains(needle), "wanted `{needle}` in: {err}");
+        }
+    }
+
+    #[test]
     fn sampling_ranges_are_checked() {
         assert!(sampling_params(Some(-1.0), None, None, None, Some(1)).is_err());
         assert!(sampling_params(None, None, Some(0.0), None, Some(1)).is_err());

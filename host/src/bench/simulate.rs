@@ -32,8 +32,8 @@ use serde::Serialize;
 use super::report::SourceReport;
 use super::runner::{Configuration, load_plugins};
 use super::stats::Totals;
-use super::trace::{Trace, TraceRequest};
-use crate::cascade::{Cascade, Draft, ModelFacts, Token};
+use super::trace::{Trace, TraceRequest, TraceTarget};
+use crate::cascade::{Cascade, Draft, Token};
 use crate::config::SimulateConfig;
 use crate::engine::{GenerationStats, RoundLimits};
 use crate::run::build_cascade;
@@ -43,17 +43,17 @@ pub const SIMULATION_MARKDOWN: &str = "simulation.md";
 /// See [`SIMULATION_MARKDOWN`].
 pub const SIMULATION_JSON: &str = "simulation.json";
 
-/// Replays one traced request through `cascade` with drafts of at most `draft_max` tokens, in
-/// verify batches of at most `batch_size` tokens; returns the counters `Session::generate` would
-/// have kept (`generation_time` is the replay's wall time, `draft_time` the cascade's).
+/// Replays one traced request of `target` through `cascade` with drafts of at most `draft_max`
+/// tokens; returns the counters `Session::generate` would have kept (`generation_time` is the
+/// replay's wall time, `draft_time` the cascade's).
 pub fn replay(
     request: &TraceRequest,
-    facts: &ModelFacts,
-    batch_size: usize,
+    target: &TraceTarget,
     draft_max: usize,
     cascade: &mut Cascade,
 ) -> GenerationStats {
     let started = Instant::now();
+    let facts = target.facts();
     let output = &request.output;
     let mut stats = GenerationStats {
         prompt_tokens: request.prompt.len(),
@@ -64,13 +64,13 @@ pub fn replay(
         return stats;
     };
     let context = [request.prompt.as_slice(), &[first]].concat();
-    cascade.begin(facts, &context);
+    cascade.begin(&facts, &context);
     let mut n_generated = 1;
     let mut n_past = request.prompt.len();
     while n_generated < output.len() {
         let budget = RoundLimits {
             remaining_tokens: request.max_tokens - n_generated,
-            batch_size,
+            batch_size: target.batch_size,
             free_context: (facts.context_size as usize).saturating_sub(n_past),
         }
         .budget(draft_max);
@@ -192,14 +192,7 @@ pub fn simulate(config: &SimulateConfig, cache_dir: &Path) -> anyhow::Result<Sim
             let started = Instant::now();
             let mut totals = Totals::default();
             for request in requests {
-                let stats = replay(
-                    request,
-                    &facts,
-                    trace.target.batch_size,
-                    draft_max,
-                    &mut cascade,
-                );
-                totals.add_request(&stats);
+                totals.add_request(&replay(request, &trace.target, draft_max, &mut cascade));
             }
             let wall_time = started.elapsed();
             replays.push(SimulatedConfiguration {
@@ -316,7 +309,7 @@ pub fn run(config: &SimulateConfig, cache_dir: &Path) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    use crate::cascade::{CascadeSettings, DraftSource, Proposal, SourceFault};
+    use crate::cascade::{CascadeSettings, DraftSource, ModelFacts, Proposal, SourceFault};
     use crate::engine::StopReason;
 
     /// Proposes `script[round]` in round `round`, and records the budgets and fed tokens.
@@ -362,13 +355,20 @@ mod tests {
         (cascade, budgets, fed)
     }
 
-    fn facts(context_size: u32) -> ModelFacts {
-        ModelFacts {
+    fn target(context_size: u32, batch_size: usize) -> TraceTarget {
+        TraceTarget {
+            format: crate::bench::trace::TRACE_FORMAT,
+            path: "m.gguf".into(),
+            sha256: "00".into(),
             vocab_size: 100,
             bos: None,
             eos: Some(2),
             eog: vec![2],
             context_size,
+            batch_size,
+            threads: 2,
+            verify_cost_context_tokens: 0,
+            verify_costs_us: Vec::new(),
         }
     }
 
@@ -407,8 +407,7 @@ mod tests {
         ]);
         let stats = replay(
             &request(output.clone(), 12),
-            &facts(512),
-            512,
+            &target(512, 512),
             3,
             &mut cascade,
         );
@@ -445,8 +444,7 @@ mod tests {
         let (mut cascade, budgets, _) = scripted(vec![vec![11, 12, 13, 14]]);
         replay(
             &request(output.clone(), 6),
-            &facts(512),
-            512,
+            &target(512, 512),
             8,
             &mut cascade,
         );
@@ -458,17 +456,22 @@ mod tests {
 
         // A batch of 3 allows drafts of 2; a context of 4 cells after a 2-token prompt, 1.
         let (mut cascade, budgets, _) = scripted(vec![]);
-        replay(&request(output.clone(), 6), &facts(512), 3, 8, &mut cascade);
+        replay(
+            &request(output.clone(), 6),
+            &target(512, 3),
+            8,
+            &mut cascade,
+        );
         assert_eq!(budgets.lock().expect("log")[0], 2);
         let (mut cascade, budgets, _) = scripted(vec![]);
-        replay(&request(output, 6), &facts(4), 512, 8, &mut cascade);
+        replay(&request(output, 6), &target(4, 512), 8, &mut cascade);
         assert_eq!(budgets.lock().expect("log")[0], 1);
     }
 
     #[test]
     fn single_token_output_begins_and_ends_without_rounds() {
         let (mut cascade, budgets, fed) = scripted(vec![vec![3]]);
-        let stats = replay(&request(vec![2], 8), &facts(512), 512, 8, &mut cascade);
+        let stats = replay(&request(vec![2], 8), &target(512, 512), 8, &mut cascade);
         assert_eq!(stats.rounds, 0);
         assert!(budgets.lock().expect("log").is_empty());
         assert_eq!(*fed.lock().expect("log"), vec![1, 5, 2]);
