@@ -30,7 +30,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     esac
 done
 if [[ -z $BENCH_JSON || -z $OUT ]]; then
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 fi
 [[ -f $BENCH_JSON ]] || { echo "error: $BENCH_JSON not found; run spechost bench --out DIR first" >&2; exit 1; }
