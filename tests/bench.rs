@@ -70,6 +70,10 @@ fn bench_writes_every_result_and_outputs_match_plain_decoding() {
         "24",
         "--ctx-size",
         "1024",
+        "--cost-max-tokens",
+        "1",
+        "--cost-repeat",
+        "1",
         "--out",
         s(&out_dir),
     ]);
@@ -105,6 +109,17 @@ fn bench_writes_every_result_and_outputs_match_plain_decoding() {
         );
     }
     assert_eq!(configurations[1]["sources"][0]["name"], "lookup", "{json}");
+    let curve = report["workloads"][0]["verify_cost"]["points"]
+        .as_array()
+        .expect("verify cost curve");
+    assert_eq!(curve.len(), 5, "batches of 1..=K+1 tokens: {json}");
+    for configuration in configurations {
+        assert!(
+            configuration["ideal_speedup"].as_f64() > Some(0.0)
+                && configuration["efficiency"].as_f64() > Some(0.0),
+            "ideal speedup and efficiency: {configuration}"
+        );
+    }
     assert!(
         configurations[1]["drafted"].as_u64() > Some(0),
         "lookup drafted nothing on repetitive text: {json}"

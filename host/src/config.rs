@@ -47,6 +47,13 @@ pub enum Command {
     /// Tools for the suffix drafter's cross-request cache.
     #[command(subcommand)]
     Suffix(SuffixCommand),
+    /// Record the target's greedy output for workload files, for `simulate`.
+    Trace(Box<TraceArgs>),
+    /// Replay a trace through cascades without the model: acceptance in seconds.
+    Simulate(Box<SimulateArgs>),
+    /// Write each workload request's prompt as the target reads it (chat template applied),
+    /// for running other tools on exactly the same text.
+    Prompts(Box<PromptsArgs>),
 }
 
 /// `spechost suffix ...`
@@ -448,6 +455,9 @@ pub enum ConfigError {
     /// `--repeat 0`.
     #[error("--repeat must be at least 1: the medians need at least one measured pass")]
     ZeroRepeat,
+    /// `--cost-repeat 0`.
+    #[error("--cost-repeat must be at least 1: the verify cost curve needs a measured run")]
+    ZeroCostRepeat,
     /// The same value given twice to a flag that takes a list.
     #[error("{flag} `{value}` appears twice; give each once")]
     Repeated {
@@ -504,6 +514,12 @@ pub enum ConfigError {
         path: PathBuf,
         /// What is wrong with it.
         problem: String,
+    },
+    /// Plugin flags given to a subcommand that runs no plugins.
+    #[error("`spechost {command}` decodes without drafts; drop --plugin-config and --plugin-dir")]
+    PluginsUnused {
+        /// The subcommand.
+        command: &'static str,
     },
     /// The TOML file cannot be read or parsed.
     #[error("cannot use config file {path}: {problem}")]
@@ -931,6 +947,13 @@ pub struct BenchArgs {
     /// Cap on each request's max_tokens.
     #[arg(long, short = 'n')]
     pub max_tokens: Option<usize>,
+    /// Largest verify batch of each workload's verify cost curve; the curve always reaches the
+    /// largest --draft-max + 1, which the ideal speedup needs.
+    #[arg(long, default_value_t = DEFAULT_COST_MAX_TOKENS)]
+    pub cost_max_tokens: usize,
+    /// Measured runs of each batch size for the verify cost curve (its median is the cost).
+    #[arg(long, default_value_t = crate::engine::DEFAULT_COST_REPETITIONS)]
+    pub cost_repeat: usize,
     /// Directory for results.md, results.csv, results.json and the SVG charts.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -966,6 +989,11 @@ pub struct BenchConfig {
     pub repeat: usize,
     /// Unmeasured passes before them.
     pub warmup: usize,
+    /// Largest verify batch of the verify cost curves (they also reach the largest draft
+    /// length + 1).
+    pub cost_max_tokens: usize,
+    /// Measured runs of each batch size for the verify cost curve.
+    pub cost_repeat: usize,
     /// Cap on each request's `max_tokens`.
     pub max_tokens_cap: Option<usize>,
     /// `max_tokens` of requests that do not give one.
@@ -990,61 +1018,10 @@ impl BenchArgs {
     /// Validates the flags into a [`BenchConfig`].
     pub fn into_config(self, cache_dir: &Path) -> Result<BenchConfig, ConfigError> {
         let model = resolve_model(self.target.model.clone(), cache_dir);
-
-        let mut stems = Vec::new();
-        for path in &self.workloads {
-            let stem = path.file_stem().map_or_else(
-                || path.display().to_string(),
-                |s| s.to_string_lossy().into_owned(),
-            );
-            if stems.contains(&stem) {
-                return Err(ConfigError::Repeated {
-                    flag: "--workload",
-                    value: stem,
-                });
-            }
-            stems.push(stem);
-        }
-
-        let mut cascades: Vec<Vec<SourceSpec>> = Vec::new();
-        for spec in &self.cascades {
-            let cascade = parse_cascade(spec)?;
-            if cascade.is_empty() {
-                return Err(ConfigError::Cascade {
-                    spec: spec.clone(),
-                    problem: "plain decoding always runs as the baseline; drop `--cascade none`"
-                        .into(),
-                });
-            }
-            if cascades.contains(&cascade) {
-                return Err(ConfigError::Repeated {
-                    flag: "--cascade",
-                    value: spec.clone(),
-                });
-            }
-            cascades.push(cascade);
-        }
-        let all_sources: Vec<SourceSpec> = cascades.iter().flatten().cloned().collect();
-        check_plugin_settings_target_cascade(&self.target.plugin_config, &all_sources)?;
-        let mut plugin_configs = BTreeMap::new();
-        merge_plugin_settings(&mut plugin_configs, &self.target.plugin_config)?;
-
-        let mut draft_maxes = Vec::new();
-        for draft_max in self.draft_maxes {
-            if draft_max == 0 {
-                return Err(ConfigError::ZeroDraftMax);
-            }
-            if draft_maxes.contains(&draft_max) {
-                return Err(ConfigError::Repeated {
-                    flag: "--draft-max",
-                    value: draft_max.to_string(),
-                });
-            }
-            draft_maxes.push(draft_max);
-        }
-        if draft_maxes.is_empty() {
-            draft_maxes.push(DEFAULT_BENCH_DRAFT_MAX);
-        }
+        check_workload_names(&self.workloads)?;
+        let cascades = parse_cascades(&self.cascades)?;
+        let plugin_configs = plugin_configs_for(&self.target.plugin_config, &cascades)?;
+        let draft_maxes = check_draft_maxes(self.draft_maxes)?;
         let mut policies = Vec::new();
         for spec in &self.policies {
             let policy = parse_policy(spec)?;
@@ -1072,6 +1049,9 @@ impl BenchArgs {
         if self.repeat == 0 {
             return Err(ConfigError::ZeroRepeat);
         }
+        if self.cost_repeat == 0 {
+            return Err(ConfigError::ZeroCostRepeat);
+        }
         if self.max_tokens == Some(0) {
             return Err(ConfigError::ZeroMaxTokens);
         }
@@ -1093,6 +1073,8 @@ impl BenchArgs {
             cascade_modes,
             repeat: self.repeat,
             warmup: self.warmup,
+            cost_max_tokens: self.cost_max_tokens,
+            cost_repeat: self.cost_repeat,
             max_tokens_cap: self.max_tokens,
             default_max_tokens: DEFAULT_MAX_TOKENS,
             plugin_configs,
@@ -1352,6 +1334,282 @@ impl ServeArgs {
             admin_token: self.admin_token,
             watch: self.watch,
             state_dir: self.target.state_dir.clone(),
+        })
+    }
+}
+
+/// Workloads are named by their file stems, so no two may share one.
+fn check_workload_names(workloads: &[PathBuf]) -> Result<(), ConfigError> {
+    let mut stems = Vec::new();
+    for path in workloads {
+        let stem = path.file_stem().map_or_else(
+            || path.display().to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        if stems.contains(&stem) {
+            return Err(ConfigError::Repeated {
+                flag: "--workload",
+                value: stem,
+            });
+        }
+        stems.push(stem);
+    }
+    Ok(())
+}
+
+/// Parses the `--cascade` list of `bench` and `simulate`: each non-empty, none twice.
+fn parse_cascades(specs: &[String]) -> Result<Vec<Vec<SourceSpec>>, ConfigError> {
+    let mut cascades: Vec<Vec<SourceSpec>> = Vec::new();
+    for spec in specs {
+        let cascade = parse_cascade(spec)?;
+        if cascade.is_empty() {
+            return Err(ConfigError::Cascade {
+                spec: spec.clone(),
+                problem: "plain decoding always runs as the baseline; drop `--cascade none`".into(),
+            });
+        }
+        if cascades.contains(&cascade) {
+            return Err(ConfigError::Repeated {
+                flag: "--cascade",
+                value: spec.clone(),
+            });
+        }
+        cascades.push(cascade);
+    }
+    Ok(cascades)
+}
+
+/// Merges `--plugin-config` settings, each of which must name a source of some cascade.
+fn plugin_configs_for(
+    settings: &[String],
+    cascades: &[Vec<SourceSpec>],
+) -> Result<BTreeMap<String, String>, ConfigError> {
+    let all_sources: Vec<SourceSpec> = cascades.iter().flatten().cloned().collect();
+    check_plugin_settings_target_cascade(settings, &all_sources)?;
+    let mut plugin_configs = BTreeMap::new();
+    merge_plugin_settings(&mut plugin_configs, settings)?;
+    Ok(plugin_configs)
+}
+
+/// Checks a `--draft-max K,K,...` list: each at least 1, none twice; the default when empty.
+fn check_draft_maxes(given: Vec<usize>) -> Result<Vec<usize>, ConfigError> {
+    let mut draft_maxes = Vec::new();
+    for draft_max in given {
+        if draft_max == 0 {
+            return Err(ConfigError::ZeroDraftMax);
+        }
+        if draft_maxes.contains(&draft_max) {
+            return Err(ConfigError::Repeated {
+                flag: "--draft-max",
+                value: draft_max.to_string(),
+            });
+        }
+        draft_maxes.push(draft_max);
+    }
+    if draft_maxes.is_empty() {
+        draft_maxes.push(DEFAULT_BENCH_DRAFT_MAX);
+    }
+    Ok(draft_maxes)
+}
+
+/// Flags naming a target and workloads, shared by `trace` and `prompts`.
+#[derive(Debug, Args, Default)]
+pub struct WorkloadTargetArgs {
+    /// The target (no plugins are used: requests are decoded, or templated, without drafts).
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// A JSONL workload file, as for `bench` (repeatable); requests keep file order.
+    #[arg(
+        long = "workload",
+        short = 'w',
+        value_name = "FILE.jsonl",
+        required = true
+    )]
+    pub workloads: Vec<PathBuf>,
+    /// Cap on each request's max_tokens (as `bench --max-tokens`).
+    #[arg(long, short = 'n')]
+    pub max_tokens: Option<usize>,
+}
+
+/// A target and workloads, validated: what `trace` decodes and `prompts` templates.
+#[derive(Debug, Clone)]
+pub struct WorkloadTargetConfig {
+    /// The target GGUF.
+    pub model: PathBuf,
+    /// Workload files, in the order given; each is named by its file stem.
+    pub workloads: Vec<PathBuf>,
+    /// Cap on each request's `max_tokens`.
+    pub max_tokens_cap: Option<usize>,
+    /// `max_tokens` of requests that do not give one.
+    pub default_max_tokens: usize,
+    /// llama.cpp context settings.
+    pub session: SessionParams,
+    /// Model loading settings.
+    pub target: TargetParams,
+}
+
+impl WorkloadTargetArgs {
+    /// Validates the flags; `command` names the subcommand in errors.
+    fn into_config(
+        self,
+        command: &'static str,
+        cache_dir: &Path,
+    ) -> Result<WorkloadTargetConfig, ConfigError> {
+        if !self.target.plugin_config.is_empty() || !self.target.plugin_dirs.is_empty() {
+            return Err(ConfigError::PluginsUnused { command });
+        }
+        check_workload_names(&self.workloads)?;
+        if self.max_tokens == Some(0) {
+            return Err(ConfigError::ZeroMaxTokens);
+        }
+        let placement = self.target.placement.plan(&FileRun::default())?;
+        Ok(WorkloadTargetConfig {
+            model: resolve_model(self.target.model.clone(), cache_dir),
+            workloads: self.workloads,
+            max_tokens_cap: self.max_tokens,
+            default_max_tokens: DEFAULT_MAX_TOKENS,
+            session: session_params(placement.threads, self.target.ctx_size)?,
+            target: self.target.target_params(&placement),
+        })
+    }
+}
+
+/// Flags of `spechost trace`.
+#[derive(Debug, Args, Default)]
+pub struct TraceArgs {
+    /// The target and the workloads to decode.
+    #[command(flatten)]
+    pub inputs: WorkloadTargetArgs,
+    /// The trace file to write (JSONL).
+    #[arg(long, short = 'o', value_name = "TRACE.jsonl")]
+    pub out: PathBuf,
+    /// Largest verify batch of the recorded verify cost curve (0: record none); `simulate`
+    /// gives an ideal speedup for drafts up to one less.
+    #[arg(long, default_value_t = DEFAULT_COST_MAX_TOKENS)]
+    pub cost_max_tokens: usize,
+    /// Measured runs of each batch size for the verify cost curve (its median is the cost).
+    #[arg(long, default_value_t = crate::engine::DEFAULT_COST_REPETITIONS)]
+    pub cost_repeat: usize,
+}
+
+/// Default `--cost-max-tokens` of `bench` and `trace`: drafts of up to 32 tokens, and the
+/// batch sizes of `llama-bench -p 1,2,4,8,16,32`.
+pub const DEFAULT_COST_MAX_TOKENS: usize = 33;
+
+/// Everything `spechost trace` needs, validated.
+#[derive(Debug, Clone)]
+pub struct TraceConfig {
+    /// The target and the workloads.
+    pub inputs: WorkloadTargetConfig,
+    /// The trace file to write.
+    pub out: PathBuf,
+    /// Largest verify batch of the recorded cost curve; 0 records none.
+    pub cost_max_tokens: usize,
+    /// Measured runs of each batch size for the cost curve.
+    pub cost_repeat: usize,
+}
+
+impl TraceArgs {
+    /// Validates the flags into a [`TraceConfig`].
+    pub fn into_config(self, cache_dir: &Path) -> Result<TraceConfig, ConfigError> {
+        if self.cost_repeat == 0 {
+            return Err(ConfigError::ZeroCostRepeat);
+        }
+        Ok(TraceConfig {
+            inputs: self.inputs.into_config("trace", cache_dir)?,
+            out: self.out,
+            cost_max_tokens: self.cost_max_tokens,
+            cost_repeat: self.cost_repeat,
+        })
+    }
+}
+
+/// Flags of `spechost prompts`.
+#[derive(Debug, Args, Default)]
+pub struct PromptsArgs {
+    /// The target (for its chat template and tokenizer) and the workloads.
+    #[command(flatten)]
+    pub inputs: WorkloadTargetArgs,
+    /// Directory to write the prompts into.
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+/// Everything `spechost prompts` needs, validated.
+#[derive(Debug, Clone)]
+pub struct PromptsConfig {
+    /// The target and the workloads.
+    pub inputs: WorkloadTargetConfig,
+    /// Directory to write the prompts into.
+    pub out: PathBuf,
+}
+
+impl PromptsArgs {
+    /// Validates the flags into a [`PromptsConfig`].
+    pub fn into_config(self, cache_dir: &Path) -> Result<PromptsConfig, ConfigError> {
+        Ok(PromptsConfig {
+            inputs: self.inputs.into_config("prompts", cache_dir)?,
+            out: self.out,
+        })
+    }
+}
+
+/// Flags of `spechost simulate`.
+#[derive(Debug, Args, Default)]
+pub struct SimulateArgs {
+    /// A trace written by `spechost trace`.
+    #[arg(long, value_name = "TRACE.jsonl")]
+    pub trace: PathBuf,
+    /// A cascade to replay, as for `run --cascade` (repeatable).
+    #[arg(long = "cascade", short = 'c', value_name = "SOURCES", required = true)]
+    pub cascades: Vec<String>,
+    /// Draft lengths (K) to replay each cascade with, comma-separated (default: 8).
+    #[arg(long = "draft-max", value_name = "K,K,...", value_delimiter = ',')]
+    pub draft_maxes: Vec<usize>,
+    /// A plugin setting, `plugin.key=value` (repeatable); applies in every cascade that has the
+    /// plugin.
+    #[arg(long = "plugin-config", value_name = "PLUGIN.KEY=VALUE")]
+    pub plugin_config: Vec<String>,
+    /// Extra directory to search for built-in plugins (repeatable).
+    #[arg(long = "plugin-dir")]
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Directory for simulation.md and simulation.json.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Everything `spechost simulate` needs, validated.
+#[derive(Debug, Clone)]
+pub struct SimulateConfig {
+    /// The trace to replay.
+    pub trace: PathBuf,
+    /// Cascades to replay, each non-empty, in the order given.
+    pub cascades: Vec<Vec<SourceSpec>>,
+    /// Draft lengths to replay every cascade with, in the order given.
+    pub draft_maxes: Vec<usize>,
+    /// Per-plugin configuration strings, by source name.
+    pub plugin_configs: BTreeMap<String, String>,
+    /// Extra directories searched for built-in plugins, before the default ones.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Where to write the result files, if anywhere.
+    pub out: Option<PathBuf>,
+}
+
+impl SimulateArgs {
+    /// Validates the flags into a [`SimulateConfig`].
+    pub fn into_config(self) -> Result<SimulateConfig, ConfigError> {
+        let cascades = parse_cascades(&self.cascades)?;
+        Ok(SimulateConfig {
+            trace: self.trace,
+            plugin_configs: plugin_configs_for(&self.plugin_config, &cascades)?,
+            cascades,
+            draft_maxes: check_draft_maxes(self.draft_maxes)?,
+            plugin_dirs: self
+                .plugin_dirs
+                .into_iter()
+                .chain(env_plugin_dirs())
+                .collect(),
+            out: self.out,
         })
     }
 }
@@ -1625,6 +1883,7 @@ mod tests {
             cascades: cascades.iter().map(|c| c.to_string()).collect(),
             draft_maxes: draft_maxes.to_vec(),
             repeat,
+            cost_repeat: 1,
             ..BenchArgs::default()
         };
         let config = args(&["lookup", "lookup,x.wasm"], &[4, 8], 2)
@@ -1654,6 +1913,13 @@ mod tests {
             ),
             (args(&["lookup"], &[0], 1), "--cascade none"),
             (args(&["lookup"], &[4], 0), "--repeat"),
+            (
+                BenchArgs {
+                    cost_repeat: 0,
+                    ..args(&["lookup"], &[4], 1)
+                },
+                "--cost-repeat",
+            ),
         ] {
             let err = bad
                 .into_config(Path::new("/tmp"))
@@ -1882,5 +2148,66 @@ mod tests {
         };
         let config = args.into_config(Path::new("/tmp")).expect("valid");
         assert_eq!(config.plugin_configs["suffix"], "max_depth=32");
+    }
+
+    #[test]
+    fn trace_and_prompts_refuse_plugin_flags() {
+        let inputs = || WorkloadTargetArgs {
+            workloads: vec!["w/edit.jsonl".into()],
+            ..WorkloadTargetArgs::default()
+        };
+        let trace = TraceArgs {
+            inputs: inputs(),
+            out: "t.jsonl".into(),
+            cost_max_tokens: DEFAULT_COST_MAX_TOKENS,
+            cost_repeat: 1,
+        };
+        let config = trace.into_config(Path::new("/tmp")).expect("valid");
+        assert_eq!(config.inputs.max_tokens_cap, None);
+        let mut with_plugin = inputs();
+        with_plugin.target.plugin_config = vec!["lookup.max_ngram=3".into()];
+        let err = PromptsArgs {
+            inputs: with_plugin,
+            out: "p".into(),
+        }
+        .into_config(Path::new("/tmp"))
+        .expect_err("plugin flags")
+        .to_string();
+        assert!(
+            err.contains("`spechost prompts` decodes without drafts"),
+            "got {err}"
+        );
+        let zero = TraceArgs {
+            inputs: inputs(),
+            out: "t.jsonl".into(),
+            cost_max_tokens: 0,
+            cost_repeat: 0,
+        };
+        let err = zero.into_config(Path::new("/tmp")).expect_err("0 runs");
+        assert!(err.to_string().contains("--cost-repeat"), "got {err}");
+    }
+
+    #[test]
+    fn simulate_flags_are_checked_like_bench() {
+        let args = |cascades: &[&str], settings: &[&str]| SimulateArgs {
+            trace: "t.jsonl".into(),
+            cascades: cascades.iter().map(|c| c.to_string()).collect(),
+            draft_maxes: vec![4, 8],
+            plugin_config: settings.iter().map(|c| c.to_string()).collect(),
+            ..SimulateArgs::default()
+        };
+        let config = args(&["lookup", "lookup,suffix"], &["suffix.alpha=2"])
+            .into_config()
+            .expect("valid");
+        assert_eq!(config.cascades.len(), 2);
+        assert_eq!(config.draft_maxes, vec![4, 8]);
+        assert_eq!(config.plugin_configs["suffix"], "alpha=2");
+        for (bad, needle) in [
+            (args(&["none"], &[]), "baseline"),
+            (args(&["lookup"], &["suffix.alpha=2"]), "not in the cascade"),
+        ] {
+            let err = bad.into_config().expect_err(needle).to_string();
+            assert!(err.contains(needle), "wanted `{needle}` in: {err}");
+        }
     }
 }

@@ -46,6 +46,18 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             let config = args.into_config(&cache)?;
             spechost::server::serve(&config, &cache)
         }
+        Command::Trace(args) => {
+            let config = args.into_config(&cache)?;
+            spechost::bench::trace::run(&config)
+        }
+        Command::Simulate(args) => {
+            let config = args.into_config()?;
+            spechost::bench::simulate::run(&config, &cache)
+        }
+        Command::Prompts(args) => {
+            let config = args.into_config(&cache)?;
+            spechost::bench::prompts::run(&config)
+        }
         Command::Models(ModelsCommand::Fetch { models }) => {
             let models = if models.is_empty() {
                 DefaultModel::ALL.to_vec()

@@ -10,7 +10,9 @@ use anyhow::Context as _;
 
 use crate::cascade::{Cascade, CascadeSettings, DraftSource, ModelFacts, PolicySetup};
 use crate::config::{DraftSettings, RunConfig};
-use crate::engine::{DraftModelHost, Request, Session, Target, TargetParams};
+use crate::engine::{
+    DEFAULT_COST_REPETITIONS, DraftModelHost, Request, Session, Target, TargetParams,
+};
 use crate::placement;
 use crate::plugins::{LoadError, LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
 
@@ -80,7 +82,7 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
     let verify_costs = if cascade.is_empty() {
         Vec::new()
     } else {
-        measure_verify_costs(&mut session, config.draft_max)?
+        measure_verify_costs(&mut session, &prompt, config.draft_max)?
     };
     let request = Request {
         prompt,
@@ -169,15 +171,18 @@ pub fn load_draft_model(
     Ok(Some(Arc::new(draft)))
 }
 
-/// Measures the target's verify cost for 1..=`draft_max + 1` tokens (for the policy), logging
-/// the curve.
+/// Measures the target's verify cost for 1..=`draft_max + 1` tokens after `context` (for the
+/// policy), logging the curve.
 pub fn measure_verify_costs(
     session: &mut Session<'_>,
+    context: &[crate::cascade::Token],
     draft_max: usize,
 ) -> anyhow::Result<Vec<std::time::Duration>> {
     let started = std::time::Instant::now();
+    let room = (session.ctx_size() as usize).saturating_sub(context.len());
+    let largest = (draft_max + 1).min(session.batch_size()).min(room).max(1);
     let costs = session
-        .measure_verify_costs(draft_max + 1)
+        .measure_verify_costs(context, largest, DEFAULT_COST_REPETITIONS)
         .context("measuring the target's verify cost")?;
     let first = costs.first().copied().unwrap_or_default();
     let last = costs.last().copied().unwrap_or_default();

@@ -237,7 +237,9 @@ fn draw_acceptance<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::report::{ConfigurationReport, SourceReport, WorkloadReport};
+    use crate::bench::report::{
+        ConfigurationReport, SourceReport, VerifyCostReport, WorkloadReport,
+    };
     use crate::bench::stats::Summary;
     use crate::cascade::SourceStats;
 
@@ -254,15 +256,19 @@ mod tests {
                 max: 100.0 * speedup,
             },
             speedup: Some(speedup),
+            ideal_speedup: Some(speedup * 1.25),
+            efficiency: Some(0.8),
             generated_tokens: 64,
             acceptance: 0.5,
             mean_accepted_per_draft_round: 1.0,
+            mean_committed_per_round: 2.0,
             draft_share: 0.01,
             verify_share: 0.95,
             rounds: 10,
             draft_rounds: 5,
             drafted: 10,
             accepted: 5,
+            verify_batches: vec![5, 5],
             sources: if plain {
                 vec![]
             } else {
@@ -281,6 +287,10 @@ mod tests {
             name: name.into(),
             path: format!("{name}.jsonl").into(),
             requests: 2,
+            verify_cost: VerifyCostReport {
+                context_tokens: 10,
+                points: Vec::new(),
+            },
             configurations: vec![
                 configuration("plain", 1.0, vec![]),
                 configuration("lookup K=4", 1.3, vec![0.9, 0.6, 0.3, 0.1]),
@@ -297,6 +307,7 @@ mod tests {
             ctx_size: 4096,
             repeat: 1,
             warmup: 0,
+            cost_repeat: 1,
             max_tokens_cap: None,
             sampling: "greedy",
             outputs_match: true,

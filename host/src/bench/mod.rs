@@ -4,31 +4,45 @@
 //! In order:
 //! 1. [`Workload::read`] parses each JSONL file into typed requests (a bad line is an error
 //!    naming the file and line);
-//! 2. [`measure`] loads the plugins, the target and one session, tokenizes every request, and
-//!    runs the passes: plain decoding (the baseline and the reference output) and each cascade
+//! 2. [`measure`] loads the plugins, the target and one session, tokenizes every request,
+//!    measures each workload's verify cost curve ([`VerifyCosts`]), and runs the passes: plain decoding (the baseline and the reference output) and each cascade
 //!    with each draft length, one long-lived cascade per configuration and pass, checking every
 //!    output against plain decoding token for token;
-//! 3. [`Report::new`] turns the per-pass [`Totals`] into medians, speedups, acceptance and shares
-//!    of time;
+//! 3. [`Report::new`] turns the per-pass [`Totals`] into medians, speedups, acceptance, shares
+//!    of time, and the ideal speedup and efficiency by the cost curve;
 //! 4. [`run`] prints the markdown table on stdout, writes `results.md`, `results.csv`,
 //!    `results.json`, `speedup.svg` and `acceptance-by-position.svg` into `--out`, and fails
 //!    when any output differed from plain decoding.
 //!
+//! Beside the benchmark: [`trace`] records the target's greedy output on workloads once,
+//! [`simulate`] replays it through cascades without the model (acceptance in seconds), and
+//! [`prompts`] writes the exact prompt text for running llama.cpp's tools on it
+//! (`bench/peers.sh`). [`VerifyCosts`] is the ceiling every speedup is compared with.
+//!
 //! Not here: flags (`config::BenchArgs`), the verify loop (`engine`), drafting (`cascade`,
 //! `plugins`).
 
+mod ceiling;
 mod chart;
+mod prepare;
+pub mod prompts;
 mod report;
 mod runner;
+pub mod simulate;
 mod stats;
+pub mod trace;
 mod workload;
 
 use std::path::Path;
 
 use anyhow::Context as _;
 
+pub use self::ceiling::{VerifyCostPoint, VerifyCosts, points_markdown};
 pub use self::chart::{acceptance_svg, speedup_svg};
-pub use self::report::{ConfigurationReport, Report, SourceReport, WorkloadReport};
+pub use self::prepare::{Prepared, TokenLimits, prepare};
+pub use self::report::{
+    ConfigurationReport, Report, SourceReport, VerifyCostReport, WorkloadReport,
+};
 pub use self::runner::{Configuration, Measurements, Mismatch, WorkloadRun, measure};
 pub use self::stats::{Summary, Totals, acceptance_by_position, speedup};
 pub use self::workload::{ChatMessage, Prompt, Workload, WorkloadError, WorkloadRequest};

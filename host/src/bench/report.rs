@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use super::ceiling::VerifyCostPoint;
 use super::runner::{Measurements, Mismatch};
 use super::stats::{Summary, Totals, acceptance_by_position, speedup};
 use crate::cascade::SourceStats;
@@ -23,6 +24,8 @@ pub struct Report {
     pub repeat: usize,
     /// Unmeasured passes before them.
     pub warmup: usize,
+    /// Measured runs of each batch size of the verify cost curves.
+    pub cost_repeat: usize,
     /// Cap on each request's `max_tokens`, if one was given.
     pub max_tokens_cap: Option<usize>,
     /// Sampling of every request (always greedy, so outputs must match plain decoding).
@@ -44,8 +47,19 @@ pub struct WorkloadReport {
     pub path: PathBuf,
     /// Requests in the file.
     pub requests: usize,
+    /// The target's verify cost curve on this workload.
+    pub verify_cost: VerifyCostReport,
     /// One entry per configuration, plain first.
     pub configurations: Vec<ConfigurationReport>,
+}
+
+/// The target's verify cost curve, measured after one of the workload's prompts.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyCostReport {
+    /// Tokens of context before each measured batch (the workload's median prompt length).
+    pub context_tokens: usize,
+    /// Median cost of one verify batch, by tokens in the batch.
+    pub points: Vec<VerifyCostPoint>,
 }
 
 /// The results of one configuration on one workload.
@@ -63,12 +77,20 @@ pub struct ConfigurationReport {
     pub tokens_per_second: Summary,
     /// Median tok/s over plain decoding's median tok/s; `null` when plain timed nothing.
     pub speedup: Option<f64>,
+    /// The speedup this configuration's rounds would give if drafting and bookkeeping were
+    /// free and each verify batch cost what the workload's curve says (see `bench::ceiling`);
+    /// `null` when a batch size is off the curve.
+    pub ideal_speedup: Option<f64>,
+    /// `speedup / ideal_speedup`: the share of the ideal the loop achieves.
+    pub efficiency: Option<f64>,
     /// Generated tokens per pass.
     pub generated_tokens: u64,
     /// Accepted over drafted tokens, over all measured passes, in [0, 1].
     pub acceptance: f64,
     /// Mean accepted draft tokens per round that verified a draft.
     pub mean_accepted_per_draft_round: f64,
+    /// Mean tokens committed per verify round (accepted draft tokens plus the target's own).
+    pub mean_committed_per_round: f64,
     /// Share of generation time spent drafting, in [0, 1].
     pub draft_share: f64,
     /// Share of generation time spent in verify batches, in [0, 1].
@@ -81,6 +103,8 @@ pub struct ConfigurationReport {
     pub drafted: u64,
     /// Draft tokens accepted, over all measured passes.
     pub accepted: u64,
+    /// `verify_batches[n - 1]`: rounds that verified `n` tokens, over all measured passes.
+    pub verify_batches: Vec<u64>,
     /// Per-source results, in cascade order.
     pub sources: Vec<SourceReport>,
     /// Whether every output equalled plain decoding.
@@ -97,6 +121,22 @@ pub struct SourceReport {
     pub won_share: f64,
     /// For draft positions 1..=K: the share of the source's winning rounds that accepted it.
     pub acceptance_by_position: Vec<f64>,
+}
+
+impl SourceReport {
+    /// The report of a source's counters over `rounds` verify rounds of drafts of at most
+    /// `positions` tokens.
+    pub fn new(stats: &SourceStats, rounds: u64, positions: usize) -> Self {
+        Self {
+            won_share: if rounds == 0 {
+                0.0
+            } else {
+                stats.won as f64 / rounds as f64
+            },
+            acceptance_by_position: acceptance_by_position(stats, positions),
+            stats: stats.clone(),
+        }
+    }
 }
 
 impl Report {
@@ -135,6 +175,10 @@ impl Report {
                         let outputs_match = !mismatches
                             .iter()
                             .any(|m| m.workload == run.workload.name && m.configuration == label);
+                        let speedup = plain.and_then(|plain| speedup(summary.median, plain.median));
+                        let ideal_speedup = run
+                            .verify_costs
+                            .ideal_speedup(totals.timed_tokens, &totals.verify_batches);
                         ConfigurationReport {
                             cascade: configuration
                                 .cascade
@@ -142,10 +186,15 @@ impl Report {
                                 .map(crate::config::SourceSpec::name)
                                 .collect(),
                             draft_max: configuration.draft_max,
-                            speedup: plain.and_then(|plain| speedup(summary.median, plain.median)),
+                            speedup,
+                            ideal_speedup,
+                            efficiency: speedup
+                                .zip(ideal_speedup)
+                                .map(|(measured, ideal)| measured / ideal),
                             generated_tokens: totals.generated_tokens / passes.len().max(1) as u64,
                             acceptance: totals.acceptance(),
                             mean_accepted_per_draft_round: totals.mean_accepted_per_draft_round(),
+                            mean_committed_per_round: totals.mean_committed_per_round(),
                             draft_share: totals.draft_share(),
                             verify_share: totals.verify_share(),
                             rounds: totals.rounds,
@@ -155,18 +204,9 @@ impl Report {
                             sources: totals
                                 .sources
                                 .iter()
-                                .map(|stats| SourceReport {
-                                    won_share: if totals.rounds == 0 {
-                                        0.0
-                                    } else {
-                                        stats.won as f64 / totals.rounds as f64
-                                    },
-                                    acceptance_by_position: acceptance_by_position(
-                                        stats, positions,
-                                    ),
-                                    stats: stats.clone(),
-                                })
+                                .map(|stats| SourceReport::new(stats, totals.rounds, positions))
                                 .collect(),
+                            verify_batches: totals.verify_batches.clone(),
                             tokens_per_second_by_pass: by_pass,
                             tokens_per_second: summary,
                             outputs_match,
@@ -178,6 +218,10 @@ impl Report {
                     name: run.workload.name.clone(),
                     path: run.workload.path.clone(),
                     requests: run.workload.requests.len(),
+                    verify_cost: VerifyCostReport {
+                        context_tokens: run.verify_costs.context_tokens,
+                        points: run.verify_costs.points(),
+                    },
                     configurations,
                 }
             })
@@ -188,6 +232,7 @@ impl Report {
             ctx_size,
             repeat: config.repeat,
             warmup: config.warmup,
+            cost_repeat: config.cost_repeat,
             max_tokens_cap: config.max_tokens_cap,
             sampling: "greedy",
             outputs_match: mismatches.is_empty(),
@@ -200,22 +245,24 @@ impl Report {
     pub fn markdown_table(&self) -> String {
         let mut out = String::new();
         out.push_str(
-            "| workload | configuration | tok/s (median) | tok/s min–max | speedup | acceptance | accepted/draft round | rounds won per pass | drafting | verifying | output |\n",
+            "| workload | configuration | tok/s (median) | tok/s min–max | speedup | ideal | efficiency | acceptance | accepted/draft round | rounds won per pass | drafting | verifying | output |\n",
         );
-        out.push_str("|---|---|--:|--:|--:|--:|--:|---|--:|--:|---|\n");
+        out.push_str("|---|---|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|---|\n");
         for workload in &self.workloads {
             for c in &workload.configurations {
                 let plain = c.cascade.is_empty();
                 let dash = || "–".to_owned();
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {:.1} | {:.1}–{:.1} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {:.1} | {:.1}–{:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     workload.name,
                     c.label,
                     c.tokens_per_second.median,
                     c.tokens_per_second.min,
                     c.tokens_per_second.max,
                     c.speedup.map_or_else(dash, |s| format!("{s:.2}x")),
+                    c.ideal_speedup.map_or_else(dash, |s| format!("{s:.2}x")),
+                    c.efficiency.map_or_else(dash, percent),
                     if plain { dash() } else { percent(c.acceptance) },
                     if plain {
                         dash()
@@ -325,8 +372,30 @@ impl Report {
             }
         }
         out.push('\n');
+        out.push_str(&self.verify_cost_markdown());
+        out.push('\n');
         for (title, file) in charts {
             let _ = writeln!(out, "![{title}]({file})");
+        }
+        out
+    }
+
+    /// The verify cost curve of each workload, in markdown, with how the ideal speedup follows
+    /// from it.
+    pub fn verify_cost_markdown(&self) -> String {
+        let mut out = format!(
+            "Verify cost: one `llama_decode` of n tokens with logits at every position, after the workload's median-length prompt (median of {} runs). \
+             `ideal` is the speedup the configuration's rounds would give if drafting and bookkeeping were free: committed tokens × cost(1) / Σ cost(tokens verified) over its rounds; `efficiency` is measured / ideal.\n",
+            self.cost_repeat
+        );
+        for workload in &self.workloads {
+            let curve = &workload.verify_cost;
+            let _ = writeln!(
+                out,
+                "\n`{}`, context {} tokens:\n",
+                workload.name, curve.context_tokens
+            );
+            out.push_str(&super::ceiling::points_markdown(&curve.points));
         }
         out
     }
@@ -334,7 +403,7 @@ impl Report {
     /// `results.csv`: one row per workload and configuration.
     pub fn csv(&self) -> String {
         let mut out = String::from(
-            "workload,configuration,cascade,draft_max,requests,generated_tokens,tok_s_median,tok_s_min,tok_s_max,speedup,acceptance,mean_accepted_per_draft_round,draft_share,verify_share,rounds_won,outputs_match\n",
+            "workload,configuration,cascade,draft_max,requests,generated_tokens,tok_s_median,tok_s_min,tok_s_max,speedup,ideal_speedup,efficiency,acceptance,mean_accepted_per_draft_round,mean_committed_per_round,draft_share,verify_share,rounds_won,outputs_match\n",
         );
         for workload in &self.workloads {
             for c in &workload.configurations {
@@ -356,8 +425,12 @@ impl Report {
                     format!("{:.3}", c.tokens_per_second.min),
                     format!("{:.3}", c.tokens_per_second.max),
                     c.speedup.map_or_else(String::new, |s| format!("{s:.4}")),
+                    c.ideal_speedup
+                        .map_or_else(String::new, |s| format!("{s:.4}")),
+                    c.efficiency.map_or_else(String::new, |s| format!("{s:.4}")),
                     format!("{:.4}", c.acceptance),
                     format!("{:.4}", c.mean_accepted_per_draft_round),
+                    format!("{:.4}", c.mean_committed_per_round),
                     format!("{:.4}", c.draft_share),
                     format!("{:.4}", c.verify_share),
                     rounds_won,
@@ -395,6 +468,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::bench::ceiling::VerifyCosts;
     use crate::bench::runner::{Configuration, WorkloadRun};
     use crate::bench::workload::Workload;
     use crate::config::{BenchArgs, SourceSpec};
@@ -409,22 +483,26 @@ mod tests {
             cascades: vec!["lookup,suffix".into()],
             draft_maxes: vec![4],
             repeat: 2,
+            cost_repeat: 1,
             ..BenchArgs::default()
         }
         .into_config(std::path::Path::new("/tmp"))
         .expect("valid flags")
     }
 
-    fn pass(tokens: u64, secs: f64, sources: Vec<SourceStats>) -> Totals {
+    /// A pass of one request committing `tokens` tokens in `verify_batches.iter().sum()`
+    /// rounds.
+    fn pass(tokens: u64, secs: f64, verify_batches: Vec<u64>, sources: Vec<SourceStats>) -> Totals {
         Totals {
             requests: 1,
             generated_tokens: tokens + 1,
             timed_tokens: tokens,
             generation_time: Duration::from_secs_f64(secs),
-            rounds: 10,
+            rounds: verify_batches.iter().sum(),
             draft_rounds: 5,
             drafted: 20,
             accepted: 10,
+            verify_batches,
             verify_time: Duration::from_secs_f64(secs * 0.9),
             draft_time: Duration::from_secs_f64(secs * 0.05),
             sources,
@@ -458,12 +536,28 @@ mod tests {
             workloads: vec![WorkloadRun {
                 workload,
                 passes: vec![
-                    vec![pass(100, 1.0, vec![]), pass(100, 1.25, vec![])],
                     vec![
-                        pass(100, 0.5, vec![lookup.clone(), suffix.clone()]),
-                        pass(100, 0.625, vec![lookup, suffix]),
+                        pass(100, 1.0, vec![100], vec![]),
+                        pass(100, 1.25, vec![100], vec![]),
+                    ],
+                    vec![
+                        pass(
+                            100,
+                            0.5,
+                            vec![0, 0, 0, 0, 25],
+                            vec![lookup.clone(), suffix.clone()],
+                        ),
+                        pass(100, 0.625, vec![0, 0, 0, 0, 25], vec![lookup, suffix]),
                     ],
                 ],
+                // Plain decoding costs 1 ms a token; a round of 5 tokens 1.6 ms.
+                verify_costs: VerifyCosts {
+                    context_tokens: 50,
+                    per_batch: [1000, 1100, 1200, 1300, 1600]
+                        .into_iter()
+                        .map(Duration::from_micros)
+                        .collect(),
+                },
             }],
             mismatches,
             threads: 2,
@@ -485,12 +579,19 @@ mod tests {
         assert_eq!(cascade.tokens_per_second.median, 180.0, "seen {cascade:?}");
         assert_eq!(cascade.speedup, Some(2.0));
         assert_eq!(plain.speedup, Some(1.0));
+        // 200 tokens at 1 ms each against 50 rounds of 1.6 ms.
+        let ideal = cascade.ideal_speedup.expect("on the curve");
+        assert!((ideal - 2.5).abs() < 1e-9, "seen {cascade:?}");
+        let efficiency = cascade.efficiency.expect("both speedups");
+        assert!((efficiency - 0.8).abs() < 1e-9, "seen {cascade:?}");
+        assert_eq!(plain.ideal_speedup, Some(1.0), "seen {plain:?}");
+        assert!((cascade.mean_committed_per_round - 4.0).abs() < 1e-12);
         assert_eq!(
             cascade.sources[0].acceptance_by_position,
             vec![1.0, 0.75, 0.25, 0.0]
         );
         assert!(
-            (cascade.sources[0].won_share - 0.4).abs() < 1e-12,
+            (cascade.sources[0].won_share - 8.0 / 50.0).abs() < 1e-12,
             "seen {:?}",
             cascade.sources[0]
         );
@@ -508,11 +609,11 @@ mod tests {
         );
         assert_eq!(
             lines[2],
-            "| edit | plain | 90.0 | 80.0–100.0 | 1.00x | – | – | – | 5.0% | 90.0% | baseline |"
+            "| edit | plain | 90.0 | 80.0–100.0 | 1.00x | 1.00x | 100.0% | – | – | – | 5.0% | 90.0% | baseline |"
         );
         assert_eq!(
             lines[3],
-            "| edit | lookup,suffix K=4 | 180.0 | 160.0–200.0 | 2.00x | 50.0% | 2.00 | lookup 4 (40.0%), suffix 1 (10.0%) | 5.0% | 90.0% | same |"
+            "| edit | lookup,suffix K=4 | 180.0 | 160.0–200.0 | 2.00x | 2.50x | 80.0% | 50.0% | 2.00 | lookup 4 (16.0%), suffix 1 (4.0%) | 5.0% | 90.0% | same |"
         );
     }
 
@@ -536,6 +637,11 @@ mod tests {
             "{markdown}"
         );
         assert!(markdown.contains("![speedup](speedup.svg)"), "{markdown}");
+        assert!(
+            markdown.contains("`edit`, context 50 tokens:")
+                && markdown.contains("| 5 | 1600 | 1.60 | 0.320 |"),
+            "verify cost curve missing: {markdown}"
+        );
         let json = serde_json::to_value(&report).expect("serialisable");
         assert_eq!(json["outputs_match"], false);
         assert_eq!(
@@ -562,7 +668,7 @@ mod tests {
             "{csv}"
         );
         assert!(
-            lines[1].starts_with("edit,plain,,,1,101,90.000,80.000,100.000,1.0000,"),
+            lines[1].starts_with("edit,plain,,,1,101,90.000,80.000,100.000,1.0000,1.0000,1.0000,"),
             "{}",
             lines[1]
         );
@@ -577,7 +683,7 @@ mod tests {
             lines[2]
         );
         let columns = lines[0].split(',').count();
-        assert_eq!(columns, 16, "{}", lines[0]);
+        assert_eq!(columns, 19, "{}", lines[0]);
         assert_eq!(csv_field("a\"b"), "\"a\"\"b\"");
     }
 }

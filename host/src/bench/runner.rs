@@ -20,13 +20,15 @@ use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use super::ceiling::VerifyCosts;
+use super::prepare::{Prepared, TokenLimits, prepare};
 use super::stats::Totals;
-use super::workload::{Prompt, Workload};
+use super::workload::Workload;
 use crate::cascade::{Cascade, CascadeMode, CascadeSettings, ModelFacts, Token};
 use crate::config::{BenchConfig, PolicySpec, SourceSpec};
-use crate::engine::{Request, SamplingParams, Session, StopStrings, Target};
+use crate::engine::{Request, Session, Target};
 use crate::plugins::{LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
-use crate::run::{build_cascade, load_draft_model, measure_verify_costs, require_draft_model};
+use crate::run::{build_cascade, load_draft_model, require_draft_model};
 
 /// How often the progress bar redraws its elapsed time while a request runs.
 const PROGRESS_TICK: Duration = Duration::from_millis(250);
@@ -77,6 +79,22 @@ impl Configuration {
         all
     }
 
+    /// Every cascade with every draft length under the fixed policy in ordered mode, cascade by
+    /// cascade, in the order given (what `simulate` replays).
+    pub fn grid(cascades: &[Vec<SourceSpec>], draft_maxes: &[usize]) -> Vec<Self> {
+        cascades
+            .iter()
+            .flat_map(|cascade| {
+                draft_maxes.iter().map(|&draft_max| Self {
+                    cascade: cascade.clone(),
+                    draft_max: Some(draft_max),
+                    policy: None,
+                    mode: CascadeMode::First,
+                })
+            })
+            .collect()
+    }
+
     /// The policy's name and settings as given (`window,raise=0.9`), or `none`.
     pub fn policy_name(&self) -> String {
         match &self.policy {
@@ -114,7 +132,7 @@ impl Configuration {
             CascadeMode::Scored => " scored",
         };
         let policy = self.policy_name();
-        if policy == "fixed" {
+        if policy == "fixed" || self.policy.is_none() {
             format!("{} K={draft_max}{mode}", self.cascade_name())
         } else {
             format!("{} {policy} K≤{draft_max}{mode}", self.cascade_name())
@@ -146,6 +164,8 @@ pub struct Mismatch {
 pub struct WorkloadRun {
     /// The workload.
     pub workload: Workload,
+    /// The target's verify cost curve after the workload's median-length prompt.
+    pub verify_costs: VerifyCosts,
     /// `passes[c]`: the measured passes of configuration `c`, in order.
     pub passes: Vec<Vec<Totals>>,
 }
@@ -163,12 +183,6 @@ pub struct Measurements {
     pub threads: usize,
     /// Context size of the session, in tokens.
     pub ctx_size: u32,
-}
-
-/// A request ready to decode: its id and its tokenized prompt.
-struct Prepared {
-    id: String,
-    request: Request,
 }
 
 /// Loads the plugins and the target, then runs every pass; see the [module docs](self).
@@ -192,30 +206,9 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
     })
     .context("starting the plugin host")?;
     let configurations = Configuration::all(config);
-    // Each plugin is loaded once, however many configurations use it.
-    let mut loaded: Vec<(&SourceSpec, LoadedPlugin)> = Vec::new();
-    for spec in config.cascades.iter().flatten() {
-        if !loaded.iter().any(|(known, _)| *known == spec) {
-            loaded.push((spec, host.load(spec)?));
-        }
-    }
-    let all_plugins: Vec<LoadedPlugin> = loaded.iter().map(|(_, p)| p.clone()).collect();
+    let plugins = load_plugins(&host, &configurations)?;
+    let all_plugins: Vec<LoadedPlugin> = plugins.iter().flatten().cloned().collect();
     require_draft_model(&all_plugins, config.draft.as_ref())?;
-    let plugins: Vec<Vec<LoadedPlugin>> = configurations
-        .iter()
-        .map(|c| {
-            c.cascade
-                .iter()
-                .map(|spec| {
-                    let (_, plugin) = loaded
-                        .iter()
-                        .find(|(known, _)| *known == spec)
-                        .expect("every spec of a configuration was loaded above");
-                    plugin.clone()
-                })
-                .collect()
-        })
-        .collect();
 
     // Its ticker thread is started here, so it runs on the auxiliary CPUs; the length is
     // known once the requests are tokenized.
@@ -264,20 +257,16 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
             &facts,
         )?;
     }
-    let largest_draft_max = configurations
-        .iter()
-        .filter_map(|c| c.draft_max)
-        .max()
-        .unwrap_or(0);
-    let verify_costs = if largest_draft_max > 0 {
-        measure_verify_costs(&mut session, largest_draft_max)?
-    } else {
-        Vec::new()
+    let limits = TokenLimits {
+        default_max_tokens: config.default_max_tokens,
+        max_tokens_cap: config.max_tokens_cap,
     };
     let prepared = workloads
         .iter()
-        .map(|w| prepare(&target, w, config, session.ctx_size()))
+        .map(|w| prepare(&target, w, &limits, session.ctx_size()))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let largest_draft = config.draft_maxes.iter().max().copied().unwrap_or(0);
+    let largest_batch = config.cost_max_tokens.max(largest_draft + 1);
 
     let passes = config.warmup + config.repeat;
     let total_requests: usize =
@@ -286,8 +275,15 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
     let mut mismatches = Vec::new();
     let mut runs = Vec::new();
     for (workload, requests) in workloads.into_iter().zip(prepared) {
+        progress.set_message(format!("{} · measuring verify costs", workload.name));
+        let verify_costs =
+            measure_verify_costs(&mut session, &requests, largest_batch, config.cost_repeat)
+                .with_context(|| {
+                    format!("measuring verify costs on workload `{}`", workload.name)
+                })?;
         let mut run = WorkloadRun {
             passes: vec![Vec::new(); configurations.len()],
+            verify_costs,
             workload,
         };
         let mut reference: Vec<Option<Vec<Token>>> = vec![None; requests.len()];
@@ -311,7 +307,7 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
                 let mut totals = Totals::default();
                 let mut context = PassContext {
                     session: &mut session,
-                    verify_costs: &verify_costs,
+                    verify_costs: &run.verify_costs.per_batch,
                     cascade: &mut cascade,
                     configuration,
                     workload: &run.workload.name,
@@ -348,6 +344,60 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         threads: config.session.threads,
         ctx_size: session.ctx_size(),
     })
+}
+
+/// The verify cost curve for batches of 1..=`largest_batch` tokens after the prompt of median
+/// length among `requests` (cut to what the batch and the context hold), each the median of
+/// `repetitions` runs.
+pub(super) fn measure_verify_costs(
+    session: &mut Session<'_>,
+    requests: &[Prepared],
+    largest_batch: usize,
+    repetitions: usize,
+) -> anyhow::Result<VerifyCosts> {
+    let mut by_length: Vec<&Prepared> = requests.iter().collect();
+    by_length.sort_by_key(|r| r.request.prompt.len());
+    let context = &by_length
+        .get(by_length.len() / 2)
+        .context("a workload has at least one request")?
+        .request
+        .prompt;
+    let room = session.ctx_size() as usize - context.len();
+    let largest_batch = largest_batch.min(session.batch_size()).min(room).max(1);
+    let per_batch = session.measure_verify_costs(context, largest_batch, repetitions)?;
+    Ok(VerifyCosts {
+        context_tokens: context.len(),
+        per_batch,
+    })
+}
+
+/// The plugins of each configuration's cascade, in order; each plugin is loaded (and compiled)
+/// once, however many configurations use it.
+pub(super) fn load_plugins(
+    host: &PluginHost,
+    configurations: &[Configuration],
+) -> anyhow::Result<Vec<Vec<LoadedPlugin>>> {
+    let mut loaded: Vec<(&SourceSpec, LoadedPlugin)> = Vec::new();
+    for spec in configurations.iter().flat_map(|c| &c.cascade) {
+        if !loaded.iter().any(|(known, _)| *known == spec) {
+            loaded.push((spec, host.load(spec)?));
+        }
+    }
+    Ok(configurations
+        .iter()
+        .map(|c| {
+            c.cascade
+                .iter()
+                .map(|spec| {
+                    let (_, plugin) = loaded
+                        .iter()
+                        .find(|(known, _)| *known == spec)
+                        .expect("every spec of a configuration was loaded above");
+                    plugin.clone()
+                })
+                .collect()
+        })
+        .collect())
 }
 
 /// A fresh cascade of `plugins` with `policy`, as `configuration` says (empty for plain
@@ -446,64 +496,8 @@ fn report_mismatch(mismatch: &Mismatch) {
     );
 }
 
-/// Tokenizes every request of `workload` and checks that it fits in the context.
-fn prepare(
-    target: &Target,
-    workload: &Workload,
-    config: &BenchConfig,
-    ctx_size: u32,
-) -> anyhow::Result<Vec<Prepared>> {
-    workload
-        .requests
-        .iter()
-        .map(|request| {
-            let where_ = || {
-                format!(
-                    "{}:{} (request `{}`)",
-                    workload.path.display(),
-                    request.line,
-                    request.id
-                )
-            };
-            let prompt = match &request.prompt {
-                Prompt::Chat(messages) => {
-                    let messages: Vec<(&str, &str)> = messages
-                        .iter()
-                        .map(|m| (m.role.as_str(), m.content.as_str()))
-                        .collect();
-                    target
-                        .tokenize_messages(&messages)
-                        .with_context(|| format!("templating {}", where_()))?
-                }
-                Prompt::Raw(text) => target.tokenize_raw(text),
-            };
-            let max_tokens = request.max_tokens.unwrap_or(config.default_max_tokens);
-            let max_tokens = config.max_tokens_cap.map_or(max_tokens, |cap| max_tokens.min(cap));
-            let needed = prompt.len() + max_tokens;
-            if needed > ctx_size as usize {
-                anyhow::bail!(
-                    "{}: prompt ({} tokens) + max_tokens ({max_tokens}) = {needed} do not fit in the context of {ctx_size} tokens; raise --ctx-size or lower --max-tokens",
-                    where_(),
-                    prompt.len()
-                );
-            }
-            Ok(Prepared {
-                id: request.id.clone(),
-                request: Request {
-                    prompt,
-                    max_tokens,
-                    sampling: SamplingParams::greedy(),
-                    stop: StopStrings::default(),
-                    draft_max: 0,
-                    verify_costs: Vec::new(),
-                },
-            })
-        })
-        .collect()
-}
-
 /// A progress bar on stderr, or a hidden one when stderr is not a terminal (logs, CI).
-fn progress_bar(total_requests: u64) -> ProgressBar {
+pub(super) fn progress_bar(total_requests: u64) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
@@ -528,6 +522,7 @@ mod tests {
             cascades: vec!["lookup".into(), "lookup,suffix".into()],
             draft_maxes: vec![4, 8],
             repeat: 1,
+            cost_repeat: 1,
             ..crate::config::BenchArgs::default()
         }
         .into_config(std::path::Path::new("/tmp"))

@@ -82,6 +82,8 @@ pub struct Totals {
     pub drafted: u64,
     /// Draft tokens accepted.
     pub accepted: u64,
+    /// `verify_batches[n - 1]`: rounds that verified `n` tokens.
+    pub verify_batches: Vec<u64>,
     /// Time in the target's verify batches.
     pub verify_time: Duration,
     /// Time asking the cascade for drafts and feeding it.
@@ -101,6 +103,7 @@ impl Totals {
         self.draft_rounds += stats.draft_rounds;
         self.drafted += stats.drafted;
         self.accepted += stats.accepted;
+        add_counts(&mut self.verify_batches, &stats.verify_batches);
         self.verify_time += stats.verify_time;
         self.draft_time += stats.draft_time;
         add_sources(&mut self.sources, &stats.sources);
@@ -116,6 +119,7 @@ impl Totals {
         self.draft_rounds += other.draft_rounds;
         self.drafted += other.drafted;
         self.accepted += other.accepted;
+        add_counts(&mut self.verify_batches, &other.verify_batches);
         self.verify_time += other.verify_time;
         self.draft_time += other.draft_time;
         add_sources(&mut self.sources, &other.sources);
@@ -141,6 +145,11 @@ impl Totals {
         fraction(self.accepted, self.draft_rounds)
     }
 
+    /// Mean tokens committed per verify round (accepted draft tokens plus the target's own).
+    pub fn mean_committed_per_round(&self) -> f64 {
+        fraction(self.timed_tokens, self.rounds)
+    }
+
     /// Share of generation time spent drafting (asking and feeding the cascade), in [0, 1].
     pub fn draft_share(&self) -> f64 {
         share(self.draft_time, self.generation_time)
@@ -149,6 +158,16 @@ impl Totals {
     /// Share of generation time spent in the target's verify batches, in [0, 1].
     pub fn verify_share(&self) -> f64 {
         share(self.verify_time, self.generation_time)
+    }
+}
+
+/// Adds counts index by index, growing `into` as needed.
+fn add_counts(into: &mut Vec<u64>, from: &[u64]) {
+    if into.len() < from.len() {
+        into.resize(from.len(), 0);
+    }
+    for (sum, count) in into.iter_mut().zip(from) {
+        *sum += count;
     }
 }
 
@@ -228,6 +247,7 @@ mod tests {
             draft_rounds: 2,
             drafted,
             accepted,
+            verify_batches: vec![2, 0, 2],
             verify_time: Duration::from_secs_f64(secs / 2.0),
             draft_time: Duration::from_secs_f64(secs / 10.0),
             sources: vec![lookup],
@@ -252,6 +272,8 @@ mod tests {
         assert!((pass.mean_accepted_per_draft_round() - 1.5).abs() < 1e-12);
         assert!((pass.verify_share() - 0.5).abs() < 1e-9);
         assert!((pass.draft_share() - 0.1).abs() < 1e-9);
+        assert_eq!(pass.verify_batches, vec![4, 0, 4], "seen {pass:?}");
+        assert!((pass.mean_committed_per_round() - 30.0 / 8.0).abs() < 1e-12);
         let lookup = &pass.sources[0];
         assert_eq!((lookup.won, lookup.accepted), (4, 6), "seen {lookup:?}");
         assert_eq!(lookup.accepted_by_position, vec![4], "seen {lookup:?}");

@@ -29,7 +29,15 @@ pub const MAX_SHADOW_LEN: usize = 32;
 
 /// How the cascade chooses among its sources' proposals.
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum CascadeMode {

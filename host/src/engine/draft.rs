@@ -43,7 +43,9 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::model::params::LlamaModelParams;
 
 use super::error::EngineError;
-use super::model::{FLASH_ATTENTION_ON, Target, TargetParams, started_backend, check_gguf, to_llama};
+use super::model::{
+    FLASH_ATTENTION_ON, Target, TargetParams, check_gguf, started_backend, to_llama,
+};
 use super::sample::argmax_with_probability;
 use super::verify::DEFAULT_BATCH_SIZE;
 use super::vocab::VocabFingerprint;

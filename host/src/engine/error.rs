@@ -111,6 +111,12 @@ pub enum EngineError {
         /// The smallest context that fits.
         needed: usize,
     },
+    /// A verify cost measurement cannot run as asked.
+    #[error("cannot measure verify costs: {problem}")]
+    VerifyCost {
+        /// What is wrong, and what to do instead.
+        problem: String,
+    },
     /// `llama_decode` failed.
     #[error("llama.cpp failed to decode a batch of {n_tokens} tokens: {reason}")]
     Decode {

@@ -13,11 +13,14 @@
 //! checked against the target with [`check_vocab_compatible`]; it hands each drafter plugin that
 //! asks for it a [`DraftModelContext`].
 //!
+//! [`Session::measure_verify_costs`] measures what a verify batch of each size costs (the
+//! ceiling of any speculation), and [`RoundLimits`] is the one rule for a round's draft length.
+//!
 //! Not here: where drafts come from (`cascade`, `plugins`) and how requests arrive (`main`,
 //! `server`).
 
+mod budget;
 mod build_info;
-mod costs;
 mod draft;
 mod error;
 mod model;
@@ -27,6 +30,7 @@ mod text;
 mod verify;
 mod vocab;
 
+pub use self::budget::RoundLimits;
 pub use self::build_info::{BackendDevice, BuildInfo};
 pub use self::draft::{
     DraftModelConfig, DraftModelContext, DraftModelHost, check_vocab_compatible,
@@ -38,6 +42,6 @@ pub use self::sample::SamplingParams;
 pub use self::stats::GenerationStats;
 pub use self::text::StopStrings;
 pub use self::verify::{
-    DEFAULT_DRAFT_MAX, Outcome, Request, RoundControl, RoundDecision, Session, SessionParams,
-    StopReason,
+    DEFAULT_COST_REPETITIONS, DEFAULT_DRAFT_MAX, Outcome, Request, RoundControl, RoundDecision,
+    Session, SessionParams, StopReason,
 };

@@ -185,17 +185,21 @@ impl Target {
     /// Tokenizes a conversation with the model's chat template, ready for the assistant's turn.
     /// `messages` are `(role, content)` pairs.
     pub fn tokenize_messages(&self, messages: &[(&str, &str)]) -> Result<Vec<Token>, EngineError> {
+        Ok(self.tokenize_raw(&self.template_messages(messages)?))
+    }
+
+    /// The text [`tokenize_messages`](Self::tokenize_messages) tokenizes: the conversation in
+    /// the model's chat template, ending where the assistant's turn starts.
+    pub fn template_messages(&self, messages: &[(&str, &str)]) -> Result<String, EngineError> {
         let template = self.chat_template()?;
         let chat = messages
             .iter()
             .map(|(role, content)| LlamaChatMessage::new(role.to_string(), content.to_string()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| EngineError::ChatTemplate(e.to_string()))?;
-        let text = self
-            .model
+        self.model
             .apply_chat_template(&template, &chat, true)
-            .map_err(|e| EngineError::ChatTemplate(e.to_string()))?;
-        Ok(self.tokenize_raw(&text))
+            .map_err(|e| EngineError::ChatTemplate(e.to_string()))
     }
 
     /// The GGUF's chat template; without one, llama.cpp's built-in template for the model's

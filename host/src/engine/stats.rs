@@ -28,6 +28,8 @@ pub struct GenerationStats {
     pub drafted: u64,
     /// Draft tokens accepted.
     pub accepted: u64,
+    /// `verify_batches[n - 1]`: rounds that verified a batch of `n` tokens (`[last, d1..]`).
+    pub verify_batches: Vec<u64>,
     /// Time spent in `llama_decode` for verify batches.
     #[serde(serialize_with = "seconds")]
     pub verify_time: Duration,
@@ -39,6 +41,19 @@ pub struct GenerationStats {
 }
 
 impl GenerationStats {
+    /// Counts a verify round of `n_tokens` tokens (the last committed token and the draft).
+    pub fn count_verify_batch(&mut self, n_tokens: usize) {
+        if self.verify_batches.len() < n_tokens {
+            self.verify_batches.resize(n_tokens, 0);
+        }
+        if let Some(count) = n_tokens
+            .checked_sub(1)
+            .and_then(|i| self.verify_batches.get_mut(i))
+        {
+            *count += 1;
+        }
+    }
+
     /// Prompt tokens per second.
     pub fn prompt_tokens_per_second(&self) -> f64 {
         per_second(self.prompt_tokens, self.prompt_time)

@@ -8,12 +8,17 @@
 //! target itself produced it at that position, the output is token-identical to plain decoding
 //! (greedy) or drawn from exactly the target's distribution (sampling).
 
+mod cost;
+
+pub use self::cost::DEFAULT_COST_REPETITIONS;
+
 use std::time::Instant;
 
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
+use super::budget::RoundLimits;
 use super::error::EngineError;
 use super::model::{Target, to_llama};
 use super::sample::{SamplingParams, TokenSampler};
@@ -84,7 +89,7 @@ impl Request {
 }
 
 /// Why generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
     /// The model produced an end-of-generation token.
@@ -161,6 +166,11 @@ impl<'a> Session<'a> {
     /// Context size in tokens.
     pub fn ctx_size(&self) -> u32 {
         self.context.n_ctx()
+    }
+
+    /// Most tokens one `llama_decode` takes (the largest verify batch).
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
     }
 
     /// Generates a completion of `request`, drafting with `cascade`, calling `on_text` with each
@@ -247,11 +257,12 @@ impl<'a> Session<'a> {
             }
             let remaining = request.max_tokens - output.tokens.len();
             let budget = if speculate {
-                request
-                    .draft_max
-                    .min(remaining - 1)
-                    .min(self.batch_size - 1)
-                    .min(ctx_size as usize - n_past - 1)
+                RoundLimits {
+                    remaining_tokens: remaining,
+                    batch_size: self.batch_size,
+                    free_context: ctx_size as usize - n_past,
+                }
+                .budget(request.draft_max)
             } else {
                 0
             };
@@ -269,6 +280,7 @@ impl<'a> Session<'a> {
             let verify_time = verify_started.elapsed();
             stats.verify_time += verify_time;
             stats.rounds += 1;
+            stats.count_verify_batch(draft.tokens.len() + 1);
             if !draft.tokens.is_empty() {
                 stats.draft_rounds += 1;
                 stats.drafted += draft.tokens.len() as u64;
@@ -403,26 +415,6 @@ impl<'a> Session<'a> {
         self.context
             .decode(&mut self.batch)
             .map_err(|e| decode_error(tokens.len(), e))
-    }
-
-    /// Drops every KV entry at position `len` and after.
-    pub(super) fn truncate(&mut self, len: usize) -> Result<(), EngineError> {
-        self.context
-            .kv_cache_seq_rm(SEQ, Some(len as u32), None)
-            .map_err(|e| decode_error(0, e))
-    }
-
-    /// Empties the KV cache.
-    pub(super) fn clear(&mut self) {
-        self.context.clear_kv_cache();
-    }
-
-    /// `n` tokens of ordinary English text, for measurements that need a context.
-    pub(super) fn filler_tokens(&self, n: usize) -> Vec<Token> {
-        const FILLER: &str = "The quick brown fox jumps over the lazy dog while the cache \
-                              keeps every key and value it has seen so far. ";
-        let tokens = self.target.tokenize_text(FILLER);
-        tokens.iter().cycle().take(n).copied().collect()
     }
 }
 

@@ -1,0 +1,119 @@
+//! Workload requests made ready to decode: the prompt text the target sees (chat template
+//! applied), its tokens, and the request's `max_tokens` after the caps. `bench`, `trace` and
+//! `prompts` all prepare requests here, so the three see exactly the same prompts.
+
+use anyhow::Context as _;
+
+use super::workload::{Prompt, Workload};
+use crate::engine::{Request, SamplingParams, StopStrings, Target};
+
+/// How many tokens a request may generate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenLimits {
+    /// `max_tokens` of requests that do not give one.
+    pub default_max_tokens: usize,
+    /// Cap on every request's `max_tokens`, if any.
+    pub max_tokens_cap: Option<usize>,
+}
+
+impl TokenLimits {
+    /// The request's `max_tokens` (or the default), cut to the cap.
+    pub fn max_tokens(&self, requested: Option<usize>) -> usize {
+        let max_tokens = requested.unwrap_or(self.default_max_tokens);
+        self.max_tokens_cap
+            .map_or(max_tokens, |cap| max_tokens.min(cap))
+    }
+}
+
+/// A workload request ready to decode, greedy.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The request's id.
+    pub id: String,
+    /// The prompt as the target reads it: the chat template applied to the messages, or the
+    /// raw prompt as given.
+    pub text: String,
+    /// Prompt tokens, `max_tokens`, greedy sampling, no stop strings; `draft_max` is 0, to be
+    /// set per configuration.
+    pub request: Request,
+}
+
+/// Templates and tokenizes every request of `workload`, checking that each fits in a context of
+/// `ctx_size` tokens.
+pub fn prepare(
+    target: &Target,
+    workload: &Workload,
+    limits: &TokenLimits,
+    ctx_size: u32,
+) -> anyhow::Result<Vec<Prepared>> {
+    workload
+        .requests
+        .iter()
+        .map(|request| {
+            let where_ = || {
+                format!(
+                    "{}:{} (request `{}`)",
+                    workload.path.display(),
+                    request.line,
+                    request.id
+                )
+            };
+            let text = match &request.prompt {
+                Prompt::Chat(messages) => {
+                    let messages: Vec<(&str, &str)> = messages
+                        .iter()
+                        .map(|m| (m.role.as_str(), m.content.as_str()))
+                        .collect();
+                    target
+                        .template_messages(&messages)
+                        .with_context(|| format!("templating {}", where_()))?
+                }
+                Prompt::Raw(text) => text.clone(),
+            };
+            let prompt = target.tokenize_raw(&text);
+            let max_tokens = limits.max_tokens(request.max_tokens);
+            let needed = prompt.len() + max_tokens;
+            if needed > ctx_size as usize {
+                anyhow::bail!(
+                    "{}: prompt ({} tokens) + max_tokens ({max_tokens}) = {needed} do not fit in the context of {ctx_size} tokens; raise --ctx-size or lower --max-tokens",
+                    where_(),
+                    prompt.len()
+                );
+            }
+            Ok(Prepared {
+                id: request.id.clone(),
+                text,
+                request: Request {
+                    prompt,
+                    max_tokens,
+                    sampling: SamplingParams::greedy(),
+                    stop: StopStrings::default(),
+                    draft_max: 0,
+                    verify_costs: Vec::new(),
+                },
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_tokens_takes_the_request_or_default_then_the_cap() {
+        let uncapped = TokenLimits {
+            default_max_tokens: 256,
+            max_tokens_cap: None,
+        };
+        assert_eq!(uncapped.max_tokens(Some(64)), 64);
+        assert_eq!(uncapped.max_tokens(None), 256);
+        let capped = TokenLimits {
+            max_tokens_cap: Some(100),
+            ..uncapped
+        };
+        assert_eq!(capped.max_tokens(Some(64)), 64);
+        assert_eq!(capped.max_tokens(Some(512)), 100);
+        assert_eq!(capped.max_tokens(None), 100);
+    }
+}
