@@ -512,9 +512,17 @@ fn each_request_may_choose_its_cascade_and_the_output_does_not_change() {
     let scored = post(
         &server,
         "/v1/chat/completions",
-        &chat_body(&prompt, 48, json!({"cascade": "lookup,suffix", "mode": "scored"})),
+        &chat_body(
+            &prompt,
+            48,
+            json!({"cascade": "lookup,suffix", "mode": "scored"}),
+        ),
     );
-    assert_eq!(chat_text(&scored), plain_text, "scored mode changed the output");
+    assert_eq!(
+        chat_text(&scored),
+        plain_text,
+        "scored mode changed the output"
+    );
 
     for (speculative, status, needle) in [
         (json!({"cascade": "nope"}), 400, "lookup, suffix"),
