@@ -271,3 +271,204 @@ fn absurd_policy_decisions_are_bounded() {
         "lookup faulted: shadow drafts were not capped"
     );
 }
+
+#[test]
+fn million_token_proposal_is_refused() {
+    assert_reported("hostile_flood_million", &["1000000"]);
+}
+
+#[test]
+fn reading_the_clocks_in_a_tight_loop_hits_the_deadline() {
+    assert_reported("hostile_clock", &["deadline"]);
+}
+
+/// The new hostile plugins at the source level, without a model: exact fault texts, and the
+/// load error of a plugin built against another WIT version.
+mod without_a_model {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use spechost::cascade::{
+        DraftModel, DraftModelFactory, DraftSource, DraftedToken, ModelFacts, Token,
+    };
+    use spechost::plugins::{DEFAULT_CALL_DEADLINE, DEFAULT_MAX_FAULTS, LoadError};
+
+    use super::*;
+
+    /// Draft length asked for in every round.
+    const MAX_DRAFT_LEN: usize = 8;
+
+    /// SmolLM2's vocabulary, without loading it.
+    fn facts() -> ModelFacts {
+        ModelFacts {
+            vocab_size: 49_152,
+            bos: Some(1),
+            eos: Some(2),
+            eog: vec![2],
+            context_size: 4096,
+        }
+    }
+
+    const PROMPT: [Token; 4] = [101, 102, 103, 104];
+
+    #[test]
+    fn million_token_proposal_is_a_fault_that_keeps_the_instance() {
+        let plugin = plugin_host()
+            .load(&wasm("hostile_flood_million"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut source = plugin.source("");
+        source.begin(&facts(), &PROMPT).expect("opens");
+        for round in 1..=DEFAULT_MAX_FAULTS {
+            let fault = source
+                .propose(MAX_DRAFT_LEN)
+                .expect_err("a million tokens is refused");
+            assert_eq!(
+                fault.what, "proposed 1000000 tokens, at most 8 were asked for",
+                "round {round}"
+            );
+        }
+        assert!(
+            source.is_quarantined(),
+            "quarantined after {DEFAULT_MAX_FAULTS} faults"
+        );
+        assert_eq!(
+            source.restarts(),
+            0,
+            "an invalid proposal is no trap: the instance keeps running"
+        );
+    }
+
+    #[test]
+    fn clock_reads_that_finish_within_the_deadline_are_no_fault() {
+        // A deadline no loaded machine reaches, so the outcome does not depend on timing: what is
+        // checked is that reading the clocks, however often, is not itself a fault.
+        let limits = SandboxLimits {
+            call_deadline: Duration::from_secs(30),
+            ..SandboxLimits::default()
+        };
+        let plugin = plugin_host()
+            .load(&wasm("hostile_clock"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut source = plugin.source_with_limits("reads=100000", limits);
+        source.begin(&facts(), &PROMPT).expect("opens");
+        for round in 0..3 {
+            let proposal = source.propose(MAX_DRAFT_LEN);
+            assert!(
+                proposal.as_ref().is_ok_and(|p| p.tokens.is_empty()),
+                "round {round}: {proposal:?}"
+            );
+            source.feed(&[105]).expect("feed");
+        }
+        assert_eq!(source.faults(), 0, "last fault: {:?}", source.last_fault());
+    }
+
+    #[test]
+    fn plugin_built_against_an_older_wit_is_refused_naming_the_sdk_to_rebuild_with() {
+        let err = plugin_host()
+            .load(&wasm("hostile_old_wit"))
+            .expect_err("a drafter-api@0.1.0 component is refused");
+        assert!(
+            matches!(err, LoadError::MissingExport { .. }),
+            "got {err:?}"
+        );
+        let message = err.to_string();
+        for needle in [
+            "hostile_old_wit",
+            "spechost:drafter/drafter-api@0.2.0",
+            "spechost:drafter/drafter-api@0.1.0",
+            "rebuild it against spechost-sdk 0.2",
+        ] {
+            assert!(message.contains(needle), "`{needle}` not in: {message}");
+        }
+    }
+
+    /// A draft model that takes `delay` per `propose` and drafts `10, 11, ...` with
+    /// probability 0.9. Past `tripwire` calls in all it panics, which ends a guest call the host
+    /// failed to end (the panic crosses the guest and fails the test).
+    struct SlowDraftModel {
+        delay: Duration,
+        calls: Arc<AtomicU32>,
+        tripwire: u32,
+    }
+
+    impl DraftModelFactory for SlowDraftModel {
+        fn open(&self) -> Result<Box<dyn DraftModel>, String> {
+            Ok(Box::new(SlowDraftModel {
+                delay: self.delay,
+                calls: Arc::clone(&self.calls),
+                tripwire: self.tripwire,
+            }))
+        }
+    }
+
+    impl DraftModel for SlowDraftModel {
+        fn reset(&mut self) {}
+
+        fn feed(&mut self, _tokens: &[Token]) {}
+
+        fn propose(&mut self, max_len: usize, _p_min: f32) -> Vec<DraftedToken> {
+            std::thread::sleep(self.delay);
+            let calls = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+            assert!(
+                calls <= self.tripwire,
+                "the host ran the draft model {calls} times, {:?} of native work, inside guest calls with a {DEFAULT_CALL_DEADLINE:?} deadline: work the host does on a plugin's behalf is unbounded",
+                self.delay * calls
+            );
+            (0..max_len.min(64) as Token)
+                .map(|i| DraftedToken {
+                    token: 10 + i,
+                    prob: 0.9,
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn draft_model_time_is_credited_back_to_the_call_deadline() {
+        // One bridge call outlasts the deadline three times over; the plugin's own code takes
+        // microseconds. The deadline bounds the plugin, not the native model it asked to run.
+        let host = plugin_host();
+        host.attach_draft_model(Arc::new(SlowDraftModel {
+            delay: 3 * DEFAULT_CALL_DEADLINE,
+            calls: Arc::default(),
+            tripwire: u32::MAX,
+        }));
+        let plugin = host
+            .load(&SourceSpec::Builtin("draft".into()))
+            .unwrap_or_else(|e| panic!("{e}; build the plugins with scripts/build-plugins.sh"));
+        let mut source = plugin.source("");
+        source.begin(&facts(), &PROMPT).expect("opens");
+        let proposal = source.propose(4).expect("no deadline fault");
+        assert_eq!(proposal.tokens, [10, 11, 12, 13], "proposal: {proposal:?}");
+        assert_eq!(source.faults(), 0, "last fault: {:?}", source.last_fault());
+    }
+
+    #[test]
+    #[ignore = "host bug: host time credited to a call is unbounded, so a plugin can drive the draft model forever in one call (see docs/security.md, open issues)"]
+    fn draft_model_work_inside_one_call_is_bounded() {
+        // 1 ms per bridge call; the tripwire allows 20 deadlines' worth of native work (1 s) in
+        // one guest call. A host that bounds it faults the plugin long before.
+        let delay = Duration::from_millis(1);
+        let tripwire = 20 * DEFAULT_CALL_DEADLINE.as_millis() as u32;
+        let host = plugin_host();
+        host.attach_draft_model(Arc::new(SlowDraftModel {
+            delay,
+            calls: Arc::default(),
+            tripwire,
+        }));
+        let plugin = host
+            .load(&wasm("hostile_bridge_loop"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut source = plugin.source("");
+        source.begin(&facts(), &PROMPT).expect("opens");
+        let fault = source
+            .propose(MAX_DRAFT_LEN)
+            .expect_err("an endless loop of draft-model calls is a fault");
+        assert!(
+            fault.what.contains("propose"),
+            "the fault names the call: {fault}"
+        );
+        assert_eq!(source.faults(), 1);
+    }
+}

@@ -486,3 +486,213 @@ mod tests {
         );
     }
 }
+
+/// Seeded fuzzing of the loader: random bytes, valid blobs mutated then resealed with a correct
+/// checksum, and blobs written field by field with plausible mistakes, so that the damage
+/// reaches the structural checks behind the checksum. Whatever the
+/// bytes, [`decode`] must not panic; what it accepts must be exactly a blob [`encode`] writes,
+/// and must load into a cache that respects its caps. (`tests` above covers every single bit
+/// flip and truncation of one blob; this covers many-byte damage past the checksum.)
+#[cfg(test)]
+mod fuzz {
+    use spechost_sdk::testing::facts;
+
+    use super::*;
+    use crate::cache::tests::expected_counts;
+    use crate::cache::{CacheSettings, ResponseCache};
+    use crate::trie::tests::{Lcg, trie_counts};
+
+    const VOCAB_SIZE: u32 = 50;
+    /// Blobs tried per test: well under a second natively.
+    const CASES: u64 = 20_000;
+
+    fn vocabulary() -> Vocabulary {
+        Vocabulary::of(&facts(VOCAB_SIZE))
+    }
+
+    /// A valid blob of up to 6 responses of up to 12 tokens.
+    fn valid_blob(random: &mut Lcg) -> Vec<u8> {
+        let responses: Vec<Vec<Token>> = (0..random.below(7))
+            .map(|_| {
+                let len = 1 + random.below(12) as usize;
+                random.text(len, VOCAB_SIZE)
+            })
+            .collect();
+        encode(vocabulary(), responses.iter().map(Vec::as_slice))
+    }
+
+    /// A word likely to mean something to the decoder: a small count or length, a token just
+    /// inside or outside the vocabulary, or anything at all.
+    fn interesting_word(random: &mut Lcg) -> u32 {
+        match random.below(5) {
+            0 => random.below(4),
+            1 => random.below(16),
+            2 => VOCAB_SIZE - 1 + random.below(2),
+            3 => u32::MAX - random.below(2),
+            _ => random.below(u32::MAX),
+        }
+    }
+
+    /// `blob`'s body (checksum dropped) damaged by one to four random edits, resealed.
+    fn resealed_mutation(random: &mut Lcg, blob: &[u8]) -> Vec<u8> {
+        let mut body = blob[..blob.len() - CHECKSUM_LEN].to_vec();
+        for _ in 0..1 + random.below(4) {
+            let at = random.below(body.len() as u32 + 1) as usize;
+            match random.below(6) {
+                // Overwrite the word at a word boundary past the magic and version.
+                0 | 1 => {
+                    let words = (body.len().saturating_sub(12)) / WORD_LEN;
+                    if words > 0 {
+                        let start = 12 + WORD_LEN * random.below(words as u32) as usize;
+                        let word = interesting_word(random).to_le_bytes();
+                        body[start..start + WORD_LEN].copy_from_slice(&word);
+                    }
+                }
+                2 => {
+                    let word = interesting_word(random).to_le_bytes();
+                    body.splice(at..at, word);
+                }
+                3 => {
+                    let end = (at + 1 + random.below(8) as usize).min(body.len());
+                    body.drain(at.min(end)..end);
+                }
+                4 => body.truncate(at),
+                _ => {
+                    if let Some(byte) = body.get_mut(at) {
+                        *byte ^= 1 << random.below(8);
+                    }
+                }
+            }
+        }
+        let sum = checksum(&body);
+        body.extend_from_slice(&sum.to_le_bytes());
+        body
+    }
+
+    /// A blob written field by field with the mistakes a buggy writer could make: a count off
+    /// by one, a response length of zero or off by one, a token at or past the vocabulary size;
+    /// sealed with a correct checksum. Most fields are right, so many blobs are valid.
+    fn raw_blob(random: &mut Lcg) -> Vec<u8> {
+        let n_responses = random.below(5) as usize;
+        let off_by_one = |random: &mut Lcg, n: usize| match random.below(8) {
+            0 => n + 1,
+            1 => n.saturating_sub(1),
+            _ => n,
+        };
+        let mut body = MAGIC.to_vec();
+        body.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        body.extend_from_slice(&VOCAB_SIZE.to_le_bytes());
+        body.extend_from_slice(&vocabulary().fingerprint.to_le_bytes());
+        let count = off_by_one(random, n_responses);
+        body.extend_from_slice(&word(count).to_le_bytes());
+        for _ in 0..n_responses {
+            // Length 0 is itself a mistake: responses are never empty.
+            let len = random.below(5) as usize;
+            body.extend_from_slice(&word(off_by_one(random, len)).to_le_bytes());
+            for _ in 0..len {
+                let token = match random.below(16) {
+                    0 => VOCAB_SIZE + random.below(2),
+                    _ => random.below(VOCAB_SIZE),
+                };
+                body.extend_from_slice(&token.to_le_bytes());
+            }
+        }
+        let sum = checksum(&body);
+        body.extend_from_slice(&sum.to_le_bytes());
+        body
+    }
+
+    /// Settings a session could validly have (`1 <= max_depth < max_nodes`).
+    fn random_settings(random: &mut Lcg) -> CacheSettings {
+        let max_nodes = 2 + random.below(200) as usize;
+        CacheSettings {
+            max_depth: 1 + random.below((max_nodes - 1).min(8) as u32) as usize,
+            max_nodes,
+            max_cached_requests: 1 + random.below(8) as usize,
+            vocabulary: vocabulary(),
+        }
+    }
+
+    /// Checks what `decode` accepted: it re-encodes to the same bytes, every token is in the
+    /// vocabulary, and a cache built from it under random caps holds them and counts right.
+    fn check_accepted(random: &mut Lcg, blob: &[u8], saved: &Saved<'_>) {
+        let responses: Vec<Vec<Token>> = (0..saved.len()).map(|i| saved.response(i)).collect();
+        assert_eq!(
+            encode(vocabulary(), responses.iter().map(Vec::as_slice)),
+            blob,
+            "an accepted blob is not what encode writes for its responses {responses:?}"
+        );
+        assert!(
+            responses
+                .iter()
+                .all(|r| !r.is_empty() && r.iter().all(|&t| t < VOCAB_SIZE)),
+            "accepted responses outside the format: {responses:?}"
+        );
+        let settings = random_settings(random);
+        let mut cache = ResponseCache::from_saved(settings, saved);
+        cache.work(usize::MAX);
+        assert!(cache.is_idle(), "a loaded cache is not fully indexed");
+        assert!(
+            cache.len() <= settings.max_cached_requests,
+            "{} responses kept over a cap of {}",
+            cache.len(),
+            settings.max_cached_requests
+        );
+        assert!(
+            cache.trie().live_nodes() <= settings.max_nodes,
+            "{} nodes over a cap of {}",
+            cache.trie().live_nodes(),
+            settings.max_nodes
+        );
+        assert_eq!(trie_counts(cache.trie()), expected_counts(&cache));
+    }
+
+    #[test]
+    fn random_bytes_are_rejected_without_panicking() {
+        let mut random = Lcg(0x5eed);
+        for case in 0..CASES {
+            let len = random.below(96) as usize;
+            let mut bytes: Vec<u8> = (0..len).map(|_| random.below(256) as u8).collect();
+            // Half start like a blob of this build, to get past the first two checks.
+            if case % 2 == 0 && bytes.len() >= 12 {
+                bytes[..8].copy_from_slice(&MAGIC);
+                bytes[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+            }
+            let result = decode(&bytes, vocabulary());
+            assert!(
+                result.is_err(),
+                "case {case}: random bytes {bytes:?} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn resealed_mutations_load_as_valid_caches_or_are_rejected() {
+        let mut random = Lcg(0xb10b);
+        let (mut accepted, mut malformed) = (0, 0);
+        for case in 0..CASES {
+            let blob = if case % 2 == 0 {
+                let valid = valid_blob(&mut random);
+                resealed_mutation(&mut random, &valid)
+            } else {
+                raw_blob(&mut random)
+            };
+            match decode(&blob, vocabulary()) {
+                Ok(saved) => {
+                    accepted += 1;
+                    check_accepted(&mut random, &blob, &saved);
+                }
+                Err(error) => {
+                    malformed += usize::from(matches!(error, BlobError::Malformed(_)));
+                    assert!(!error.to_string().is_empty(), "case {case}: empty message");
+                }
+            }
+        }
+        // The seeds are fixed, so these hold or fail deterministically: the mutations must reach
+        // both outcomes, or the test checks less than it claims.
+        assert!(
+            accepted > CASES as usize / 50 && malformed > CASES as usize / 50,
+            "accepted {accepted}, malformed {malformed} of {CASES}"
+        );
+    }
+}
