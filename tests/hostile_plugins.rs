@@ -445,7 +445,6 @@ mod without_a_model {
     }
 
     #[test]
-    #[ignore = "host bug: host time credited to a call is unbounded, so a plugin can drive the draft model forever in one call (see docs/security.md, open issues)"]
     fn draft_model_work_inside_one_call_is_bounded() {
         // 1 ms per bridge call; the tripwire allows 20 deadlines' worth of native work (1 s) in
         // one guest call. A host that bounds it faults the plugin long before.

@@ -128,6 +128,39 @@ pub(super) fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io
     renamed
 }
 
+/// Removes the temporary files that writers of `path` killed before their rename left behind
+/// (`write_atomically` names them `.<file name>.<pid>.<n>.tmp`). Files of this process, and of
+/// processes still running (as `/proc` tells, where there is one), are kept: they may be in use.
+pub(super) fn remove_stale_temporaries(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!(".{}.", name.to_string_lossy());
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|file| file.strip_prefix(&prefix)?.strip_suffix(".tmp"))
+            .and_then(|rest| rest.split('.').next()?.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists();
+        if !alive {
+            // Best effort, like the write: a file that stays is still never read.
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// `<sha256 of the wasm, hex>-<engine compatibility hash, hex prefix>`.
 pub(super) fn cache_key(wasm_sha256: &[u8; 32], engine: &Engine) -> String {
     let mut hasher = Sha256Hasher(Sha256::new());

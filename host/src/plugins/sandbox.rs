@@ -56,6 +56,11 @@ pub const DEFAULT_MAX_TABLES: usize = 32;
 /// Default cap on host-side WASI resources (streams, pollables) a plugin may hold open.
 pub const DEFAULT_MAX_HOST_RESOURCES: usize = 1024;
 
+/// Most host time one guest call may have credited back, in call deadlines. Draft-model and
+/// state calls are the plugin's choice: without a cap, a plugin calling them in a loop would
+/// spend almost no time of its own and never reach its deadline.
+pub const MAX_HOST_TIME_IN_DEADLINES: u32 = 20;
+
 /// How often the ticker thread advances the engine's epoch. Deadlines are enforced to within
 /// one tick; a few milliseconds costs nothing measurable and keeps 50 ms deadlines tight.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -252,6 +257,16 @@ impl CallClock {
     fn guest_time(&self) -> Duration {
         self.started.elapsed().saturating_sub(self.host_time)
     }
+
+    /// Whether the host time credited to the current call passed the cap for `deadline`.
+    pub(super) fn host_time_exceeded(&self, deadline: Duration) -> bool {
+        self.host_time > host_time_cap(deadline)
+    }
+}
+
+/// The most host time a call with `deadline` may have credited back.
+pub(super) fn host_time_cap(deadline: Duration) -> Duration {
+    deadline.saturating_mul(MAX_HOST_TIME_IN_DEADLINES)
 }
 
 /// What the host offers a plugin instance beyond WASI and logging.
@@ -325,8 +340,9 @@ impl WasiView for HostState {
 /// `deadline`, and otherwise gets the epochs it has left.
 pub(super) fn enforce_deadline(store: &mut Store<HostState>, deadline: Duration) {
     store.epoch_deadline_callback(move |store| {
-        let guest_time = store.data().clock.guest_time();
-        if guest_time >= deadline {
+        let clock = &store.data().clock;
+        let guest_time = clock.guest_time();
+        if guest_time >= deadline || clock.host_time_exceeded(deadline) {
             return Err(Trap::Interrupt.into());
         }
         Ok(UpdateDeadline::Continue(deadline_ticks(

@@ -20,7 +20,7 @@ use super::error::LoadError;
 use super::loader::LoadedPlugin;
 use super::sandbox::{
     EPOCH_TICK, HostState, SandboxLimits, arm_call, deadline_ticks, enforce_deadline, format_bytes,
-    format_duration, sanitize,
+    format_duration, host_time_cap, sanitize,
 };
 use crate::cascade::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 
@@ -291,20 +291,30 @@ impl PluginSource {
     /// Records a trap in `method`: the instance is dropped, to be re-created on next use.
     fn trap(&mut self, method: Method, error: wasmtime::Error) -> SourceFault {
         self.crashed = true;
-        let (refused_memory, panic) = match self.live.take() {
+        let deadline = self.limits.call_deadline;
+        let (refused_memory, panic, host_busy) = match self.live.take() {
             Some(mut live) => (
                 live.store.data_mut().limiter.take_refusal(),
                 live.store.data().last_panic(),
+                live.store.data().clock.host_time_exceeded(deadline),
             ),
-            None => (None, None),
+            None => (None, None, false),
         };
-        let what = describe_failure(
-            method,
-            &error,
-            refused_memory,
-            panic.as_deref(),
-            &self.limits,
-        );
+        let what = if host_busy {
+            format!(
+                "kept the host busy on its behalf (draft model, state) for over {} in {}",
+                format_duration(host_time_cap(deadline)),
+                method.as_str()
+            )
+        } else {
+            describe_failure(
+                method,
+                &error,
+                refused_memory,
+                panic.as_deref(),
+                &self.limits,
+            )
+        };
         tracing::debug!(plugin = %self.name, method = method.as_str(), "trap detail: {error:?}");
         self.fault(what)
     }

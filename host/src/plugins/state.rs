@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::bindings::StateHost;
-use super::cache::write_atomically;
+use super::cache::{remove_stale_temporaries, write_atomically};
 use super::sandbox::{HostState, format_bytes};
 
 /// Default cap on a plugin's state blob.
@@ -50,6 +50,9 @@ impl StateSlot {
     /// A slot persisted to `file` (read now if it exists), or in memory only when `None`.
     /// `plugin` names the plugin in warnings.
     pub(super) fn open(plugin: &str, file: Option<PathBuf>, max_bytes: usize) -> Self {
+        if let Some(path) = file.as_deref() {
+            remove_stale_temporaries(path);
+        }
         let bytes = file
             .as_deref()
             .and_then(|path| read_state_file(plugin, path, max_bytes));
