@@ -23,7 +23,7 @@ impl Policy for Absurd {
     fn decide(&mut self) -> Decision {
         self.rounds += 1;
         let order = vec!["nobody".to_owned(), String::new(), "x".repeat(10_000)];
-        let decision = if self.rounds % 2 == 0 {
+        let decision = if self.rounds.is_multiple_of(2) {
             Decision::skip(u32::MAX)
         } else {
             Decision::draft(u32::MAX)
