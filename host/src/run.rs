@@ -79,7 +79,11 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         policy,
         config.draft_max,
     )?;
-    let verify_costs = if cascade.is_empty() {
+    // A request the engine will refuse (empty prompt, no room in the context) is left to
+    // `generate`, whose error names the fix; there is nothing to measure for it.
+    let fits =
+        !prompt.is_empty() && prompt.len() + config.max_tokens <= session.ctx_size() as usize;
+    let verify_costs = if cascade.is_empty() || !fits {
         Vec::new()
     } else {
         measure_verify_costs(&mut session, &prompt, config.draft_max)?
