@@ -79,23 +79,20 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         policy,
         config.draft_max,
     )?;
-    // A request the engine will refuse (empty prompt, no room in the context) is left to
-    // `generate`, whose error names the fix; there is nothing to measure for it.
-    let fits =
-        !prompt.is_empty() && prompt.len() + config.max_tokens <= session.ctx_size() as usize;
-    let verify_costs = if cascade.is_empty() || !fits {
-        Vec::new()
-    } else {
-        measure_verify_costs(&mut session, &prompt, config.draft_max)?
-    };
-    let request = Request {
+    let mut request = Request {
         prompt,
         max_tokens: config.max_tokens,
         sampling: config.sampling.clone(),
         stop: config.stop.clone(),
         draft_max: config.draft_max,
-        verify_costs,
+        verify_costs: Vec::new(),
     };
+    // Refused before the verify curve is measured for it.
+    session.check_request(&request)?;
+    if !cascade.is_empty() {
+        request.verify_costs =
+            measure_verify_costs(&mut session, &request.prompt, config.draft_max)?;
+    }
     let mut stdout = std::io::stdout().lock();
     let outcome = session.generate(&request, &mut cascade, &mut |text| {
         // A closed pipe (`| head`) must not abort generation; the stats still print.

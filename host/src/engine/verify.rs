@@ -193,20 +193,9 @@ impl<'a> Session<'a> {
         on_text: &mut dyn FnMut(&str),
         control: &mut dyn RoundControl,
     ) -> Result<Outcome, EngineError> {
+        self.check_request(request)?;
         let prompt = &request.prompt;
-        if prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
         let ctx_size = self.ctx_size();
-        let needed = prompt.len() + request.max_tokens;
-        if needed > ctx_size as usize {
-            return Err(EngineError::ContextOverflow {
-                prompt: prompt.len(),
-                max_tokens: request.max_tokens,
-                ctx_size,
-                needed,
-            });
-        }
         // A cascade swapped in between rounds drafts only if drafts can be verified at all.
         let can_verify_drafts = request.draft_max > 0 && self.target.can_roll_back();
         let mut speculate = !cascade.is_empty() && request.draft_max > 0 && self.roll_back_check();
@@ -375,6 +364,27 @@ impl<'a> Session<'a> {
             position += chunk.len();
         }
         Ok(self.batch.n_tokens() - 1)
+    }
+
+    /// Checks that this session can run `request`: a non-empty prompt that fits in the context
+    /// with `max_tokens` after it. [`Self::generate`] checks it too; call it first to refuse a
+    /// request before doing work for it.
+    pub fn check_request(&self, request: &Request) -> Result<(), EngineError> {
+        let prompt = &request.prompt;
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let ctx_size = self.ctx_size();
+        let needed = prompt.len() + request.max_tokens;
+        if needed > ctx_size as usize {
+            return Err(EngineError::ContextOverflow {
+                prompt: prompt.len(),
+                max_tokens: request.max_tokens,
+                ctx_size,
+                needed,
+            });
+        }
+        Ok(())
     }
 
     /// Decodes `[last, draft..]` at `n_past..` with logits at every position.
