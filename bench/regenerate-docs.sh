@@ -24,7 +24,8 @@
 #   REPEAT, WARMUP   measured and warm-up passes of step 2 (defaults: 3, 1)
 #   COST_REPEAT  runs of each batch size of step 2's verify cost curves (default: 5)
 #   MAX_TOKENS   cap on every request's max_tokens (default: none)
-#   DRAFT_MODEL  draft GGUF for llama-speculative-simple (default: none, row skipped), and
+#   DRAFT_MODEL  draft GGUF: step 2's --draft-model (for cascades with `draft`) and step 5's
+#                llama-speculative-simple (default: none, that row skipped), and
 #   DRAFT_CASCADE    the spechost cascade it is compared with (default: draft; list it in CASCADES)
 #   PEER_REPEAT  interleaved passes of step 5 (default: 1)
 #   PLAIN_TOKENS, PLAIN_REPEAT   step 3's tokens and rounds (defaults: 256, 9)
@@ -71,14 +72,15 @@ done
 cascades=()
 IFS=';' read -ra list <<< "$CASCADES"
 for cascade in "${list[@]}"; do cascades+=(--cascade "$cascade"); done
-limits=()
-[[ -n ${MAX_TOKENS:-} ]] && limits+=(--max-tokens "$MAX_TOKENS")
+options=()
+[[ -n ${MAX_TOKENS:-} ]] && options+=(--max-tokens "$MAX_TOKENS")
+[[ -n ${DRAFT_MODEL:-} ]] && options+=(--draft-model "$DRAFT_MODEL")
 
 echo "==> spechost bench" >&2
 mkdir -p "$RESULTS"
 bench_command=(bench --model "$MODEL" "${workloads[@]}" "${cascades[@]}" --draft-max "$DRAFT_MAX"
     --repeat "$REPEAT" --warmup "$WARMUP" --cost-repeat "$COST_REPEAT" --threads "$THREADS"
-    "${limits[@]}" --out "$RESULTS")
+    "${options[@]}" --out "$RESULTS")
 "$SPECHOST_BIN" "${bench_command[@]}" > "$work/bench.md"
 
 echo "==> bench/plain-decode.sh" >&2
