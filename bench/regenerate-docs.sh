@@ -17,7 +17,7 @@
 #   THREADS      compute threads (default: nproc)
 #   MODEL        target of steps 2 and 5 (default: gemma3)
 #   WORKLOADS    space-separated workload files
-#                (default: ../shared/workloads/{edit,summarize,extract,code}.jsonl)
+#                (default: examples/workloads/{edit,summarize,extract,code}.jsonl)
 #   CASCADES     `;`-separated cascades (default: lookup;suffix;lookup,suffix)
 #   DRAFT_MAX    draft lengths of step 2 (default: 4,8,16,24)
 #   PEER_K       draft length compared with llama.cpp's tools (default: 8; must be in DRAFT_MAX)
@@ -41,7 +41,7 @@ cd "$SPECHOST_ROOT"
 
 THREADS=${THREADS:-$(nproc)}
 MODEL=${MODEL:-gemma3}
-WORKLOADS=${WORKLOADS:-"../shared/workloads/edit.jsonl ../shared/workloads/summarize.jsonl ../shared/workloads/extract.jsonl ../shared/workloads/code.jsonl"}
+WORKLOADS=${WORKLOADS:-"examples/workloads/edit.jsonl examples/workloads/summarize.jsonl examples/workloads/extract.jsonl examples/workloads/code.jsonl"}
 CASCADES=${CASCADES:-"lookup;suffix;lookup,suffix"}
 DRAFT_MAX=${DRAFT_MAX:-4,8,16,24}
 PEER_K=${PEER_K:-8}

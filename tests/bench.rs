@@ -157,3 +157,59 @@ fn bad_workload_line_is_an_error_naming_file_and_line() {
         "wanted `{needle}` and the problem in: {stderr}"
     );
 }
+
+/// Issue 4's exactness check: the full cascade, in both modes, keeps greedy output identical to
+/// plain decoding on every sample workload of `examples/workloads/` (the first two requests of
+/// each, at most 48 tokens, to keep the suite short). `bench` fails on any difference.
+#[test]
+fn the_full_cascade_matches_plain_decoding_on_every_sample_workload() {
+    let _guard = common::exclusive();
+    let model = smollm2();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("examples/workloads/")
+        .map(|entry| entry.expect("readable entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "jsonl"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 4, "the sample workloads: {files:?}");
+    let mut args: Vec<String> = ["bench", "--model", s(&model)]
+        .map(str::to_owned)
+        .to_vec();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("readable workload");
+        let head: String = text.lines().take(2).map(|line| format!("{line}\n")).collect();
+        let name = file.file_name().expect("a file name");
+        let subset = scratch(&name.to_string_lossy());
+        std::fs::write(&subset, head).expect("write the subset");
+        args.extend(["--workload".to_owned(), s(&subset).to_owned()]);
+    }
+    args.extend(
+        [
+            "--cascade",
+            "lookup,suffix,draft",
+            "--draft-model",
+            "auto",
+            "--cascade-mode",
+            "first,scored",
+            "--repeat",
+            "1",
+            "--warmup",
+            "0",
+            "--cost-repeat",
+            "1",
+            "--max-tokens",
+            "48",
+        ]
+        .map(str::to_owned),
+    );
+    let out = spechost(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed:\n{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.matches("| same |").count(),
+        2 * files.len(),
+        "both modes on every workload matched plain decoding:\n{stdout}"
+    );
+}

@@ -1,6 +1,7 @@
 //! CPU placement on a real model: the target's compute threads (the engine thread and
-//! llama.cpp's OpenMP workers) run only on the requested CPUs and the plugin host's threads on
-//! the others, as read back from `/proc`; bad `--cpus`/`--threads` are clear errors.
+//! llama.cpp's OpenMP workers) run only on the requested CPUs, the draft model's on the draft
+//! CPUs and the plugin host's threads on the others, as read back from `/proc`; bad
+//! `--cpus`/`--threads` are clear errors.
 //!
 //! Needs `SmolLM2-135M-Instruct.Q4_1.gguf` (`spechost models fetch smollm2`).
 
@@ -13,7 +14,8 @@ use spechost::cascade::Cascade;
 use spechost::engine::{Request, SamplingParams, SessionParams};
 use spechost::models::DefaultModel;
 use spechost::placement::{
-    CpuList, PlacementRequest, Plan, ThreadCpus, Topology, current_thread_cpus, thread_cpus,
+    CpuList, DRAFT_THREAD_NAME, PlacementRequest, Plan, ThreadCpus, Topology,
+    current_thread_cpus, thread_cpus,
 };
 
 fn spechost(args: &[&str]) -> Output {
@@ -181,6 +183,48 @@ fn run_reports_its_threads_on_the_requested_cpus() {
             "thread {thread} of `spechost run --cpus {compute}`"
         );
     }
+}
+
+#[test]
+fn run_puts_the_draft_model_on_the_draft_cpus() {
+    let topology = Topology::read_host().expect("sysfs");
+    // The first CPU computes the target, the last the draft model (the same on one CPU).
+    let compute = CpuList::from_cpus(topology.allowed.first());
+    let draft = CpuList::from_cpus(topology.allowed.iter().last());
+    let output = spechost(&[
+        "run",
+        "--model",
+        "smollm2",
+        "--draft-model",
+        "auto",
+        "--cascade",
+        "draft",
+        "--max-tokens",
+        "8",
+        "--prompt",
+        "Count from one to ten.",
+        "--cpus",
+        &compute.to_string(),
+        "--draft-cpus",
+        &draft.to_string(),
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "spechost run failed: {stderr}");
+    let json: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("last stderr line is the JSON report ({e}): {stderr}"));
+    assert_eq!(json["placement"]["plan"]["draft_cpus"], draft.to_string());
+    assert!(
+        json["stats"]["drafted"].as_u64().unwrap_or(0) > 0,
+        "the draft model drafted: {json}"
+    );
+    let threads = json["placement"]["threads"].as_array().expect("thread list");
+    let draft_threads: Vec<&serde_json::Value> = threads
+        .iter()
+        .filter(|thread| thread["name"] == DRAFT_THREAD_NAME)
+        .collect();
+    assert_eq!(draft_threads.len(), 1, "one draft context, one worker: {threads:?}");
+    assert_eq!(draft_threads[0]["cpus"], draft.to_string());
 }
 
 #[test]

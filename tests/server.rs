@@ -101,6 +101,26 @@ impl Server {
     fn log(&self) -> String {
         self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
+
+    /// Stops the server as a service manager would (SIGTERM) and waits for it to exit.
+    fn terminate(mut self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(sent.is_ok_and(|status| status.success()), "kill -TERM {pid}");
+        let started = Instant::now();
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => {
+                    assert!(status.success(), "exit {status:?}; log:\n{}", self.log());
+                    return;
+                }
+                Ok(None) if started.elapsed() < PATIENCE => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                other => panic!("the server did not stop on SIGTERM: {other:?}"),
+            }
+        }
+    }
 }
 
 impl Drop for Server {
@@ -527,11 +547,9 @@ fn each_request_may_choose_its_cascade_and_the_output_does_not_change() {
     for (speculative, status, needle) in [
         (json!({"cascade": "nope"}), 400, "lookup, suffix"),
         (json!({"cascade": "./x.wasm"}), 400, "PUT /admin/cascade"),
-        (
-            json!({"policy": "adaptive"}),
-            400,
-            "not supported by this build yet",
-        ),
+        (json!({"policy": "adaptive"}), 400, "is not loaded (loaded: "),
+        (json!({"policy": "window,raise=2"}), 400, "raise"),
+        (json!({"cascade": "draft"}), 400, "--draft-model"),
         (json!({"draft_max": 0}), 400, "at least 1"),
         (json!({"cascde": "lookup"}), 400, "cascde"),
     ] {
@@ -547,6 +565,109 @@ fn each_request_may_choose_its_cascade_and_the_output_does_not_change() {
             "{speculative}: `{needle}` not in {message}"
         );
     }
+}
+
+#[test]
+fn each_request_may_choose_its_policy_and_the_output_does_not_change() {
+    let _guard = exclusive();
+    let server = Server::start(&["--cascade", "lookup,suffix", "--policy", "cost"]);
+    let prompt = fixture("extract-protocols-0");
+    let plain = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(&prompt, 48, json!({"speculative": {"cascade": "none"}})),
+    );
+    let plain_text = chat_text(&plain);
+    assert_eq!(plain.body["speculative"]["policy"], Value::Null);
+    for (speculative, reported) in [
+        (json!({}), "cost"),
+        (json!({"policy": "window,raise=0.9,k=2"}), "window,raise=0.9,k=2"),
+        (json!({"policy": "heuristic", "mode": "scored"}), "heuristic"),
+        (json!({"policy": "fixed", "draft_max": 4}), "fixed"),
+    ] {
+        // Twice: the second request runs on the slot's policy instance from the first.
+        for _ in 0..2 {
+            let answer = post(
+                &server,
+                "/v1/chat/completions",
+                &chat_body(&prompt, 48, json!({"speculative": speculative})),
+            );
+            assert_eq!(chat_text(&answer), plain_text, "{speculative} changed the output");
+            assert_eq!(
+                answer.body["speculative"]["policy"], reported,
+                "{}",
+                answer.body
+            );
+        }
+    }
+    let log = server.log();
+    assert_eq!(
+        log.matches("measured the verify cost curve").count(),
+        1,
+        "one measurement per slot, at the first request with a policy: {log}"
+    );
+}
+
+#[test]
+fn serves_the_draft_model_and_persists_plugin_state_across_restarts() {
+    let _guard = exclusive();
+    let state_dir = scratch("server-state");
+    let state_file = state_dir.join("suffix.state");
+    let args = [
+        "--cascade",
+        "suffix,draft",
+        "--draft-model",
+        "auto",
+        "--state-dir",
+        state_dir.to_str().expect("UTF-8 path"),
+    ];
+    let prompt = fixture("extract-protocols-0");
+    let server = Server::start(&args);
+    let plain = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(&prompt, 48, json!({"speculative": {"cascade": "none"}})),
+    );
+    let plain_text = chat_text(&plain);
+    let accepted = |answer: &Answer| answer.body["speculative"]["accepted"].as_u64().unwrap_or(0);
+    let suffix_body = chat_body(&prompt, 48, json!({"speculative": {"cascade": "suffix"}}));
+    let cold = post(&server, "/v1/chat/completions", &suffix_body);
+    assert_eq!(chat_text(&cold), plain_text);
+    for cascade in ["draft", "suffix,draft"] {
+        let answer = post(
+            &server,
+            "/v1/chat/completions",
+            &chat_body(&prompt, 48, json!({"speculative": {"cascade": cascade}})),
+        );
+        assert_eq!(chat_text(&answer), plain_text, "{cascade} changed the output");
+        let draft = &answer.body["speculative"]["sources"]
+            .as_array()
+            .and_then(|sources| sources.iter().find(|s| s["name"] == "draft").cloned())
+            .unwrap_or_default();
+        assert!(
+            draft["drafted"].as_u64().unwrap_or(0) > 0,
+            "the draft model drafted: {}",
+            answer.body
+        );
+    }
+    assert!(!state_file.exists(), "state is saved at most once a minute");
+    server.terminate();
+    let saved = std::fs::read(&state_file).expect("the suffix state is saved on shutdown");
+    assert!(!saved.is_empty());
+
+    let restarted = Server::start(&args);
+    wait_for(&restarted, "the saved state loaded", || {
+        restarted.log().contains("loaded plugin state")
+    });
+    let warm = post(&restarted, "/v1/chat/completions", &suffix_body);
+    assert_eq!(chat_text(&warm), plain_text);
+    assert!(
+        accepted(&warm) > accepted(&cold),
+        "the restored cache knows this answer: {} accepted, {} before it was cached",
+        accepted(&warm),
+        accepted(&cold)
+    );
+    restarted.terminate();
 }
 
 #[test]

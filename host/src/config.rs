@@ -399,6 +399,11 @@ pub enum ConfigError {
         "--draft-threads is set but there is no draft model; add --draft-model or drop --draft-threads"
     )]
     DraftThreadsWithoutModel,
+    /// `--draft-cpus` without a draft model.
+    #[error(
+        "--draft-cpus is set but there is no draft model; add --draft-model or drop --draft-cpus"
+    )]
+    DraftCpusWithoutModel,
     /// `--draft-model auto` with a target that has no default draft.
     #[error(
         "--draft-model auto picks the draft of a default target (smollm2, gemma3), but the target is {model}; give --draft-model a .gguf path with the target's tokenizer (make one with `spechost models quantize --model {model} --type Q4_0`)"
@@ -708,14 +713,16 @@ pub struct RunConfig {
     pub json: bool,
 }
 
-/// The draft model of `run` and `bench`: `--draft-model` resolved, with its context settings.
+/// The draft model of `run`, `bench` and `serve`: `--draft-model` resolved, with its context settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DraftSettings {
     /// The file and its context settings (the target's context size; `--draft-threads`, else
-    /// the target's threads).
+    /// one per `--draft-cpus` CPU, else the target's threads).
     pub model: DraftModelConfig,
     /// Set when the file is a default draft, which is made from its base model on first use.
     pub default_draft: Option<DefaultDraft>,
+    /// `--draft-cpus`: the CPUs every draft context computes on.
+    pub cpus: Option<CpuList>,
 }
 
 /// The `[run]` and `[plugins.NAME]` tables of a TOML config file.
@@ -874,6 +881,7 @@ impl RunArgs {
             self.target.draft_threads.or(run.draft_threads),
             model_name.as_deref(),
             &session,
+            &placement,
             cache_dir,
         )?;
         let sampling = sampling_params(
@@ -927,8 +935,8 @@ pub struct BenchArgs {
     /// the baseline.
     #[arg(long = "cascade", short = 'c', value_name = "SOURCES", required = true)]
     pub cascades: Vec<String>,
-    /// Draft lengths (K) to measure each cascade with, comma-separated (default: 8). With an
-    /// adaptive policy it is the largest K the policy may choose.
+    /// Draft lengths (K) to measure each cascade with, comma-separated (default: 8). The
+    /// `fixed` policy runs at each; an adaptive policy runs once, choosing K up to the largest.
     #[arg(long = "draft-max", value_name = "K,K,...", value_delimiter = ',')]
     pub draft_maxes: Vec<usize>,
     /// A draft-length policy to measure each cascade with, as for `run --policy` (repeatable;
@@ -1062,6 +1070,7 @@ impl BenchArgs {
             self.target.draft_threads,
             self.target.model.as_deref(),
             &session,
+            &placement,
             cache_dir,
         )?;
         Ok(BenchConfig {
@@ -1172,8 +1181,10 @@ pub struct ServeConfig {
     pub model: PathBuf,
     /// The model's name in the API.
     pub model_id: String,
-    /// The draft model, if one was asked for.
-    pub draft_model: Option<PathBuf>,
+    /// The draft model offered to drafter plugins, if one was asked for.
+    pub draft: Option<DraftSettings>,
+    /// Where the slots' compute threads and everything else run.
+    pub placement: Plan,
     /// Default draft sources in order (empty: plain decoding).
     pub cascade: Vec<SourceSpec>,
     /// Default cascade mode.
@@ -1232,12 +1243,6 @@ impl ServeArgs {
                 ),
             }
         });
-        let draft_model = self
-            .target
-            .draft_model
-            .clone()
-            .map(|draft| resolve_model(Some(draft), cache_dir));
-
         let cascade = parse_cascade(self.cascade.as_deref().unwrap_or("lookup"))?;
         // Requests may pick any loaded plugin, so settings may name a built-in outside the
         // default cascade too.
@@ -1291,6 +1296,17 @@ impl ServeArgs {
             .threads
             .unwrap_or_else(|| (placement.threads / parallel).max(1));
         let session = session_params(threads, self.target.ctx_size)?;
+        let draft = draft_settings(
+            self.target.draft_model.clone(),
+            self.target.draft_threads,
+            Some(&model_arg),
+            &session,
+            &placement,
+            cache_dir,
+        )?;
+        if let Some(policy) = &self.policy {
+            parse_policy(policy)?;
+        }
         let sampling = sampling_params(self.temp, self.top_k, self.top_p, self.min_p, Some(0))?;
         if self
             .admin_token
@@ -1314,7 +1330,7 @@ impl ServeArgs {
         Ok(ServeConfig {
             model,
             model_id,
-            draft_model,
+            draft,
             cascade,
             cascade_mode: self.cascade_mode.unwrap_or_default(),
             policy: self.policy,
@@ -1326,6 +1342,7 @@ impl ServeArgs {
             sampling,
             session,
             target: self.target.target_params(&placement),
+            placement,
             host: self.host.unwrap_or_else(|| DEFAULT_SERVE_HOST.to_owned()),
             port: self.port.unwrap_or(DEFAULT_SERVE_PORT),
             parallel,
@@ -1621,20 +1638,23 @@ fn resolve_model(model: Option<String>, cache_dir: &Path) -> PathBuf {
     DefaultModel::from_alias(&model).map_or_else(|| PathBuf::from(&model), |m| m.path(cache_dir))
 }
 
-/// The draft model from `--draft-model` and `--draft-threads`: a default draft by name (or
-/// `auto`, the draft of the default target `model_name`), else a path. Its contexts get the
-/// target's size, and the target's threads unless `--draft-threads` says otherwise.
+/// The draft model from `--draft-model`, `--draft-threads` and the plan's `--draft-cpus`: a
+/// default draft by name (or `auto`, the draft of the default target `model_name`), else a
+/// path. Its contexts get the target's size, and `--draft-threads` threads, else one per draft
+/// CPU, else the target's.
 fn draft_settings(
     draft_model: Option<String>,
     draft_threads: Option<usize>,
     model_name: Option<&str>,
     session: &SessionParams,
+    plan: &Plan,
     cache_dir: &Path,
 ) -> Result<Option<DraftSettings>, ConfigError> {
     let Some(name) = draft_model else {
-        return match draft_threads {
-            Some(_) => Err(ConfigError::DraftThreadsWithoutModel),
-            None => Ok(None),
+        return match (draft_threads, &plan.draft_cpus) {
+            (Some(_), _) => Err(ConfigError::DraftThreadsWithoutModel),
+            (None, Some(_)) => Err(ConfigError::DraftCpusWithoutModel),
+            (None, None) => Ok(None),
         };
     };
     if draft_threads == Some(0) {
@@ -1658,9 +1678,12 @@ fn draft_settings(
         model: DraftModelConfig {
             path,
             ctx_size: session.ctx_size,
-            threads: draft_threads.unwrap_or(session.threads),
+            threads: draft_threads
+                .or(plan.draft_cpus.as_ref().map(CpuList::len))
+                .unwrap_or(session.threads),
         },
         default_draft,
+        cpus: plan.draft_cpus.clone(),
     }))
 }
 
@@ -2011,6 +2034,35 @@ mod tests {
             .into_config(Path::new("/c"))
             .expect("valid");
         assert_eq!(plain.draft, None);
+    }
+
+    #[test]
+    fn draft_cpus_set_the_draft_threads_and_need_a_draft_model() {
+        let allowed = crate::placement::current_thread_cpus().expect("readable affinity");
+        let one = CpuList::from_cpus(allowed.iter().last());
+        let args = |draft_model: Option<&str>| RunArgs {
+            target: TargetArgs {
+                draft_model: draft_model.map(str::to_owned),
+                placement: PlacementArgs {
+                    draft_cpus: Some(one.clone()),
+                    ..PlacementArgs::default()
+                },
+                ..TargetArgs::default()
+            },
+            prompt: Some("hi".into()),
+            ..RunArgs::default()
+        };
+        let draft = args(Some("auto"))
+            .into_config(Path::new("/c"))
+            .expect("valid")
+            .draft
+            .expect("a draft");
+        assert_eq!((draft.model.threads, draft.cpus), (1, Some(one.clone())));
+        let err = args(None)
+            .into_config(Path::new("/c"))
+            .expect_err("draft CPUs without a draft model")
+            .to_string();
+        assert!(err.contains("add --draft-model or drop --draft-cpus"), "{err}");
     }
 
     #[test]

@@ -8,12 +8,14 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
-use crate::cascade::{Cascade, CascadeSettings, DraftSource, ModelFacts, PolicySetup};
+use crate::cascade::{
+    Cascade, CascadeSettings, DraftModelFactory, DraftSource, ModelFacts, PolicySetup,
+};
 use crate::config::{DraftSettings, RunConfig};
 use crate::engine::{
     DEFAULT_COST_REPETITIONS, DraftModelHost, Request, Session, Target, TargetParams,
 };
-use crate::placement;
+use crate::placement::{self, PinnedDraftFactory};
 use crate::plugins::{LoadError, LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
 
 /// Loads the target and the cascade, generates, streams the text and prints the stats.
@@ -153,13 +155,13 @@ pub fn require_draft_model(
 
 /// Loads the draft model of `settings` for `target`, if any: makes a default draft from its base
 /// model on first use (with the draft's threads), loads it as `loading` says, and checks that it
-/// shares the target's tokenizer.
+/// shares the target's tokenizer. With draft CPUs, its contexts compute there.
 pub fn load_draft_model(
     settings: Option<&DraftSettings>,
     target: &Target,
     loading: &TargetParams,
     cache_dir: &Path,
-) -> anyhow::Result<Option<Arc<DraftModelHost>>> {
+) -> anyhow::Result<Option<Arc<dyn DraftModelFactory>>> {
     let Some(settings) = settings else {
         return Ok(None);
     };
@@ -168,8 +170,12 @@ pub fn load_draft_model(
             .make(cache_dir, settings.model.threads)
             .with_context(|| format!("making the default draft model {}", default_draft.name()))?;
     }
-    let draft = DraftModelHost::load_for(target, &settings.model, loading)?;
-    Ok(Some(Arc::new(draft)))
+    let draft: Arc<dyn DraftModelFactory> =
+        Arc::new(DraftModelHost::load_for(target, &settings.model, loading)?);
+    Ok(Some(match &settings.cpus {
+        Some(cpus) => Arc::new(PinnedDraftFactory::new(draft, cpus.clone())),
+        None => draft,
+    }))
 }
 
 /// Measures the target's verify cost for 1..=`draft_max + 1` tokens after `context` (for the
@@ -202,6 +208,12 @@ pub fn measure_verify_costs(
 /// state file (when a state directory is set). A failure is a warning: the output is done.
 pub fn persist_plugin_state(cascade: &mut Cascade, plugins: &[LoadedPlugin]) {
     cascade.checkpoint();
+    save_plugin_states(plugins);
+}
+
+/// Writes the state file of each of `plugins` whose state changed since it was last written
+/// (when a state directory is set). A failure is a warning that leaves the old file in place.
+pub fn save_plugin_states<'a>(plugins: impl IntoIterator<Item = &'a LoadedPlugin>) {
     for plugin in plugins {
         let state = plugin.state();
         match state.persist() {

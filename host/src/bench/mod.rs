@@ -60,12 +60,17 @@ pub const SPEEDUP_SVG: &str = "speedup.svg";
 /// See [`RESULTS_MARKDOWN`].
 pub const ACCEPTANCE_SVG: &str = "acceptance-by-position.svg";
 
-/// Measures, prints the table, writes the result files; an error when any greedy output
-/// differed from plain decoding (after everything is written, so the evidence is kept).
+/// Measures, prints the tables (per workload, then the mixed set), writes the result files; an
+/// error when any greedy output differed from plain decoding (after everything is written, so
+/// the evidence is kept).
 pub fn run(config: &BenchConfig, cache_dir: &Path) -> anyhow::Result<()> {
     let measurements = measure(config, cache_dir)?;
     let report = Report::new(config, measurements);
     print!("{}", report.markdown_table());
+    let mixed = report.mixed_markdown();
+    if !mixed.is_empty() {
+        print!("\n{mixed}");
+    }
     if let Some(out) = &config.out {
         write_outputs(&report, out)?;
         eprintln!("results written to {}", out.display());

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::ceiling::VerifyCostPoint;
-use super::runner::{Measurements, Mismatch};
+use super::runner::{Configuration, Measurements, Mismatch, WorkloadRun};
 use super::stats::{Summary, Totals, acceptance_by_position, speedup};
 use crate::cascade::SourceStats;
 use crate::config::BenchConfig;
@@ -36,6 +36,21 @@ pub struct Report {
     pub mismatches: Vec<Mismatch>,
     /// One entry per workload.
     pub workloads: Vec<WorkloadReport>,
+    /// Every configuration on all workloads together (the mixed set), plain first; empty with
+    /// one workload.
+    pub mixed: Vec<MixedReport>,
+}
+
+/// One configuration on all workloads together: each pass's tokens over its time, summed over
+/// the workloads, so a workload weighs by its generated tokens.
+#[derive(Debug, Clone, Serialize)]
+pub struct MixedReport {
+    /// The configuration's label.
+    pub label: String,
+    /// Median, min and max over the measured passes.
+    pub tokens_per_second: Summary,
+    /// Median tok/s over plain decoding's on the same set; `null` when plain timed nothing.
+    pub speedup: Option<f64>,
 }
 
 /// The results on one workload.
@@ -149,6 +164,11 @@ impl Report {
             threads,
             ctx_size,
         } = measurements;
+        let mixed = if workloads.len() > 1 {
+            mixed_reports(&configurations, &workloads)
+        } else {
+            Vec::new()
+        };
         let workloads = workloads
             .into_iter()
             .map(|run| {
@@ -238,7 +258,34 @@ impl Report {
             outputs_match: mismatches.is_empty(),
             mismatches,
             workloads,
+            mixed,
         }
+    }
+
+    /// The mixed-set table, in markdown; empty with one workload.
+    pub fn mixed_markdown(&self) -> String {
+        if self.mixed.is_empty() {
+            return String::new();
+        }
+        let names: Vec<&str> = self.workloads.iter().map(|w| w.name.as_str()).collect();
+        let mut out = format!(
+            "All workloads together (the mixed set: {}), each pass's generated tokens over its time:\n\n",
+            names.join(", ")
+        );
+        out.push_str("| configuration | tok/s (median) | tok/s min–max | speedup |\n");
+        out.push_str("|---|--:|--:|--:|\n");
+        for m in &self.mixed {
+            let _ = writeln!(
+                out,
+                "| {} | {:.1} | {:.1}–{:.1} | {} |",
+                m.label,
+                m.tokens_per_second.median,
+                m.tokens_per_second.min,
+                m.tokens_per_second.max,
+                m.speedup.map_or_else(|| "–".to_owned(), |s| format!("{s:.2}x")),
+            );
+        }
+        out
     }
 
     /// The results table, in markdown.
@@ -333,6 +380,11 @@ impl Report {
         out.push('\n');
         out.push_str(&self.markdown_table());
         out.push('\n');
+        let mixed = self.mixed_markdown();
+        if !mixed.is_empty() {
+            out.push_str(&mixed);
+            out.push('\n');
+        }
         if self.outputs_match {
             out.push_str("Every greedy output matched plain decoding token for token.\n");
         } else {
@@ -446,6 +498,37 @@ impl Report {
 }
 
 /// Tok/s of each pass.
+/// The mixed-set rows: for configuration `c` and pass `p`, the totals of pass `p` of `c` on
+/// every workload, added.
+fn mixed_reports(configurations: &[Configuration], workloads: &[WorkloadRun]) -> Vec<MixedReport> {
+    let summaries: Vec<Option<Summary>> = (0..configurations.len())
+        .map(|c| {
+            let passes = workloads.iter().map(|w| w.passes[c].len()).min().unwrap_or(0);
+            let by_pass: Vec<Totals> = (0..passes)
+                .map(|p| {
+                    let mut totals = Totals::default();
+                    workloads.iter().for_each(|w| totals.add(&w.passes[c][p]));
+                    totals
+                })
+                .collect();
+            Summary::of(&rates(&by_pass))
+        })
+        .collect();
+    let plain = summaries.first().copied().flatten();
+    configurations
+        .iter()
+        .zip(summaries)
+        .filter_map(|(configuration, summary)| {
+            let summary = summary?;
+            Some(MixedReport {
+                label: configuration.label(),
+                speedup: plain.and_then(|plain| speedup(summary.median, plain.median)),
+                tokens_per_second: summary,
+            })
+        })
+        .collect()
+}
+
 fn rates(passes: &[Totals]) -> Vec<f64> {
     passes.iter().map(Totals::tokens_per_second).collect()
 }
@@ -469,7 +552,6 @@ mod tests {
 
     use super::*;
     use crate::bench::ceiling::VerifyCosts;
-    use crate::bench::runner::{Configuration, WorkloadRun};
     use crate::bench::workload::Workload;
     use crate::config::{BenchArgs, SourceSpec};
 
@@ -564,6 +646,45 @@ mod tests {
             ctx_size: 4096,
         };
         Report::new(&config(), measurements)
+    }
+
+    #[test]
+    fn mixed_set_weighs_workloads_by_their_tokens() {
+        let run = |name: &str, plain_secs, cascade_secs| WorkloadRun {
+            workload: Workload::parse(
+                std::path::Path::new(&format!("w/{name}.jsonl")),
+                "{\"prompt\": \"x\"}",
+            )
+            .expect("workload"),
+            passes: vec![
+                vec![pass(100, plain_secs, vec![100], vec![])],
+                vec![pass(100, cascade_secs, vec![0, 0, 0, 0, 25], vec![])],
+            ],
+            verify_costs: VerifyCosts {
+                context_tokens: 1,
+                per_batch: Vec::new(),
+            },
+        };
+        let configurations = [
+            Configuration::plain(),
+            Configuration {
+                cascade: vec![SourceSpec::Builtin("lookup".into())],
+                draft_max: Some(4),
+                policy: None,
+                mode: crate::cascade::CascadeMode::First,
+            },
+        ];
+        // Twice as fast on `a`, half as fast on `b`: 200 tokens in 3 s plain, in 4.5 s drafted.
+        let mixed = mixed_reports(&configurations, &[run("a", 1.0, 0.5), run("b", 2.0, 4.0)]);
+        let [plain, lookup] = &mixed[..] else {
+            panic!("two rows: {mixed:?}");
+        };
+        assert_eq!((plain.label.as_str(), plain.speedup), ("plain", Some(1.0)));
+        assert!((plain.tokens_per_second.median - 200.0 / 3.0).abs() < 1e-9);
+        assert_eq!(lookup.label, "lookup K=4");
+        let speedup = lookup.speedup.expect("plain timed tokens");
+        assert!((speedup - 3.0 / 4.5).abs() < 1e-9, "{lookup:?}");
+        assert!(report(Vec::new()).mixed.is_empty(), "no mixed set of one workload");
     }
 
     #[test]

@@ -25,7 +25,7 @@ use super::prepare::{Prepared, TokenLimits, prepare};
 use super::stats::Totals;
 use super::workload::Workload;
 use crate::cascade::{Cascade, CascadeMode, CascadeSettings, ModelFacts, Token};
-use crate::config::{BenchConfig, PolicySpec, SourceSpec};
+use crate::config::{BENCH_DEFAULT_POLICY, BenchConfig, PolicySpec, SourceSpec};
 use crate::engine::{Request, Session, Target};
 use crate::plugins::{LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
 use crate::run::{build_cascade, load_draft_model, require_draft_model};
@@ -58,14 +58,21 @@ impl Configuration {
         }
     }
 
-    /// Plain decoding first, then every cascade with every mode, policy and draft length, in
-    /// the order given.
+    /// Plain decoding first, then every cascade with every mode and policy, in the order given:
+    /// the `fixed` policy at every draft length (a K sweep), an adaptive policy once, capped at
+    /// the largest (it picks K itself).
     pub fn all(config: &BenchConfig) -> Vec<Self> {
+        let largest = config.draft_maxes.iter().max().copied();
         let mut all = vec![Self::plain()];
         for cascade in &config.cascades {
             for &mode in &config.cascade_modes {
                 for policy in &config.policies {
-                    for &draft_max in &config.draft_maxes {
+                    let draft_maxes = if policy.name() == BENCH_DEFAULT_POLICY {
+                        config.draft_maxes.clone()
+                    } else {
+                        largest.into_iter().collect()
+                    };
+                    for draft_max in draft_maxes {
                         all.push(Self {
                             cascade: cascade.clone(),
                             draft_max: Some(draft_max),
@@ -542,6 +549,36 @@ mod tests {
             ]
         );
         assert_eq!(Configuration::plain().cascade_name(), "none");
+    }
+
+    #[test]
+    fn adaptive_policies_run_once_at_the_largest_draft_length() {
+        let config = crate::config::BenchArgs {
+            workloads: vec!["edit.jsonl".into()],
+            cascades: vec!["lookup".into()],
+            draft_maxes: vec![4, 16, 8],
+            policies: vec!["fixed".into(), "cost".into(), "window,raise=0.9".into()],
+            repeat: 1,
+            cost_repeat: 1,
+            ..crate::config::BenchArgs::default()
+        }
+        .into_config(std::path::Path::new("/tmp"))
+        .expect("valid flags");
+        let labels: Vec<String> = Configuration::all(&config)
+            .iter()
+            .map(Configuration::label)
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                "plain",
+                "lookup K=4",
+                "lookup K=16",
+                "lookup K=8",
+                "lookup cost K≤16",
+                "lookup window,raise=0.9 K≤16"
+            ]
+        );
     }
 
     #[test]

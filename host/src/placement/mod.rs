@@ -15,15 +15,18 @@
 //!    every thread may run;
 //! 4. [`PlacementReport`] renders all of it, with [`Advice`], for `spechost info`.
 //!
-//! What is pinned: the engine thread and llama.cpp's OpenMP workers (compute CPUs); the plugin
-//! host's epoch ticker and wasmtime's compiler threads (auxiliary CPUs). What is not: plugin
-//! calls run on the engine thread between decodes, so they share the compute CPUs; OpenMP
-//! workers are pinned as a set, not one per CPU. The NUMA strategy itself is applied by
-//! `engine`, which owns llama.cpp.
+//! What is pinned: the engine thread and llama.cpp's OpenMP workers (compute CPUs); with
+//! `--draft-cpus`, one worker thread per draft-model context and its OpenMP workers (draft
+//! CPUs, see [`PinnedDraftFactory`]); the plugin host's epoch ticker, wasmtime's compiler
+//! threads and the server's HTTP threads (auxiliary CPUs). What is not: plugin calls run on the
+//! engine thread between decodes (while the compute CPUs would otherwise wait for them), so
+//! they share the compute CPUs; OpenMP workers are pinned as a set, not one per CPU. The NUMA
+//! strategy itself is applied by `engine`, which owns llama.cpp.
 
 mod advice;
 mod affinity;
 mod cpulist;
+mod draft;
 mod memory;
 mod plan;
 mod report;
@@ -35,6 +38,7 @@ pub use self::affinity::{
     AffinityError, ThreadCpus, current_thread_cpus, pin_current_thread, thread_cpus,
 };
 pub use self::cpulist::{CpuList, CpuListError, MAX_CPU};
+pub use self::draft::{DRAFT_THREAD_NAME, PinnedDraftFactory};
 pub use self::memory::{HugepagePool, MemorySettings};
 pub use self::plan::{NumaMode, PlacementError, PlacementRequest, Plan};
 pub use self::report::PlacementReport;

@@ -122,6 +122,11 @@ impl PluginHost {
         self.draft_model.set(factory).is_ok()
     }
 
+    /// Whether a draft model is attached.
+    pub fn has_draft_model(&self) -> bool {
+        self.draft_model.get().is_some()
+    }
+
     /// Where the plugin of `spec` lives on disk: the path itself, or the first built-in file
     /// of that name found in [`Self::builtin_search_dirs`].
     pub fn resolve(&self, spec: &SourceSpec, kind: PluginKind) -> Result<PathBuf, LoadError> {

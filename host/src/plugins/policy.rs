@@ -1,8 +1,9 @@
 //! [`PluginPolicy`]: a policy component as a [`RoundPolicy`], with faults and quarantine.
 //!
-//! Policies hold only per-request state (recent acceptance, a K), so recovery is simpler than a
-//! drafter's: after a trap the instance is dropped and the next call re-creates it and re-opens
-//! the session; the new session starts from scratch. A fault in `decide` makes the round plain
+//! One instance serves every request of its cascade, one session per request, so a policy may
+//! carry what it learned from one request to the next inside its instance (the `cost` policy
+//! does). Recovery is simpler than a drafter's: after a trap the instance is dropped and the next
+//! call re-creates it and re-opens the session, which starts from scratch. A fault in `decide` makes the round plain
 //! decoding (K = 0), which can never be slower than plain decoding. After `max_faults` faults
 //! the policy is quarantined: speculation stays off for the rest of the run, with one warning.
 

@@ -56,10 +56,15 @@ pub const DEFAULT_MAX_TABLES: usize = 32;
 /// Default cap on host-side WASI resources (streams, pollables) a plugin may hold open.
 pub const DEFAULT_MAX_HOST_RESOURCES: usize = 1024;
 
-/// Most host time one guest call may have credited back, in call deadlines. Draft-model and
+/// Host time one guest call may always have credited back, in call deadlines. Draft-model and
 /// state calls are the plugin's choice: without a cap, a plugin calling them in a loop would
 /// spend almost no time of its own and never reach its deadline.
 pub const MAX_HOST_TIME_IN_DEADLINES: u32 = 20;
+/// Beyond [`MAX_HOST_TIME_IN_DEADLINES`], host time one guest call may have credited back, in
+/// multiples of its longest single host call. One call can be long for good reason (feeding a
+/// long prompt to the draft model takes seconds on a large model); what the cap stops is a
+/// plugin repeating host calls without end.
+pub const MAX_HOST_TIME_IN_LONGEST_CALLS: u32 = 4;
 
 /// How often the ticker thread advances the engine's epoch. Deadlines are enforced to within
 /// one tick; a few milliseconds costs nothing measurable and keeps 50 ms deadlines tight.
@@ -233,6 +238,8 @@ impl ResourceLimiter for Limiter {
 pub(super) struct CallClock {
     started: Instant,
     host_time: Duration,
+    /// The longest single host call credited in the current guest call.
+    longest_host_call: Duration,
 }
 
 impl CallClock {
@@ -240,6 +247,7 @@ impl CallClock {
         Self {
             started: Instant::now(),
             host_time: Duration::ZERO,
+            longest_host_call: Duration::ZERO,
         }
     }
 
@@ -251,6 +259,7 @@ impl CallClock {
     /// Credits `spent` (host work done for the guest) back to the current call.
     pub(super) fn credit(&mut self, spent: Duration) {
         self.host_time += spent;
+        self.longest_host_call = self.longest_host_call.max(spent);
     }
 
     /// Time the guest's own code has had in the current call.
@@ -258,15 +267,19 @@ impl CallClock {
         self.started.elapsed().saturating_sub(self.host_time)
     }
 
-    /// Whether the host time credited to the current call passed the cap for `deadline`.
+    /// Whether the host time credited to the current call passed its cap for `deadline`.
     pub(super) fn host_time_exceeded(&self, deadline: Duration) -> bool {
-        self.host_time > host_time_cap(deadline)
+        self.host_time > self.host_time_cap(deadline)
     }
-}
 
-/// The most host time a call with `deadline` may have credited back.
-pub(super) fn host_time_cap(deadline: Duration) -> Duration {
-    deadline.saturating_mul(MAX_HOST_TIME_IN_DEADLINES)
+    /// The most host time the current call with `deadline` may have credited back: the larger
+    /// of [`MAX_HOST_TIME_IN_DEADLINES`] deadlines and [`MAX_HOST_TIME_IN_LONGEST_CALLS`] times
+    /// its longest host call so far.
+    pub(super) fn host_time_cap(&self, deadline: Duration) -> Duration {
+        deadline
+            .saturating_mul(MAX_HOST_TIME_IN_DEADLINES)
+            .max(self.longest_host_call.saturating_mul(MAX_HOST_TIME_IN_LONGEST_CALLS))
+    }
 }
 
 /// What the host offers a plugin instance beyond WASI and logging.
@@ -461,6 +474,27 @@ pub(super) fn format_duration(duration: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_long_host_call_is_allowed_but_repeated_host_work_is_capped() {
+        let deadline = Duration::from_millis(50);
+        let mut clock = CallClock::new();
+        clock.credit(Duration::from_millis(900));
+        assert!(!clock.host_time_exceeded(deadline), "within 20 deadlines");
+        // Feeding a long prompt: one call far longer than 20 deadlines.
+        clock.credit(Duration::from_secs(3));
+        assert!(!clock.host_time_exceeded(deadline), "one long call is allowed");
+        assert_eq!(clock.host_time_cap(deadline), Duration::from_secs(12));
+        for _ in 0..2 {
+            clock.credit(Duration::from_secs(3));
+        }
+        assert!(!clock.host_time_exceeded(deadline), "9.9 s of 12 s");
+        clock.credit(Duration::from_secs(3));
+        assert!(clock.host_time_exceeded(deadline), "12.9 s: past four longest calls");
+        clock.restart();
+        assert!(!clock.host_time_exceeded(deadline), "each guest call starts afresh");
+        assert_eq!(clock.host_time_cap(deadline), Duration::from_secs(1));
+    }
 
     #[test]
     fn deadline_is_never_shorter_than_asked() {

@@ -20,7 +20,7 @@ use super::error::LoadError;
 use super::loader::LoadedPlugin;
 use super::sandbox::{
     EPOCH_TICK, HostState, SandboxLimits, arm_call, deadline_ticks, enforce_deadline, format_bytes,
-    format_duration, host_time_cap, sanitize,
+    format_duration, sanitize,
 };
 use crate::cascade::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 
@@ -293,17 +293,23 @@ impl PluginSource {
         self.crashed = true;
         let deadline = self.limits.call_deadline;
         let (refused_memory, panic, host_busy) = match self.live.take() {
-            Some(mut live) => (
-                live.store.data_mut().limiter.take_refusal(),
-                live.store.data().last_panic(),
-                live.store.data().clock.host_time_exceeded(deadline),
-            ),
-            None => (None, None, false),
+            Some(mut live) => {
+                let clock = &live.store.data().clock;
+                let host_busy = clock
+                    .host_time_exceeded(deadline)
+                    .then(|| clock.host_time_cap(deadline));
+                (
+                    live.store.data_mut().limiter.take_refusal(),
+                    live.store.data().last_panic(),
+                    host_busy,
+                )
+            }
+            None => (None, None, None),
         };
-        let what = if host_busy {
+        let what = if let Some(cap) = host_busy {
             format!(
                 "kept the host busy on its behalf (draft model, state) for over {} in {}",
-                format_duration(host_time_cap(deadline)),
+                format_duration(cap),
                 method.as_str()
             )
         } else {

@@ -23,7 +23,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use super::error::ApiError;
 use super::extract::ApiJson;
 use super::hotswap::{
-    DefaultsUpdate, PluginInfo, ReloadReport, Snapshot, Speculation, UpdateError,
+    DefaultsUpdate, PluginInfo, PolicyInfo, ReloadReport, Snapshot, Speculation, UpdateError,
 };
 use super::metrics::ReloadOutcome;
 use super::state::AppState;
@@ -76,6 +76,7 @@ pub struct RegistryView {
     generation: u64,
     defaults: Speculation,
     plugins: Vec<PluginInfo>,
+    policies: Vec<PolicyInfo>,
 }
 
 impl From<&Snapshot> for RegistryView {
@@ -84,6 +85,7 @@ impl From<&Snapshot> for RegistryView {
             generation: snapshot.generation,
             defaults: snapshot.defaults.clone(),
             plugins: snapshot.plugins(),
+            policies: snapshot.policies(),
         }
     }
 }

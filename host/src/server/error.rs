@@ -11,7 +11,6 @@ use serde::Serialize;
 
 use super::hotswap::UpdateError;
 use super::scheduler::Rejected;
-use super::support::Unsupported;
 
 /// An error answer of the API. Build it with the constructors; each names the fix in its
 /// message.
@@ -197,15 +196,6 @@ impl From<UpdateError> for ApiError {
             | UpdateError::SmokeTest { .. }
             | UpdateError::NameClash { .. } => Self::unprocessable(message),
             _ => Self::invalid(message),
-        }
-    }
-}
-
-impl From<Unsupported> for ApiError {
-    fn from(unsupported: Unsupported) -> Self {
-        Self {
-            code: Some("unsupported"),
-            ..Self::invalid(unsupported.to_string())
         }
     }
 }

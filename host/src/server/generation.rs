@@ -15,11 +15,10 @@ use futures_util::{Stream, StreamExt as _};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::error::ApiError;
-use super::hotswap::{CascadeChoice, Speculation};
+use super::hotswap::{CascadeChoice, ResolvedPolicy};
 use super::metrics::{Endpoint, RequestOutcome};
 use super::scheduler::{Event, Finished, Job};
 use super::state::AppState;
-use super::support;
 use super::wire::{CommonParams, SourceReport, SpeculativeReport};
 use crate::cascade::Token;
 use crate::config::{CascadeMode, parse_cascade};
@@ -38,6 +37,7 @@ pub struct Plan {
     cascade: CascadeChoice,
     draft_max: usize,
     mode: CascadeMode,
+    policy: Option<ResolvedPolicy>,
     /// Stream the answer.
     pub stream: bool,
     /// Send a usage chunk at the end of a stream.
@@ -104,7 +104,8 @@ impl Plan {
             None => CascadeChoice::Default,
             Some(spec) => CascadeChoice::Named(cascade_names(spec)?),
         };
-        snapshot.resolve(&cascade)?;
+        let sources = snapshot.resolve(&cascade)?;
+        state.registry.check_draft_model(&sources)?;
         let draft_max = speculative.draft_max.unwrap_or(snapshot.defaults.draft_max);
         if draft_max == 0 {
             return Err(ApiError::invalid_param(
@@ -112,15 +113,17 @@ impl Plan {
                 "speculative.draft_max must be at least 1; use speculative.cascade `none` to decode without speculation",
             ));
         }
-        let speculation = Speculation {
-            cascade: Vec::new(),
-            draft_max,
-            mode: speculative.mode.unwrap_or(snapshot.defaults.mode),
-            policy: speculative
-                .policy
-                .or_else(|| snapshot.defaults.policy.clone()),
+        let policy = match speculative
+            .policy
+            .or_else(|| snapshot.defaults.policy.clone())
+        {
+            // Plain decoding has no rounds to choose a draft length for.
+            Some(spec) if !sources.is_empty() => {
+                let names = sources.iter().map(|s| s.plugin.name().to_owned()).collect();
+                Some(state.registry.check_policy(&snapshot, &spec, names, draft_max)?)
+            }
+            _ => None,
         };
-        support::check_speculation(&speculation)?;
         Ok(Self {
             endpoint,
             max_tokens,
@@ -128,7 +131,8 @@ impl Plan {
             stop: StopStrings::new(stop),
             cascade,
             draft_max,
-            mode: speculation.mode,
+            mode: speculative.mode.unwrap_or(snapshot.defaults.mode),
+            policy,
             stream: params.stream,
             include_usage: params
                 .stream_options
@@ -179,11 +183,12 @@ impl Plan {
                 sampling: self.sampling.clone(),
                 stop: self.stop.clone(),
                 draft_max: self.draft_max,
-                // The server has no policy plugins yet: every round drafts `draft_max`.
+                // The slot measures them when the request has a policy.
                 verify_costs: Vec::new(),
             },
             cascade: self.cascade.clone(),
             mode: self.mode,
+            policy: self.policy.clone(),
             events,
             span,
             queued_at: Instant::now(),
@@ -360,6 +365,7 @@ pub fn speculative_report(finished: &Finished) -> SpeculativeReport {
         cascade: finished.cascade.clone(),
         draft_max: finished.draft_max,
         mode: finished.mode,
+        policy: finished.policy.clone(),
         rounds: stats.rounds,
         draft_rounds: stats.draft_rounds,
         drafted: stats.drafted,

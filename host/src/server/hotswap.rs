@@ -15,7 +15,9 @@
 //! in-flight request's cascade from the new snapshot when its sources changed.
 //!
 //! Plugins are named as in `--cascade` (a built-in's name, a file's stem) and are never
-//! unloaded; a request may use any loaded plugin, by name.
+//! unloaded; a request may use any loaded plugin, by name. Policies likewise: every built-in
+//! policy is loaded at start-up, a policy file when `--policy` or `PUT /admin/cascade` names
+//! it, and a request may choose any loaded policy with its own settings (`window,raise=0.9`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,10 +26,9 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-use super::support::{self, Unsupported};
-use crate::cascade::{DraftSource, Feedback, ModelFacts, SourceFault, Token};
-use crate::config::{CascadeMode, SourceSpec};
-use crate::plugins::{BUILTINS, LoadError, LoadedPlugin, PluginHost};
+use crate::cascade::{DraftSource, Feedback, ModelFacts, PolicySetup, SourceFault, Token};
+use crate::config::{CascadeMode, SourceSpec, parse_policy};
+use crate::plugins::{BUILTIN_POLICIES, BUILTINS, LoadError, LoadedPlugin, LoadedPolicy, PluginHost};
 
 /// Rounds of propose → feedback → feed in a smoke test. The `panic` test plugin fails on its
 /// third `propose`, so at least three.
@@ -49,7 +50,8 @@ pub struct Speculation {
     pub draft_max: usize,
     /// How the cascade picks a draft.
     pub mode: CascadeMode,
-    /// Policy plugin choosing the draft length, if any.
+    /// Policy choosing each round's draft length, with its settings (`cost`,
+    /// `window,raise=0.9`); `None` drafts `draft_max` every round.
     pub policy: Option<String>,
 }
 
@@ -89,7 +91,36 @@ impl ResolvedSource {
     }
 }
 
-/// Identity of a source: two sources with equal keys draft alike.
+/// The policy of a request: a loaded policy and its settings.
+#[derive(Debug, Clone)]
+pub struct ResolvedPolicy {
+    /// The policy version.
+    pub policy: LoadedPolicy,
+    /// Its settings (`raise=0.9`), possibly empty.
+    pub config: String,
+}
+
+impl ResolvedPolicy {
+    /// What tells two policies apart: name, version (sha256) and settings.
+    pub fn key(&self) -> SourceKey {
+        SourceKey {
+            name: self.policy.name().to_owned(),
+            sha256: self.policy.sha256().to_owned(),
+            config: self.config.clone(),
+        }
+    }
+
+    /// The policy and settings as a request or `--policy` writes them.
+    pub fn label(&self) -> String {
+        if self.config.is_empty() {
+            self.policy.name().to_owned()
+        } else {
+            format!("{},{}", self.policy.name(), self.config)
+        }
+    }
+}
+
+/// Identity of a source (or a policy): two sources with equal keys draft alike.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SourceKey {
     /// Plugin name.
@@ -109,6 +140,7 @@ pub struct Snapshot {
     pub defaults: Speculation,
     plugins: BTreeMap<String, Plugin>,
     plugin_configs: BTreeMap<String, String>,
+    policies: BTreeMap<String, LoadedPolicy>,
 }
 
 /// A plugin as `GET /admin/cascade` shows it.
@@ -122,6 +154,17 @@ pub struct PluginInfo {
     pub sha256: String,
     /// Its config string.
     pub config: String,
+}
+
+/// A loaded policy as `GET /admin/cascade` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyInfo {
+    /// The policy's name.
+    pub name: String,
+    /// The file it was loaded from.
+    pub path: PathBuf,
+    /// sha256 of that file, hex.
+    pub sha256: String,
 }
 
 impl Snapshot {
@@ -141,6 +184,52 @@ impl Snapshot {
                 })
             })
             .collect()
+    }
+
+    /// The loaded policy that `spec` (`name[,key=value...]`) names, with its settings. The
+    /// settings are checked when the policy opens ([`Registry::check_policy`]).
+    pub fn policy(&self, spec: &str) -> Result<ResolvedPolicy, UpdateError> {
+        let parsed = parse_policy(spec).map_err(|error| UpdateError::Policy(error.to_string()))?;
+        let name = parsed.name();
+        let policy = self
+            .policies
+            .get(&name)
+            .filter(|policy| match &parsed.plugin {
+                SourceSpec::Path(path) => same_file(policy.path(), path),
+                SourceSpec::Builtin(_) => true,
+            })
+            .ok_or_else(|| UpdateError::UnknownPolicy {
+                name: spec.to_owned(),
+                loaded: self.policies.keys().cloned().collect::<Vec<_>>().join(", "),
+            })?;
+        Ok(ResolvedPolicy {
+            policy: policy.clone(),
+            config: parsed.config,
+        })
+    }
+
+    /// Every loaded policy with its file and version.
+    pub fn policies(&self) -> Vec<PolicyInfo> {
+        self.policies
+            .values()
+            .map(|policy| PolicyInfo {
+                name: policy.name().to_owned(),
+                path: policy.path().to_owned(),
+                sha256: policy.sha256().to_owned(),
+            })
+            .collect()
+    }
+
+    /// Whether a slot's cached instance of the policy `key` may still be used.
+    pub fn is_current_policy(&self, key: &SourceKey) -> bool {
+        self.policies
+            .get(&key.name)
+            .is_some_and(|policy| policy.sha256() == key.sha256)
+    }
+
+    /// Every loaded plugin, for saving their state.
+    pub fn loaded_plugins(&self) -> impl Iterator<Item = &LoadedPlugin> {
+        self.plugins.values().map(|plugin| &plugin.loaded)
     }
 
     /// Names of the loaded plugins, sorted.
@@ -240,9 +329,27 @@ pub enum UpdateError {
     /// `draft_max: 0`.
     #[error("draft_max must be at least 1; use the cascade `none` to decode without speculation")]
     ZeroDraftMax,
-    /// A setting this build's engine cannot honour.
-    #[error(transparent)]
-    Unsupported(#[from] Unsupported),
+    /// A policy that is not loaded.
+    #[error(
+        "policy `{name}` is not loaded (loaded: {loaded}); name a loaded policy, or load a policy file as an admin with PUT /admin/cascade"
+    )]
+    UnknownPolicy {
+        /// The policy as given.
+        name: String,
+        /// The loaded policies, comma-separated.
+        loaded: String,
+    },
+    /// A plugin that drafts with the draft model, on a server without one.
+    #[error(
+        "plugin `{plugin}` drafts with the draft model, but this server has none; choose another cascade, or start the server with --draft-model auto (the default target's draft) or --draft-model PATH.gguf"
+    )]
+    NoDraftModel {
+        /// The plugin.
+        plugin: String,
+    },
+    /// A malformed policy, or settings the policy refused; the message names the fix.
+    #[error("{0}")]
+    Policy(String),
 }
 
 /// A change of the defaults (`PUT /admin/cascade`); `None` keeps the current value.
@@ -288,6 +395,34 @@ impl std::fmt::Debug for Registry {
     }
 }
 
+/// Loads the policies a server starts with: the default policy's file, if `--policy` names
+/// one, then every built-in policy found. A missing built-in is skipped.
+pub fn load_startup_policies(
+    host: &PluginHost,
+    default: Option<&str>,
+) -> anyhow::Result<Vec<LoadedPolicy>> {
+    let mut loaded = Vec::new();
+    if let Some(spec) = default {
+        let spec = parse_policy(spec)?;
+        if matches!(spec.plugin, SourceSpec::Path(_)) {
+            loaded.push(host.load_policy(&spec.plugin)?);
+        }
+    }
+    for name in BUILTIN_POLICIES {
+        if loaded.iter().any(|policy: &LoadedPolicy| policy.name() == *name) {
+            continue;
+        }
+        match host.load_policy(&SourceSpec::Builtin((*name).to_owned())) {
+            Ok(policy) => loaded.push(policy),
+            Err(LoadError::BuiltinMissing { searched, .. }) => {
+                tracing::info!(policy = name, %searched, "built-in policy not found; requests cannot choose it");
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(loaded)
+}
+
 /// Loads the plugins a server starts with: the default cascade's entries, then every built-in
 /// found (so requests can choose them). A missing built-in that the default cascade does not
 /// name is skipped; any other failure is returned.
@@ -316,16 +451,17 @@ pub fn load_startup_plugins(
 }
 
 impl Registry {
-    /// A registry over `plugins` (from [`load_startup_plugins`]) with `defaults`, after checking
-    /// that every plugin accepts its config from `plugin_configs`.
+    /// A registry over `plugins` (from [`load_startup_plugins`]) and `policies` (from
+    /// [`load_startup_policies`]) with `defaults`, after checking that every plugin accepts its
+    /// config from `plugin_configs` and the default policy its settings.
     pub fn start(
         host: PluginHost,
         facts: ModelFacts,
         plugins: Vec<(SourceSpec, LoadedPlugin)>,
+        policies: Vec<LoadedPolicy>,
         plugin_configs: BTreeMap<String, String>,
         defaults: Speculation,
     ) -> Result<Self, UpdateError> {
-        support::check_speculation(&defaults)?;
         let mut by_name = BTreeMap::new();
         for (spec, loaded) in plugins {
             let name = loaded.name().to_owned();
@@ -343,16 +479,67 @@ impl Registry {
             defaults,
             plugins: by_name,
             plugin_configs,
+            policies: policies
+                .into_iter()
+                .map(|policy| (policy.name().to_owned(), policy))
+                .collect(),
         };
-        for name in &snapshot.defaults.cascade {
-            snapshot.plugin(name)?;
-        }
-        Ok(Self {
+        let registry = Self {
             host,
             facts,
             current: ArcSwap::from_pointee(snapshot),
             updates: Mutex::new(()),
-        })
+        };
+        registry.check_defaults(&registry.snapshot())?;
+        Ok(registry)
+    }
+
+    /// The policy `spec` of a request drafting with `sources` up to `draft_max` tokens, after
+    /// checking in a throw-away instance that the policy accepts its settings.
+    pub fn check_policy(
+        &self,
+        snapshot: &Snapshot,
+        spec: &str,
+        sources: Vec<String>,
+        draft_max: usize,
+    ) -> Result<ResolvedPolicy, UpdateError> {
+        let resolved = snapshot.policy(spec)?;
+        let setup = PolicySetup {
+            sources,
+            max_draft_len: draft_max,
+            verify_costs: Vec::new(),
+        };
+        resolved
+            .policy
+            .check_config(&resolved.config, &self.facts, &setup)
+            .map_err(|error| UpdateError::Policy(error.to_string()))?;
+        Ok(resolved)
+    }
+
+    /// Checks that each of `sources` that drafts with the draft model has one to draft with.
+    pub fn check_draft_model(&self, sources: &[ResolvedSource]) -> Result<(), UpdateError> {
+        match sources.iter().find(|s| s.plugin.uses_draft_model()) {
+            Some(source) if !self.host.has_draft_model() => Err(UpdateError::NoDraftModel {
+                plugin: source.plugin.name().to_owned(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks that the defaults of `snapshot` can run: their plugins and policy are loaded, the
+    /// draft model is there if a plugin needs it, and the policy accepts its settings.
+    fn check_defaults(&self, snapshot: &Snapshot) -> Result<(), UpdateError> {
+        let defaults = &snapshot.defaults;
+        self.check_draft_model(&snapshot.resolve(&CascadeChoice::Default)?)?;
+        if let Some(policy) = &defaults.policy {
+            self.check_policy(
+                snapshot,
+                policy,
+                defaults.cascade.clone(),
+                defaults.draft_max,
+            )?;
+        }
+        Ok(())
     }
 
     /// The published snapshot.
@@ -413,9 +600,12 @@ impl Registry {
             next.defaults.mode = mode;
         }
         if let Some(policy) = update.policy {
+            if let Some(spec) = &policy {
+                self.load_policy_file(&mut next, spec)?;
+            }
             next.defaults.policy = policy;
         }
-        support::check_speculation(&next.defaults)?;
+        self.check_defaults(&next)?;
 
         to_test.sort();
         to_test.dedup();
@@ -458,6 +648,35 @@ impl Registry {
         }
         report.generation = self.publish(next).generation;
         Ok(report)
+    }
+
+    /// Loads the policy file `spec` names into `next`, unless it names a built-in or a loaded
+    /// file. A file whose stem is the name of another loaded policy is refused.
+    fn load_policy_file(&self, next: &mut Snapshot, spec: &str) -> Result<(), UpdateError> {
+        let parsed = parse_policy(spec).map_err(|error| UpdateError::Policy(error.to_string()))?;
+        let SourceSpec::Path(path) = &parsed.plugin else {
+            return Ok(());
+        };
+        let name = parsed.name();
+        if let Some(loaded) = next.policies.get(&name) {
+            if same_file(loaded.path(), path) {
+                return Ok(());
+            }
+            return Err(UpdateError::NameClash {
+                name,
+                loaded: loaded.path().display().to_string(),
+                new: path.display().to_string(),
+            });
+        }
+        let loaded = self
+            .host
+            .load_policy(&parsed.plugin)
+            .map_err(|source| UpdateError::Load {
+                plugin: name.clone(),
+                source,
+            })?;
+        next.policies.insert(name, loaded);
+        Ok(())
     }
 
     fn load(&self, spec: &SourceSpec) -> Result<LoadedPlugin, UpdateError> {

@@ -36,9 +36,17 @@
 //! before every round, so a swap lands between two rounds of a request in flight and greedy
 //! output stays identical to plain decoding.
 //!
+//! # Policies, the draft model, state
+//!
+//! A request may choose any loaded policy with its own settings (`speculative.policy`); each
+//! slot keeps one instance per policy version and settings, like its plugin instances, and
+//! measures the target's verify cost curve once for them. With `--draft-model`, every plugin
+//! instance that drafts with it opens its own draft context (one per slot). With
+//! `--state-dir`, each slot saves the plugins' cross-request state at most once a minute and
+//! when the server stops; with several slots the last save of a plugin's state wins.
+//!
 //! Not here: the round loop and verification (`engine`), the cascade (`cascade`), the sandbox
-//! (`plugins`), and parsing flags (`config`). `support` lists the API settings this build's
-//! engine cannot honour yet and is where those features plug in.
+//! (`plugins`), and parsing flags (`config`).
 
 mod admin;
 mod chat;
@@ -55,7 +63,6 @@ mod scheduler;
 mod slot;
 mod startup;
 mod state;
-mod support;
 mod watch;
 pub mod wire;
 

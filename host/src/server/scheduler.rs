@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::hotswap::CascadeChoice;
+use super::hotswap::{CascadeChoice, ResolvedPolicy};
 use super::metrics::Endpoint;
 use crate::config::CascadeMode;
 use crate::engine::{Outcome, Request};
@@ -35,6 +35,8 @@ pub struct Job {
     pub cascade: CascadeChoice,
     /// How its cascade picks drafts.
     pub mode: CascadeMode,
+    /// The policy choosing its draft lengths; `None` drafts `draft_max` every round.
+    pub policy: Option<ResolvedPolicy>,
     /// Where its text and result go.
     pub events: UnboundedSender<Event>,
     /// The request's tracing span, entered by the slot.
@@ -65,6 +67,8 @@ pub struct Finished {
     pub draft_max: usize,
     /// The cascade mode the request ran with.
     pub mode: CascadeMode,
+    /// The policy and its settings, if the request had one.
+    pub policy: Option<String>,
     /// Times its cascade was replaced between rounds (hot swaps).
     pub swaps: u32,
     /// Time it waited for a slot.
@@ -223,6 +227,7 @@ mod tests {
             request: Request::new(vec![1], number, SamplingParams::greedy()),
             cascade: CascadeChoice::Default,
             mode: CascadeMode::First,
+            policy: None,
             events,
             span: tracing::Span::none(),
             queued_at: Instant::now(),

@@ -3,29 +3,36 @@
 //!
 //! One request, in order:
 //! 1. skip it if its client already went away;
-//! 2. resolve its cascade against the published registry snapshot and build it from the slot's
-//!    [`SourcePool`];
+//! 2. resolve its cascade against the published registry snapshot and build it, with its
+//!    policy, from the slot's [`SourcePool`]; with a policy, measure the target's verify cost
+//!    curve first if this slot has not measured it up to the request's draft length;
 //! 3. generate, asking a [`SwapControl`] before every round: it stops when the client is gone,
 //!    and when the registry published a new generation it resolves the request's cascade again
 //!    and, if its sources changed (a new plugin version, config or default cascade), hands the
 //!    engine a new cascade, which the engine begins with the whole context so far;
-//! 4. send the result, count it, report plugin health.
+//! 4. send the result, count it, report plugin health; with `--state-dir`, save the plugins'
+//!    cross-request state when [`STATE_SAVE_INTERVAL`] has passed since the last save, and
+//!    when the slot stops.
 //!
 //! A panic while generating is caught: the request fails with a 500 and the slot goes on (the
 //! next request starts from a cleared KV cache).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::hotswap::{CascadeChoice, Registry, ResolvedSource, SourceKey};
+use super::hotswap::{CascadeChoice, Registry, ResolvedPolicy, ResolvedSource, SourceKey};
 use super::metrics::{Metrics, RequestOutcome};
 use super::pool::SourcePool;
 use super::scheduler::{Event, Finished, Job, Queue};
-use super::support;
 use crate::cascade::CascadeSettings;
-use crate::engine::{RoundDecision, Session, StopReason};
+use crate::engine::{Request, RoundDecision, Session, StopReason};
+use crate::run::{measure_verify_costs, save_plugin_states};
+
+/// Least time between two saves of the plugins' state by one slot (with `--state-dir`).
+pub const STATE_SAVE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// One engine thread's context, plugin instances, and what it shares with the server.
 pub struct Slot<'a> {
@@ -41,12 +48,27 @@ pub struct Slot<'a> {
     pub metrics: Arc<Metrics>,
     /// Its plugin instances.
     pub pool: SourcePool,
+    /// Whether plugins' state is persisted (`--state-dir`).
+    pub saves_state: bool,
+    /// The target's verify cost curve as this slot measured it, for policies.
+    pub verify_costs: VerifyCurve,
+}
+
+/// A slot's verify cost curve, measured on the first request with a policy, and again when a
+/// request drafts longer than it reaches.
+#[derive(Debug, Default)]
+pub struct VerifyCurve {
+    /// `costs[n - 1]`: one verify batch of `n` tokens.
+    costs: Vec<Duration>,
+    /// The draft length it was measured for.
+    draft_max: Option<usize>,
 }
 
 impl Slot<'_> {
     /// Serves requests until the queue is closed and empty.
     pub fn run(mut self) {
         tracing::debug!(slot = self.index, "slot started");
+        let mut state_saved_at = Instant::now();
         while let Some(job) = self.queue.next() {
             let span = job.span.clone();
             let _entered = span.enter();
@@ -59,9 +81,52 @@ impl Slot<'_> {
                 self.metrics.request(job.endpoint, RequestOutcome::Failed);
             }
             self.pool.report(&self.metrics);
+            if self.saves_state && state_saved_at.elapsed() >= STATE_SAVE_INTERVAL {
+                self.save_state();
+                state_saved_at = Instant::now();
+            }
             self.queue.finished();
         }
+        if self.saves_state {
+            self.save_state();
+        }
         tracing::debug!(slot = self.index, "slot stopped");
+    }
+
+    /// Checkpoints this slot's drafter instances and writes every plugin's state file. With
+    /// several slots, the last to save a plugin's state wins.
+    fn save_state(&mut self) {
+        self.pool.checkpoint();
+        save_plugin_states(self.registry.snapshot().loaded_plugins());
+    }
+
+    /// `job`'s request, with the verify cost curve when a policy will choose its draft lengths.
+    fn request_for(&mut self, job: &Job) -> Request {
+        let mut request = job.request.clone();
+        if job.policy.is_none() {
+            return request;
+        }
+        let curve = &mut self.verify_costs;
+        if curve.draft_max.is_none_or(|measured| measured < request.draft_max) {
+            let started = Instant::now();
+            match measure_verify_costs(&mut self.session, &request.prompt, request.draft_max) {
+                Ok(costs) => {
+                    tracing::info!(
+                        slot = self.index,
+                        batches = costs.len(),
+                        ms = started.elapsed().as_millis() as u64,
+                        "measured the verify cost curve for policies"
+                    );
+                    curve.costs = costs;
+                    curve.draft_max = Some(request.draft_max);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot measure the verify cost curve; policies learn it from rounds");
+                }
+            }
+        }
+        request.verify_costs = curve.costs.clone();
+        request
     }
 
     fn serve(&mut self, job: &Job) {
@@ -73,23 +138,29 @@ impl Slot<'_> {
         let queue_time = job.queued_at.elapsed();
         let snapshot = self.registry.snapshot();
         self.pool.prune(&snapshot, &self.metrics);
-        let prepared = snapshot.resolve(&job.cascade).map_err(|e| e.to_string());
-        let settings = support::cascade_settings(job.mode).map_err(|e| e.to_string());
-        let (resolved, settings) = match (prepared, settings) {
-            (Ok(resolved), Ok(settings)) => (resolved, settings),
-            (Err(message), _) | (_, Err(message)) => {
-                let _ = job.events.send(Event::Failed(message));
+        let resolved = match snapshot.resolve(&job.cascade) {
+            Ok(resolved) => resolved,
+            Err(error) => {
+                let _ = job.events.send(Event::Failed(error.to_string()));
                 self.metrics.request(job.endpoint, RequestOutcome::Failed);
                 return;
             }
         };
-        let mut cascade = self.pool.cascade(&resolved, settings.clone());
+        let settings = CascadeSettings {
+            mode: job.mode,
+            ..CascadeSettings::default()
+        };
+        let request = self.request_for(job);
+        let mut cascade = self
+            .pool
+            .cascade(&resolved, job.policy.as_ref(), settings.clone());
         let mut control = SwapControl {
             events: &job.events,
             registry: &self.registry,
             metrics: &self.metrics,
             pool: &mut self.pool,
             choice: &job.cascade,
+            policy: job.policy.as_ref(),
             settings,
             generation: snapshot.generation,
             keys: keys(&resolved),
@@ -100,7 +171,7 @@ impl Slot<'_> {
         };
         let result =
             self.session
-                .generate_controlled(&job.request, &mut cascade, &mut on_text, &mut || {
+                .generate_controlled(&request, &mut cascade, &mut on_text, &mut || {
                     control.before_round()
                 });
         let swaps = control.swaps;
@@ -135,6 +206,7 @@ impl Slot<'_> {
                     cascade: cascade.source_names(),
                     draft_max: job.request.draft_max,
                     mode: job.mode,
+                    policy: job.policy.as_ref().map(ResolvedPolicy::label),
                     swaps,
                     queue_time,
                     outcome,
@@ -161,6 +233,7 @@ struct SwapControl<'a> {
     metrics: &'a Metrics,
     pool: &'a mut SourcePool,
     choice: &'a CascadeChoice,
+    policy: Option<&'a ResolvedPolicy>,
     settings: CascadeSettings,
     /// The registry generation the current cascade was resolved at.
     generation: u64,
@@ -199,6 +272,9 @@ impl SwapControl<'_> {
         );
         self.keys = keys;
         self.swaps += 1;
-        RoundDecision::Replace(self.pool.cascade(&resolved, self.settings.clone()))
+        RoundDecision::Replace(
+            self.pool
+                .cascade(&resolved, self.policy, self.settings.clone()),
+        )
     }
 }

@@ -1,46 +1,69 @@
 //! [`serve`]: start-up and shutdown of `spechost serve`.
 //!
-//! Start-up, in order: refuse what this build cannot do; start the plugin host and load the
-//! plugins (a misspelt cascade fails before the model is loaded); load the target; create one
-//! llama.cpp context per slot; check every plugin's config against the model; start the slot
-//! threads, the HTTP listener (its address is printed on stdout) and the watcher.
+//! Start-up, in order: start the plugin host and load the plugins and policies (a misspelt
+//! cascade fails before the model is loaded); load the target and the draft model, if any,
+//! and offer it to the plugins; create one llama.cpp context per slot; check every plugin's
+//! config and the default policy's settings against the model; start the slot threads, the
+//! HTTP listener (its address is printed on stdout) and the watcher.
 //!
 //! Shutdown on Ctrl-C or SIGTERM: the listener stops accepting, requests in flight (streams
-//! included) run to their end, then the queue closes and the slot threads exit.
+//! included) run to their end, then the queue closes, the slots save the plugins' state (with
+//! `--state-dir`) and their threads exit.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 
-use super::hotswap::{Registry, Speculation, load_startup_plugins};
+use super::hotswap::{Registry, Speculation, load_startup_plugins, load_startup_policies};
 use super::metrics::Metrics;
 use super::pool::SourcePool;
 use super::router::router;
 use super::scheduler::Queue;
 use super::slot::Slot;
+use super::slot::VerifyCurve;
 use super::state::{AppState, RequestLimits, Shared};
-use super::support;
 use super::watch;
 use crate::config::{ServeConfig, SourceSpec};
 use crate::engine::Target;
 use crate::plugins::{PluginHost, PluginHostConfig};
+use crate::run::{load_draft_model, require_draft_model};
 
 /// Runs the server until Ctrl-C or SIGTERM.
 pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
-    support::check_draft_model(config.draft_model.as_deref())?;
-    support::check_state_dir(config.state_dir.as_deref())?;
-    support::cascade_settings(config.cascade_mode)?;
-
+    for warning in &config.placement.warnings {
+        tracing::warn!("{warning}");
+    }
+    // Threads started from here on (the plugin host's, the HTTP runtime's) inherit the
+    // auxiliary CPUs; each slot pins itself to the compute CPUs.
+    config
+        .placement
+        .pin_auxiliary()
+        .context("pinning the server's threads")?;
     let host = PluginHost::new(PluginHostConfig {
         cache_dir: Some(cache_dir.to_owned()),
         plugin_dirs: config.plugin_dirs.clone(),
+        state_dir: config.state_dir.clone(),
         ..PluginHostConfig::default()
     })
     .context("starting the plugin host")?;
     let plugins = load_startup_plugins(&host, &config.cascade)?;
+    let default_cascade: Vec<_> = plugins
+        .iter()
+        .filter(|(spec, _)| config.cascade.contains(spec))
+        .map(|(_, plugin)| plugin.clone())
+        .collect();
+    require_draft_model(&default_cascade, config.draft.as_ref())?;
+    let policies = load_startup_policies(&host, config.policy.as_deref())?;
 
     let target = Arc::new(Target::load(&config.model, &config.target)?);
+    // Offered to drafter plugins through the WIT `draft-model` import; each plugin instance
+    // (one per slot) opens its own draft context.
+    if let Some(draft_model) =
+        load_draft_model(config.draft.as_ref(), &target, &config.target, cache_dir)?
+    {
+        host.attach_draft_model(draft_model);
+    }
     let sessions = (0..config.parallel)
         .map(|_| target.session(&config.session))
         .collect::<Result<Vec<_>, _>>()?;
@@ -57,6 +80,7 @@ pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
         host,
         target.facts(ctx_size),
         plugins,
+        policies,
         config.plugin_configs.clone(),
         defaults,
     )?);
@@ -87,10 +111,20 @@ pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
                 queue: Arc::clone(&queue),
                 metrics: Arc::clone(&metrics),
                 pool: SourcePool::default(),
+                saves_state: config.state_dir.is_some(),
+                verify_costs: VerifyCurve::default(),
             };
+            let placement = &config.placement;
             let spawned = std::thread::Builder::new()
                 .name(format!("slot-{index}"))
-                .spawn_scoped(scope, move || slot.run());
+                .spawn_scoped(scope, move || {
+                    // llama.cpp's OpenMP workers, started at the slot's first decode, inherit
+                    // the compute CPUs.
+                    if let Err(error) = placement.pin_compute() {
+                        tracing::warn!(slot = index, %error, "cannot pin the slot to the compute CPUs; it runs unpinned");
+                    }
+                    slot.run();
+                });
             if let Err(error) = spawned {
                 queue.close();
                 return Err(anyhow::Error::new(error).context("starting a slot thread"));

@@ -241,6 +241,8 @@ pub struct SpeculativeReport {
     pub draft_max: usize,
     /// How the cascade picked drafts.
     pub mode: CascadeMode,
+    /// The policy that chose each round's draft length (`null`: `draft_max` every round).
+    pub policy: Option<String>,
     /// Verify rounds after the first token.
     pub rounds: u64,
     /// Rounds that verified a draft.

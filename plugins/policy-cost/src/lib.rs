@@ -60,6 +60,13 @@
 //! (0.5) and the linear cost model that is K = 1: the policy starts cautious and grows K as
 //! drafts are accepted.
 //!
+//! **Across requests.** A session that ends leaves its counts and learned times to the next
+//! session of the same plugin instance (the host keeps one instance per cascade), which starts
+//! from them instead of the prior: in a server or a benchmark the second request drafts at the K
+//! the first one settled on, rather than climbing from K = 1 again. The decay makes the carried
+//! counts give way to the new request's within a few dozen proposals. `carry=false` starts every
+//! request from the prior; an instance re-created after a fault starts from the prior too.
+//!
 //! **K = 0.** When plain decoding is best, the policy asks cheap sources for shadow drafts of
 //! `shadow_len` tokens, whose results keep the estimates current, so it resumes speculating as
 //! soon as they show it would pay. A cascade with only expensive sources sends no shadow
@@ -74,6 +81,9 @@
 //! | `decay`       | 0.95    | factor on every count before a new proposal is counted, in (0, 1] |
 //! | `shadow_len`  | 8       | shadow tokens asked for each round at K = 0                      |
 //! | `probe_after` | 64      | rounds at K = 0 without shadow results before a probe; at least 1 |
+//! | `carry`       | true    | start each request from what the previous one learned            |
+
+use std::cell::RefCell;
 
 use spechost_sdk::config::Config;
 use spechost_sdk::{Decision, ModelFacts, Policy, PolicySetup, RoundRecord, export_policy};
@@ -92,6 +102,22 @@ const FIRST_POSITION_PRIOR: f64 = 0.5;
 const EMA_WEIGHT: f64 = 0.2;
 /// Growth of the verify time per extra token, relative to one token, assumed until measured.
 const VERIFY_SLOPE: f64 = 0.3;
+
+thread_local! {
+    /// What the last session of this instance learned, for the next one (see "Across
+    /// requests" in the crate docs). A guest is single-threaded; in native tests each test's
+    /// thread has its own.
+    static CARRIED: RefCell<Option<Learned>> = const { RefCell::new(None) };
+}
+
+/// What a session hands to the next one: its counts and learned times, not its settings.
+#[derive(Debug, Clone, PartialEq)]
+struct Learned {
+    reached: Vec<f64>,
+    accepted: Vec<f64>,
+    verify_learned: Vec<Option<f64>>,
+    draft_per_token_us: Option<f64>,
+}
 
 /// Per-position acceptance counts, decayed.
 #[derive(Debug, Clone, PartialEq)]
@@ -235,6 +261,22 @@ pub struct Cost {
     probe_after: u32,
     /// Rounds decided at K = 0 since the last shadow result or draft.
     rounds_without_evidence: u32,
+    /// Whether to hand what this session learned to the next one.
+    carry: bool,
+}
+
+impl Drop for Cost {
+    fn drop(&mut self) {
+        if self.carry {
+            let learned = Learned {
+                reached: std::mem::take(&mut self.positions.reached),
+                accepted: std::mem::take(&mut self.positions.accepted),
+                verify_learned: std::mem::take(&mut self.verify.learned),
+                draft_per_token_us: self.draft_per_token_us,
+            };
+            CARRIED.set(Some(learned));
+        }
+    }
 }
 
 impl Policy for Cost {
@@ -244,6 +286,7 @@ impl Policy for Cost {
         let decay = config.get_fraction("decay", DEFAULT_DECAY)?;
         let shadow_len = config.get_u32("shadow_len", DEFAULT_SHADOW_LEN)?;
         let probe_after = config.get_u32("probe_after", DEFAULT_PROBE_AFTER)?;
+        let carry = config.get_bool("carry", true)?;
         config.finish()?;
         if prior < 0.0 {
             return Err(format!(
@@ -262,7 +305,7 @@ impl Policy for Cost {
         }
         let cap = setup.max_draft_len;
         let positions = cap as usize;
-        Ok(Cost {
+        let mut cost = Cost {
             cap,
             positions: PositionCounts::new(positions, f64::from(decay), f64::from(prior)),
             verify: VerifyCosts::new(positions + 1, &setup.verify_us),
@@ -270,7 +313,12 @@ impl Policy for Cost {
             shadow_len,
             probe_after,
             rounds_without_evidence: 0,
-        })
+            carry,
+        };
+        if let Some(learned) = CARRIED.with_borrow_mut(Option::take).filter(|_| carry) {
+            cost.resume(learned);
+        }
+        Ok(cost)
     }
 
     fn observe(&mut self, round: &RoundRecord) {
@@ -303,6 +351,21 @@ impl Policy for Cost {
 }
 
 impl Cost {
+    /// Starts from what an earlier session learned, fitted to this session's cap.
+    fn resume(&mut self, learned: Learned) {
+        let fit = |mut values: Vec<f64>, len: usize| {
+            values.resize(len, 0.0);
+            values
+        };
+        let positions = self.positions.reached.len();
+        self.positions.reached = fit(learned.reached, positions);
+        self.positions.accepted = fit(learned.accepted, positions);
+        let mut verify_learned = learned.verify_learned;
+        verify_learned.resize(self.verify.learned.len(), None);
+        self.verify.learned = verify_learned;
+        self.draft_per_token_us = learned.draft_per_token_us;
+    }
+
     fn learn_draft_time(&mut self, draft_us: u64, drafted: u32) {
         // Microsecond counts stay far below 2^53, where f64 loses integer precision.
         let per_token = draft_us as f64 / f64::from(drafted);
@@ -604,6 +667,36 @@ mod tests {
         );
         let mut harness = cost("", policy_setup(0));
         assert_eq!(harness.decide(), Decision::skip(8));
+    }
+
+    #[test]
+    fn the_next_request_starts_where_the_last_one_settled() {
+        let mut first = cost("", setup_with_slope(CAP, 0.1));
+        first.run(40, target(CAP, CAP));
+        assert_eq!(first.decide(), Decision::draft(CAP));
+        drop(first);
+        let mut second = cost("", setup_with_slope(CAP, 0.1));
+        assert_eq!(second.decide(), Decision::draft(CAP), "no climb from K = 1");
+        drop(second);
+        // A smaller cap keeps the counts of the positions it has.
+        let mut smaller = cost("", setup_with_slope(4, 0.1));
+        assert_eq!(smaller.decide(), Decision::draft(4));
+        drop(smaller);
+        let mut fresh = cost("carry=false", setup_with_slope(CAP, 0.1));
+        assert_eq!(fresh.decide(), Decision::draft(1), "carry=false starts from the prior");
+    }
+
+    #[test]
+    fn carried_counts_give_way_to_the_new_request() {
+        let mut first = cost("", setup_with_slope(CAP, 0.3));
+        first.run(40, target(CAP, CAP));
+        drop(first);
+        let mut second = cost("", setup_with_slope(CAP, 0.3));
+        let decisions = second.run(60, target(0, 0));
+        assert!(
+            decisions[40..].iter().all(|d| *d == Decision::skip(8)),
+            "{decisions:?}"
+        );
     }
 
     #[test]

@@ -1,0 +1,228 @@
+//! The draft model on its own CPUs (`--draft-cpus`).
+//!
+//! llama.cpp runs a decode on the calling thread and an OpenMP team started from it, which
+//! inherits that thread's CPU affinity. Draft-model calls come from plugin calls on the engine
+//! thread, which is pinned to the compute CPUs; so that the draft model's work runs on the draft
+//! CPUs instead, [`PinnedDraftFactory`] gives every draft context a worker thread of its own,
+//! pinned to the draft CPUs, which opens the context and makes every call on it. A plugin's call
+//! waits for the worker's answer: a channel round trip of microseconds, against milliseconds for
+//! a decode.
+
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+
+use super::affinity::pin_current_thread;
+use super::cpulist::CpuList;
+use crate::cascade::{DraftModel, DraftModelFactory, DraftedToken, Token};
+
+/// Name of every draft worker thread, as `/proc` and `spechost run --json` show it.
+pub const DRAFT_THREAD_NAME: &str = "spechost-draft";
+
+/// Opens the contexts of `inner` on worker threads pinned to `cpus`.
+pub struct PinnedDraftFactory {
+    inner: Arc<dyn DraftModelFactory>,
+    cpus: CpuList,
+}
+
+impl PinnedDraftFactory {
+    /// A factory whose contexts live, and compute, on `cpus`.
+    pub fn new(inner: Arc<dyn DraftModelFactory>, cpus: CpuList) -> Self {
+        Self { inner, cpus }
+    }
+}
+
+impl DraftModelFactory for PinnedDraftFactory {
+    fn open(&self) -> Result<Box<dyn DraftModel>, String> {
+        let (calls, inbox) = mpsc::channel::<Call>();
+        let (opened, open_result) = mpsc::channel::<Result<(), String>>();
+        let inner = Arc::clone(&self.inner);
+        let cpus = self.cpus.clone();
+        let worker = std::thread::Builder::new()
+            .name(DRAFT_THREAD_NAME.into())
+            .spawn(move || {
+                if let Err(error) = pin_current_thread(&cpus) {
+                    let _ = opened.send(Err(format!(
+                        "cannot pin the draft model's thread to --draft-cpus {cpus}: {error}"
+                    )));
+                    return;
+                }
+                // Opened here, so its buffers are first touched next to the draft CPUs.
+                let mut model = match inner.open() {
+                    Ok(model) => model,
+                    Err(reason) => {
+                        let _ = opened.send(Err(reason));
+                        return;
+                    }
+                };
+                let _ = opened.send(Ok(()));
+                for call in inbox {
+                    match call {
+                        Call::Reset => model.reset(),
+                        Call::Feed(tokens) => model.feed(&tokens),
+                        Call::Propose {
+                            max_len,
+                            p_min,
+                            reply,
+                        } => {
+                            let _ = reply.send(model.propose(max_len, p_min));
+                        }
+                    }
+                }
+            })
+            .map_err(|error| format!("cannot start the draft model's thread: {error}"))?;
+        open_result
+            .recv()
+            .map_err(|_| "the draft model's thread stopped while opening its context".to_owned())??;
+        Ok(Box::new(PinnedDraftModel {
+            calls: Some(calls),
+            worker: Some(worker),
+        }))
+    }
+}
+
+/// A call on a pinned draft context, in the order the plugin made it.
+enum Call {
+    Reset,
+    Feed(Vec<Token>),
+    Propose {
+        max_len: usize,
+        p_min: f32,
+        reply: mpsc::Sender<Vec<DraftedToken>>,
+    },
+}
+
+/// A draft context owned by its worker thread; calls go to the worker in order.
+struct PinnedDraftModel {
+    /// `None` only while dropping, which ends the worker's loop.
+    calls: Option<mpsc::Sender<Call>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl PinnedDraftModel {
+    /// Sends `call`; a worker that is gone (it panicked) drops it, and proposes nothing.
+    fn send(&self, call: Call) {
+        if let Some(calls) = &self.calls {
+            let _ = calls.send(call);
+        }
+    }
+}
+
+impl DraftModel for PinnedDraftModel {
+    fn reset(&mut self) {
+        self.send(Call::Reset);
+    }
+
+    fn feed(&mut self, tokens: &[Token]) {
+        self.send(Call::Feed(tokens.to_vec()));
+    }
+
+    fn propose(&mut self, max_len: usize, p_min: f32) -> Vec<DraftedToken> {
+        let (reply, answer) = mpsc::channel();
+        self.send(Call::Propose {
+            max_len,
+            p_min,
+            reply,
+        });
+        answer.recv().unwrap_or_default()
+    }
+}
+
+impl Drop for PinnedDraftModel {
+    fn drop(&mut self) {
+        self.calls = None;
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::placement::current_thread_cpus;
+
+    /// A draft model that records the calls it gets, with the CPUs of the thread that made them.
+    #[derive(Default)]
+    struct Recorder {
+        calls: Arc<Mutex<Vec<(String, CpuList)>>>,
+    }
+
+    struct RecordingModel {
+        calls: Arc<Mutex<Vec<(String, CpuList)>>>,
+    }
+
+    impl RecordingModel {
+        fn record(&self, call: String) {
+            let cpus = current_thread_cpus().expect("readable affinity");
+            self.calls.lock().expect("not poisoned").push((call, cpus));
+        }
+    }
+
+    impl DraftModelFactory for Recorder {
+        fn open(&self) -> Result<Box<dyn DraftModel>, String> {
+            Ok(Box::new(RecordingModel {
+                calls: Arc::clone(&self.calls),
+            }))
+        }
+    }
+
+    impl DraftModel for RecordingModel {
+        fn reset(&mut self) {
+            self.record("reset".into());
+        }
+
+        fn feed(&mut self, tokens: &[Token]) {
+            self.record(format!("feed {tokens:?}"));
+        }
+
+        fn propose(&mut self, max_len: usize, _p_min: f32) -> Vec<DraftedToken> {
+            self.record(format!("propose {max_len}"));
+            vec![DraftedToken { token: 7, prob: 0.9 }; max_len]
+        }
+    }
+
+    #[test]
+    fn every_call_runs_in_order_on_the_draft_cpus() {
+        let allowed = current_thread_cpus().expect("readable affinity");
+        let draft_cpus = CpuList::from_cpus(allowed.iter().last());
+        let recorder = Recorder::default();
+        let calls = Arc::clone(&recorder.calls);
+        let factory = PinnedDraftFactory::new(Arc::new(recorder), draft_cpus.clone());
+        let mut model = factory.open().expect("opens");
+        model.reset();
+        model.feed(&[1, 2, 3]);
+        let drafted = model.propose(2, 0.5);
+        assert_eq!(drafted.len(), 2);
+        drop(model);
+        let calls = calls.lock().expect("not poisoned");
+        let names: Vec<&str> = calls.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["reset", "feed [1, 2, 3]", "propose 2"]);
+        assert!(
+            calls.iter().all(|(_, cpus)| *cpus == draft_cpus),
+            "every call on {draft_cpus}: {calls:?}"
+        );
+        assert_eq!(
+            current_thread_cpus().expect("readable"),
+            allowed,
+            "the caller's own thread is not pinned"
+        );
+    }
+
+    #[test]
+    fn a_context_that_cannot_open_says_why() {
+        struct Refuses;
+        impl DraftModelFactory for Refuses {
+            fn open(&self) -> Result<Box<dyn DraftModel>, String> {
+                Err("out of memory".into())
+            }
+        }
+        let cpus = current_thread_cpus().expect("readable affinity");
+        let error = PinnedDraftFactory::new(Arc::new(Refuses), cpus)
+            .open()
+            .err()
+            .expect("the refusal comes back");
+        assert_eq!(error, "out of memory");
+    }
+}
