@@ -684,7 +684,11 @@ mod tests {
         drop(smaller);
         // As in `starts_cautious_at_one_token`, which has nothing to carry.
         let mut fresh = cost("carry=false", setup_with_slope(CAP, 0.3));
-        assert_eq!(fresh.decide(), Decision::draft(1), "carry=false starts from the prior");
+        assert_eq!(
+            fresh.decide(),
+            Decision::draft(1),
+            "carry=false starts from the prior"
+        );
     }
 
     #[test]
