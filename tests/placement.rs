@@ -25,6 +25,14 @@ fn spechost(args: &[&str]) -> Output {
         .expect("spechost runs")
 }
 
+/// The JSON report of a successful `spechost run --json` (its last stderr line).
+fn run_report(output: &Output) -> serde_json::Value {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "spechost run failed: {stderr}");
+    serde_json::from_str(stderr.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("last stderr line is the JSON report ({e}): {stderr}"))
+}
+
 /// Asserts a clean failure whose `error:` line contains every one of `needles`.
 fn assert_fails_with(output: &Output, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -163,10 +171,7 @@ fn run_reports_its_threads_on_the_requested_cpus() {
         &compute.to_string(),
         "--json",
     ]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "spechost run failed: {stderr}");
-    let json: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("last stderr line is the JSON report ({e}): {stderr}"));
+    let json = run_report(&output);
     let placement = &json["placement"];
     assert_eq!(placement["plan"]["compute_cpus"], compute.to_string());
     assert_eq!(placement["plan"]["threads"], 1);
@@ -212,10 +217,7 @@ fn run_puts_the_draft_model_on_the_draft_cpus() {
         &draft.to_string(),
         "--json",
     ]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "spechost run failed: {stderr}");
-    let json: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("last stderr line is the JSON report ({e}): {stderr}"));
+    let json = run_report(&output);
     assert_eq!(json["placement"]["plan"]["draft_cpus"], draft.to_string());
     assert!(
         json["stats"]["drafted"].as_u64().unwrap_or(0) > 0,
