@@ -1125,3 +1125,89 @@ fn the_official_openai_python_client_works() {
         server.log()
     );
 }
+
+#[test]
+fn plugins_named_over_the_api_resolve_only_inside_the_plugin_directories() {
+    let _guard = exclusive();
+    let dir = scratch("plugin-dirs");
+    let plugins = dir.join("plugins");
+    let outside = dir.join("outside");
+    for path in [&plugins, &outside] {
+        std::fs::create_dir_all(path).expect("scratch dir");
+    }
+    install(&built("lookup"), &plugins.join("inside.wasm"));
+    install(&built("lookup"), &outside.join("outside.wasm"));
+    install(&built("policy_fixed"), &outside.join("stray_policy.wasm"));
+    std::os::unix::fs::symlink(outside.join("outside.wasm"), plugins.join("escape.wasm"))
+        .expect("symlink");
+    let server = Server::start(&[
+        "--admin-token",
+        ADMIN_TOKEN,
+        "--plugin-dir",
+        plugins.to_str().expect("UTF-8 temp dir"),
+        "--cascade",
+        "lookup",
+    ]);
+
+    let outside_file = outside.join("outside.wasm").display().to_string();
+    let climbing = format!("{}/../outside/outside.wasm", plugins.display());
+    let escape = plugins.join("escape.wasm").display().to_string();
+    let stray_policy = format!("{},k=2", outside.join("stray_policy.wasm").display());
+    for (body, needle) in [
+        (json!({"cascade": outside_file}), "outside the plugin directories"),
+        (json!({"cascade": "../outside/outside.wasm"}), "contains `..`"),
+        (json!({"cascade": climbing}), "contains `..`"),
+        (json!({"cascade": "escape.wasm"}), "outside the plugin directories"),
+        (json!({"cascade": format!("lookup,{escape}")}), "a symlink pointing out is refused"),
+        (json!({"cascade": "missing.wasm"}), "no file `missing.wasm`"),
+        (json!({"policy": stray_policy}), "outside the plugin directories"),
+    ] {
+        let refused = admin_put(&server, "/admin/cascade", &body);
+        assert_eq!(refused.status, 400, "{body}: {}", refused.body);
+        let message = refused.body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(needle) && message.contains("--plugin-dir"),
+            "{body}: `{needle}` or the fix not in {message}"
+        );
+    }
+    let shown = get(&server, "/admin/cascade", Some(ADMIN_TOKEN));
+    let loaded = |key: &str| -> Vec<String> {
+        shown.body[key]
+            .as_array()
+            .map(|items| items.iter().filter_map(|p| p["name"].as_str()).map(str::to_owned).collect())
+            .unwrap_or_default()
+    };
+    for name in ["outside", "escape", "stray_policy"] {
+        assert!(
+            !loaded("plugins").contains(&name.to_owned())
+                && !loaded("policies").contains(&name.to_owned()),
+            "refused file `{name}` was loaded: {}",
+            shown.body
+        );
+    }
+    assert_eq!(shown.body["generation"], 0, "a refused update was published");
+    assert_eq!(
+        sample(&metrics(&server), "spechost_plugin_reloads_total{outcome=\"rejected\"}"),
+        7.0,
+        "every refused update is counted"
+    );
+
+    // The same file, by its path inside the plugin directory or absolute, is taken.
+    let inside = admin_put(&server, "/admin/cascade", &json!({"cascade": "inside.wasm"}));
+    assert_eq!(inside.status, 200, "{}", inside.body);
+    assert_eq!(inside.body["defaults"]["cascade"], json!(["inside"]));
+    let absolute = format!("lookup,{}", plugins.join("inside.wasm").display());
+    let both = admin_put(&server, "/admin/cascade", &json!({"cascade": absolute}));
+    assert_eq!(both.status, 200, "{}", both.body);
+    let answer = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body("Say hi.", 8, json!({})),
+    );
+    chat_text(&answer);
+    assert_eq!(
+        answer.body["speculative"]["cascade"],
+        json!(["lookup", "inside"])
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
