@@ -1126,6 +1126,170 @@ fn the_official_openai_python_client_works() {
     );
 }
 
+/// Drafters from `tests/hostile/` that open cleanly, then misbehave in `propose`: a panic every
+/// third call, an endless loop, unbounded allocation, proposals of 10 000 and of 1 000 000
+/// tokens, ids outside the vocabulary, confidences outside [0, 1], endless clock reads.
+const HOSTILE_DRAFTERS: [&str; 8] = [
+    "hostile_panic",
+    "hostile_loop",
+    "hostile_alloc",
+    "hostile_flood",
+    "hostile_flood_million",
+    "hostile_oov",
+    "hostile_badconf",
+    "hostile_clock",
+];
+/// A policy from `tests/hostile/` that panics in every decision after its first.
+const HOSTILE_POLICY: &str = "hostile_policy_panic";
+
+/// One request of the hostile-plugin test: which prompt, its `speculative` block, and the
+/// hostile plugin it uses, if any (those are streamed, so faults land mid-stream).
+struct Planned {
+    prompt: usize,
+    speculative: Value,
+    hostile: Option<&'static str>,
+}
+
+/// Each hostile drafter leads the cascade of one request, the hostile policy (the server's
+/// default) chooses the draft lengths of another, and well-behaved requests (lookup, suffix,
+/// plain decoding) come between them.
+fn hostile_plan(prompts: usize) -> Vec<Planned> {
+    let well_behaved = [
+        json!({"cascade": "lookup", "policy": "fixed", "draft_max": 8}),
+        json!({"cascade": "suffix,lookup", "policy": "window", "draft_max": 8}),
+        json!({"cascade": "none"}),
+    ];
+    let mut plan = Vec::new();
+    for (index, stem) in HOSTILE_DRAFTERS.iter().enumerate() {
+        plan.push(Planned {
+            prompt: index % prompts,
+            speculative: json!({"cascade": format!("{stem},lookup"), "policy": "fixed", "draft_max": 8}),
+            hostile: Some(stem),
+        });
+        plan.push(Planned {
+            prompt: (index + 1) % prompts,
+            speculative: well_behaved[index % well_behaved.len()].clone(),
+            hostile: None,
+        });
+    }
+    plan.push(Planned {
+        prompt: 0,
+        speculative: json!({"cascade": "lookup", "draft_max": 8}),
+        hostile: Some(HOSTILE_POLICY),
+    });
+    plan
+}
+
+/// What one planned request answered: its text and its `speculative` block.
+fn run_planned(base: &str, prompt: &str, planned: &Planned) -> (String, Value) {
+    let body = chat_body(prompt, 48, json!({"speculative": planned.speculative}));
+    if planned.hostile.is_none() {
+        let whole = answer(send(agent().post(format!("{base}/v1/chat/completions")), &body));
+        return (chat_text(&whole), whole.body["speculative"].clone());
+    }
+    let streamed = stream_at(base, "/v1/chat/completions", &body, |_| {});
+    assert_eq!(streamed.status, 200, "{:?}", planned.hostile);
+    assert!(
+        streamed.done && streamed.errors().is_empty(),
+        "{:?}: {:?}",
+        planned.hostile,
+        streamed.chunks
+    );
+    (streamed.text(), streamed.last()["speculative"].clone())
+}
+
+#[test]
+fn hostile_plugins_of_some_requests_change_no_output_and_are_counted() {
+    let _guard = exclusive();
+    let mut cascade = vec!["lookup".to_owned()];
+    cascade.extend(
+        HOSTILE_DRAFTERS
+            .iter()
+            .map(|stem| built(stem).display().to_string()),
+    );
+    let policy = built(HOSTILE_POLICY).display().to_string();
+    let server = Server::start(&[
+        "--parallel",
+        "2",
+        "--cascade",
+        &cascade.join(","),
+        "--policy",
+        &policy,
+    ]);
+    let prompts: Vec<String> = ["edit-shlex-split", "extract-protocols-0", "HumanEval-2"]
+        .iter()
+        .map(|id| fixture(id))
+        .collect();
+    let plain: Vec<String> = prompts
+        .iter()
+        .map(|prompt| {
+            chat_text(&post(
+                &server,
+                "/v1/chat/completions",
+                &chat_body(prompt, 48, json!({"speculative": {"cascade": "none"}})),
+            ))
+        })
+        .collect();
+
+    // Every request at once: two slots run them, a hostile one next to a well-behaved one.
+    let plan = hostile_plan(prompts.len());
+    let answers: Vec<(String, Value)> = std::thread::scope(|scope| {
+        let running: Vec<_> = plan
+            .iter()
+            .map(|planned| {
+                let (base, prompt) = (&server.base, &prompts[planned.prompt]);
+                scope.spawn(move || run_planned(base, prompt, planned))
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|request| request.join().expect("client thread"))
+            .collect()
+    });
+
+    for (planned, (text, speculative)) in plan.iter().zip(&answers) {
+        assert_eq!(
+            text, &plain[planned.prompt],
+            "{}: differs from plain decoding",
+            planned.speculative
+        );
+        let Some(stem) = planned.hostile.filter(|stem| *stem != HOSTILE_POLICY) else {
+            continue;
+        };
+        let faults = speculative["sources"]
+            .as_array()
+            .and_then(|sources| sources.iter().find(|s| s["name"] == stem))
+            .and_then(|source| source["faults"].as_u64());
+        assert!(
+            faults >= Some(1),
+            "{stem}: no fault reported in {speculative}"
+        );
+    }
+    let page = metrics(&server);
+    for stem in HOSTILE_DRAFTERS.iter().chain([&HOSTILE_POLICY]) {
+        for family in ["plugin_faults_total", "plugin_quarantines_total"] {
+            let name = format!("spechost_{family}{{plugin=\"{stem}\"}}");
+            assert!(sample(&page, &name) >= 1.0, "`{name}` missing or 0 in:\n{page}");
+        }
+    }
+    for stem in ["lookup", "suffix"] {
+        let name = format!("spechost_plugin_faults_total{{plugin=\"{stem}\"}}");
+        assert_eq!(sample(&page, &name), 0.0, "a well-behaved plugin faulted:\n{page}");
+    }
+    let completed = "spechost_requests_total{endpoint=\"chat_completions\",outcome=\"completed\"}";
+    assert_eq!(
+        sample(&page, completed),
+        (plan.len() + plain.len()) as f64,
+        "{page}"
+    );
+    assert_eq!(get(&server, "/health", None).body["status"], "ok");
+    assert!(
+        !server.log().contains("generation panicked"),
+        "{}",
+        server.log()
+    );
+}
+
 #[test]
 fn plugins_named_over_the_api_resolve_only_inside_the_plugin_directories() {
     let _guard = exclusive();
