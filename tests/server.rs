@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{exclusive, fixtures, wasm_dir};
+use proptest::prelude::*;
+use proptest::test_runner::{FileFailurePersistence, TestRunner};
 use serde_json::{Value, json};
 use spechost::config::cache_dir;
 use spechost::models::DefaultModel;
@@ -1374,4 +1376,299 @@ fn plugins_named_over_the_api_resolve_only_inside_the_plugin_directories() {
         json!(["lookup", "inside"])
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Bodies the fuzz test posts (one server for all of them); `PROPTEST_CASES` overrides it.
+const FUZZ_CASES: u32 = 200;
+/// `--max-body-bytes` of the fuzzed server: huge strings straddle it.
+const FUZZ_BODY_LIMIT: usize = 32 * 1024;
+/// `--max-tokens-limit` of the fuzzed server, so that the few valid bodies finish at once.
+const FUZZ_MAX_TOKENS: &str = "8";
+/// Keys the two generation endpoints read, top level and in `speculative`.
+const API_KEYS: &[&str] = &[
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "tools",
+    "response_format",
+    "echo",
+    "suffix",
+    "best_of",
+    "speculative",
+    "cascade",
+    "policy",
+    "draft_max",
+    "mode",
+    "role",
+    "content",
+    "type",
+    "text",
+    "include_usage",
+];
+
+/// Short text, any Unicode.
+fn fuzz_text() -> impl Strategy<Value = String> {
+    "\\PC{0,24}"
+}
+
+/// A key the API reads, or any other.
+fn fuzz_key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => prop::sample::select(API_KEYS).prop_map(str::to_owned),
+        1 => fuzz_text(),
+    ]
+}
+
+/// Any JSON value: scalars of every type (extreme numbers included), arrays, objects.
+fn fuzz_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>().prop_filter_map("JSON has no NaN or infinity", |f| {
+            serde_json::Number::from_f64(f).map(Value::Number)
+        }),
+        fuzz_text().prop_map(Value::from),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map(fuzz_key(), inner, 0..6)
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+        ]
+    })
+}
+
+/// A body close to a valid one: known keys with plausible values, some out of range.
+fn fuzz_plausible() -> impl Strategy<Value = Value> {
+    let message = (
+        prop::sample::select(vec!["system", "developer", "user", "assistant", "tool", ""]),
+        prop_oneof![
+            fuzz_text().prop_map(Value::from),
+            Just(Value::Null),
+            prop::collection::vec(
+                (prop::sample::select(vec!["text", "image_url"]), fuzz_text())
+                    .prop_map(|(kind, text)| json!({"type": kind, "text": text})),
+                0..3
+            )
+            .prop_map(Value::Array),
+        ],
+    )
+        .prop_map(|(role, content)| json!({"role": role, "content": content}));
+    let prompt = prop_oneof![
+        fuzz_text().prop_map(Value::from),
+        prop::collection::vec(0u32..60_000, 0..12).prop_map(|ids| json!(ids)),
+        prop::collection::vec(fuzz_text(), 0..3).prop_map(|texts| json!(texts)),
+    ];
+    let speculative = (
+        prop::sample::select(vec!["lookup", "suffix,lookup", "none", "nope", "./x.wasm", ""]),
+        0usize..40,
+        prop::sample::select(vec!["first", "scored", "best"]),
+        prop::sample::select(vec!["fixed", "window,raise=2", "cost", "nope,k"]),
+    )
+        .prop_map(|(cascade, draft_max, mode, policy)| {
+            json!({"cascade": cascade, "draft_max": draft_max, "mode": mode, "policy": policy})
+        });
+    (
+        prop::collection::vec(message, 0..4),
+        prompt,
+        prop::option::of(0usize..12),
+        prop::option::of(-1.0f64..3.0),
+        prop::option::of(prop::collection::vec(fuzz_text(), 0..20)),
+        any::<bool>(),
+        prop::option::of(speculative),
+    )
+        .prop_map(
+            |(messages, prompt, max_tokens, temperature, stop, stream, speculative)| {
+                let mut body = json!({"messages": messages, "prompt": prompt, "stream": stream});
+                for (key, value) in [
+                    ("max_tokens", max_tokens.map(Value::from)),
+                    ("temperature", temperature.map(Value::from)),
+                    ("stop", stop.map(Value::from)),
+                    ("speculative", speculative),
+                ] {
+                    if let Some(value) = value {
+                        body[key] = value;
+                    }
+                }
+                body
+            },
+        )
+}
+
+/// A body with a huge string (in `messages` and `prompt`) of about the body limit, under or
+/// over it.
+fn fuzz_huge() -> impl Strategy<Value = Vec<u8>> {
+    let half = FUZZ_BODY_LIMIT / 2;
+    (
+        prop::sample::select(vec!["word ", "é", "🦀", "\"", "\\", "\u{0}"]),
+        (half - 1024)..(half + 2048),
+    )
+        .prop_map(|(piece, bytes)| {
+            let text = piece.repeat(bytes / piece.len());
+            json!({"messages": [{"role": "user", "content": text}], "prompt": text})
+                .to_string()
+                .into_bytes()
+        })
+}
+
+/// Arrays or objects nested up to far past serde_json's recursion limit.
+fn fuzz_deep() -> impl Strategy<Value = Vec<u8>> {
+    (1usize..4000, any::<bool>(), any::<bool>()).prop_map(|(depth, objects, in_messages)| {
+        let (open, close) = if objects {
+            ("{\"a\":", "}")
+        } else {
+            ("[", "]")
+        };
+        let nested = format!("{}1{}", open.repeat(depth), close.repeat(depth));
+        if in_messages {
+            format!("{{\"messages\":{nested},\"prompt\":{nested}}}").into_bytes()
+        } else {
+            nested.into_bytes()
+        }
+    })
+}
+
+/// Not JSON: random bytes (invalid UTF-8 included), or a valid-looking body cut short.
+fn fuzz_not_json() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..256),
+        (fuzz_plausible(), any::<prop::sample::Index>()).prop_map(|(body, cut)| {
+            let bytes = body.to_string().into_bytes();
+            bytes[..cut.index(bytes.len())].to_vec()
+        }),
+    ]
+}
+
+/// An endpoint and a body for it.
+fn fuzz_request() -> impl Strategy<Value = (&'static str, Vec<u8>)> {
+    let body = prop_oneof![
+        3 => fuzz_json().prop_map(|value| value.to_string().into_bytes()),
+        3 => prop::collection::btree_map(fuzz_key(), fuzz_json(), 1..10)
+            .prop_map(|map| Value::Object(map.into_iter().collect()).to_string().into_bytes()),
+        3 => fuzz_plausible().prop_map(|value| value.to_string().into_bytes()),
+        1 => fuzz_huge(),
+        1 => fuzz_deep(),
+        1 => fuzz_not_json(),
+    ];
+    (
+        prop::sample::select(vec!["/v1/chat/completions", "/v1/completions"]),
+        body,
+    )
+}
+
+/// Checks one answer to a fuzzed body: a 200 that completes (a whole JSON answer, or a stream
+/// that ends with `[DONE]` and no error), or a 4xx with an OpenAI-style error.
+fn check_fuzz_answer(
+    result: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+) -> Result<(), TestCaseError> {
+    let mut response = result.map_err(|e| TestCaseError::fail(format!("no answer: {e}")))?;
+    let status = response.status().as_u16();
+    let streamed = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let text = response
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| TestCaseError::fail(format!("status {status}: body not read: {e}")))?;
+    if status == 200 && streamed {
+        let mut done = false;
+        for data in text.lines().filter_map(|line| line.strip_prefix("data: ")) {
+            done = data == "[DONE]";
+            if !done {
+                let chunk: Value = serde_json::from_str(data)
+                    .map_err(|e| TestCaseError::fail(format!("chunk not JSON ({e}): {data}")))?;
+                prop_assert!(chunk.get("error").is_none(), "error in a stream: {}", chunk);
+            }
+        }
+        prop_assert!(done, "stream without [DONE]: {}", text);
+        return Ok(());
+    }
+    let body: Value = serde_json::from_str(&text)
+        .map_err(|e| TestCaseError::fail(format!("status {status}: not JSON ({e}): {text}")))?;
+    if status == 200 {
+        prop_assert!(body["choices"][0].is_object(), "200 without a choice: {}", body);
+        return Ok(());
+    }
+    prop_assert!((400..500).contains(&status), "status {}: {}", status, body);
+    prop_assert!(
+        body["error"]["message"].as_str().is_some_and(|m| !m.is_empty())
+            && body["error"]["type"].is_string(),
+        "status {}: not an OpenAI error: {}",
+        status,
+        body
+    );
+    Ok(())
+}
+
+#[test]
+fn fuzzed_request_bodies_get_4xx_errors_and_never_break_the_server() {
+    let _guard = exclusive();
+    let limit = FUZZ_BODY_LIMIT.to_string();
+    let server = Server::start(&[
+        "--max-body-bytes",
+        &limit,
+        "--max-tokens-limit",
+        FUZZ_MAX_TOKENS,
+    ]);
+    assert!(
+        server.base.starts_with("http://127.0.0.1:"),
+        "without --host the server must listen on loopback only: {}",
+        server.base
+    );
+    let client: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(PATIENCE))
+        .build()
+        .into();
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(FUZZ_CASES);
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/server.proptest-regressions"
+        )))),
+        ..ProptestConfig::default()
+    });
+    let outcome = runner.run(&fuzz_request(), |(path, body)| {
+        let sent = client
+            .post(server.url(path))
+            .header("Content-Type", "application/json")
+            .send(&body[..]);
+        check_fuzz_answer(sent)
+    });
+    if let Err(failure) = outcome {
+        panic!("{failure}\nserver log:\n{}", server.log());
+    }
+    assert_eq!(get(&server, "/health", None).body["status"], "ok");
+    let page = metrics(&server);
+    assert!(
+        sample(
+            &page,
+            "spechost_requests_total{endpoint=\"chat_completions\",outcome=\"invalid\"}"
+        ) >= 1.0,
+        "no body was refused as invalid, so the bodies were not fuzzed:\n{page}"
+    );
 }
