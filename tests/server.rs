@@ -1672,3 +1672,54 @@ fn fuzzed_request_bodies_get_4xx_errors_and_never_break_the_server() {
         "no body was refused as invalid, so the bodies were not fuzzed:\n{page}"
     );
 }
+
+/// How long the overload test offers load.
+const OVERLOAD_SECONDS: &str = "10";
+/// A generous bound on the server's memory under overload (SmolLM2 and one slot take a few
+/// hundred MiB): growing with the offered load would cross it.
+const OVERLOAD_MAX_RSS_BYTES: f64 = 2.0 * (1u64 << 30) as f64;
+
+#[test]
+fn overload_is_refused_with_429_without_growing_memory_and_outputs_stay_right() {
+    let _guard = exclusive();
+    let python = std::env::var("SPECHOST_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let server = Server::start(&["--parallel", "1", "--max-queue", "4"]);
+    let dir = scratch("overload");
+    let report = dir.join("overload.json");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/overload.py");
+    let output = Command::new(&python)
+        .arg(&script)
+        .args(["--base-url", &server.base, "--seconds", OVERLOAD_SECONDS])
+        .args(["--pid", &server.child.id().to_string()])
+        .arg("--json")
+        .arg(&report)
+        .output()
+        .unwrap_or_else(|e| panic!("`{python}` does not start ({e}); set SPECHOST_PYTHON to a Python 3"));
+    assert!(
+        output.status.success(),
+        "{} failed:\nstdout: {}\nstderr: {}\nserver log:\n{}",
+        script.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+        server.log()
+    );
+    let text = std::fs::read_to_string(&report).expect("overload.py wrote its JSON");
+    let result: Value = serde_json::from_str(&text).expect("overload.py JSON");
+    let count = |key: &str| result["status_counts"][key].as_u64().unwrap_or(0);
+    assert!(count("429") >= 1, "4x capacity got no 429: {result}");
+    assert!(count("200") >= 1, "nothing completed under overload: {result}");
+    for key in ["503", "other", "error"] {
+        assert_eq!(count(key), 0, "`{key}` answers under overload: {result}");
+    }
+    assert_eq!(
+        result["wrong_outputs"], 0,
+        "a completed output differs from plain decoding: {result}"
+    );
+    let rss_max = result["rss_max_bytes"].as_f64().unwrap_or(0.0);
+    assert!(
+        rss_max > 0.0 && rss_max < OVERLOAD_MAX_RSS_BYTES,
+        "server RSS peaked at {rss_max} bytes: {result}"
+    );
+    assert_eq!(get(&server, "/health", None).body["status"], "ok");
+    let _ = std::fs::remove_dir_all(&dir);
+}
