@@ -1723,3 +1723,171 @@ fn overload_is_refused_with_429_without_growing_memory_and_outputs_stay_right() 
     assert_eq!(get(&server, "/health", None).body["status"], "ok");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Times the crash-safety test kills a server that is saving its state.
+const STATE_KILLS: u32 = 6;
+/// Pause between looks for the state writer's temporary file.
+const STATE_POLL: Duration = Duration::from_micros(200);
+
+/// The state writers' temporary files in `dir` (`.suffix.state.<pid>.<n>.tmp`) with their pids.
+fn state_temporaries(dir: &Path) -> Vec<(PathBuf, u32)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter_map(|path| {
+            let name = path.file_name()?.to_str()?;
+            let rest = name.strip_prefix(".suffix.state.")?.strip_suffix(".tmp")?;
+            let pid = rest.split('.').next()?.parse().ok()?;
+            Some((path.clone(), pid))
+        })
+        .collect()
+}
+
+/// How a server that was saving its state ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StateKill {
+    /// SIGKILL a few milliseconds after SIGTERM, wherever the shutdown was.
+    AfterDelay,
+    /// SIGKILL as soon as its temporary state file appeared: while writing, syncing or renaming.
+    DuringWrite,
+    /// It saved and exited before the SIGKILL.
+    Finished,
+}
+
+/// Sends SIGTERM (the server finishes, then saves its state), then SIGKILL: after `delay`, or,
+/// without one, once its temporary state file appears in `dir`.
+fn kill_while_saving(server: &mut Server, dir: &Path, delay: Option<Duration>) -> StateKill {
+    let pid = server.child.id();
+    let sent = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    assert!(sent.is_ok_and(|status| status.success()), "kill -TERM {pid}");
+    let moment = match delay {
+        Some(delay) => {
+            std::thread::sleep(delay);
+            StateKill::AfterDelay
+        }
+        None => {
+            let started = Instant::now();
+            loop {
+                if server.child.try_wait().ok().flatten().is_some() {
+                    break StateKill::Finished;
+                }
+                if state_temporaries(dir).iter().any(|(_, p)| *p == pid) {
+                    break StateKill::DuringWrite;
+                }
+                assert!(started.elapsed() < PATIENCE, "the server never saved its state");
+                std::thread::sleep(STATE_POLL);
+            }
+        }
+    };
+    let _ = server.child.kill();
+    let status = server.child.wait().expect("the server ends");
+    if status.success() {
+        StateKill::Finished
+    } else {
+        moment
+    }
+}
+
+/// Starts a server on `args` and checks that it loaded the saved suffix state without a
+/// warning and left no temporary file of a killed writer.
+fn start_with_saved_state(args: &[&str], dir: &Path) -> Server {
+    let server = Server::start(args);
+    wait_for(&server, "the saved state to be loaded", || {
+        server.log().contains("loaded plugin state")
+    });
+    let leftovers = state_temporaries(dir);
+    assert!(
+        leftovers.is_empty(),
+        "temporary files of killed writers were not removed at start: {leftovers:?}"
+    );
+    server
+}
+
+/// Asks `server` for `prompt` with the suffix drafter and checks the output, then that the
+/// drafter loaded the saved response cache without a warning.
+fn check_suffix_answer(server: &Server, prompt: &str, plain: &str) {
+    let answer = post(
+        server,
+        "/v1/chat/completions",
+        &chat_body(prompt, 48, json!({"speculative": {"cascade": "suffix"}})),
+    );
+    assert_eq!(chat_text(&answer), plain, "suffix changed the output");
+    wait_for(server, "the suffix drafter to load its cache", || {
+        server.log().contains("suffix: loaded")
+    });
+    let log = server.log();
+    for warning in ["ignoring the saved response cache", "the plugin starts empty"] {
+        assert!(!log.contains(warning), "the saved state was not used: {log}");
+    }
+}
+
+#[test]
+fn serve_state_killed_while_saving_is_the_old_or_the_new_version_never_corrupt() {
+    let _guard = exclusive();
+    let state_dir = scratch("serve-kill");
+    let state_file = state_dir.join("suffix.state");
+    let state_arg = state_dir.to_str().expect("UTF-8 temp dir");
+    let args = ["--cascade", "suffix", "--state-dir", state_arg];
+    let prompts: Vec<String> = [
+        "edit-shlex-split",
+        "extract-protocols-0",
+        "HumanEval-2",
+        "HumanEval-5",
+    ]
+    .iter()
+    .map(|id| fixture(id))
+    .collect();
+
+    let first = Server::start(&args);
+    let plain: Vec<String> = prompts
+        .iter()
+        .map(|prompt| {
+            chat_text(&post(
+                &first,
+                "/v1/chat/completions",
+                &chat_body(prompt, 48, json!({"speculative": {"cascade": "none"}})),
+            ))
+        })
+        .collect();
+    let suffix_body = chat_body(&prompts[0], 48, json!({"speculative": {"cascade": "suffix"}}));
+    assert_eq!(chat_text(&post(&first, "/v1/chat/completions", &suffix_body)), plain[0]);
+    first.terminate();
+    assert!(state_file.exists(), "no state saved on SIGTERM");
+
+    let mut moments = Vec::new();
+    for kill in 0..STATE_KILLS {
+        let before = std::fs::read(&state_file).expect("a state file");
+        let mut server = start_with_saved_state(&args, &state_dir);
+        let prompt = kill as usize % prompts.len();
+        check_suffix_answer(&server, &prompts[prompt], &plain[prompt]);
+        // One more response in the cache, so that the shutdown writes a new version.
+        let next = (prompt + 1) % prompts.len();
+        let body = chat_body(&prompts[next], 48, json!({"speculative": {"cascade": "suffix"}}));
+        assert_eq!(chat_text(&post(&server, "/v1/chat/completions", &body)), plain[next]);
+        let delay = (kill % 2 == 0).then(|| Duration::from_millis(u64::from(kill) * 2));
+        let moment = kill_while_saving(&mut server, &state_dir, delay);
+        let after = std::fs::read(&state_file).expect("the state file survives the kill");
+        if moment == StateKill::Finished {
+            assert_ne!(after, before, "a finished shutdown left the old state");
+        }
+        eprintln!(
+            "kill {kill}: {moment:?}, state file {} ({} bytes)",
+            if after == before { "old" } else { "new" },
+            after.len()
+        );
+        moments.push(moment);
+    }
+    assert!(
+        moments.iter().any(|m| *m != StateKill::Finished),
+        "every server finished before its SIGKILL, so no kill was tested: {moments:?}"
+    );
+
+    let last = start_with_saved_state(&args, &state_dir);
+    check_suffix_answer(&last, &prompts[0], &plain[0]);
+    last.terminate();
+    let _ = std::fs::remove_dir_all(&state_dir);
+}
