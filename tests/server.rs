@@ -2,6 +2,9 @@
 //! client: OpenAI-compatible answers, greedy output identical to `spechost run` and to plain
 //! decoding, streaming, per-request cascades, the bounded queue, client disconnects, admin
 //! authentication, and hot swaps of the cascade and of plugin files while requests stream.
+//! Reliability and security (`docs/security.md`, Server): hostile plugins next to healthy
+//! requests, plugin paths confined to the plugin directories, fuzzed request bodies, overload
+//! (`bench/overload.py`), and plugin state that survives a kill -9 while it is saved.
 //!
 //! Each test starts its own server (`spechost serve --port 0`, address read from stdout) and
 //! kills it at the end. Needs the model (`spechost models fetch smollm2`) and the plugins
