@@ -1165,7 +1165,7 @@ fn hostile_plan(prompts: usize) -> Vec<Planned> {
         json!({"cascade": "none"}),
     ];
     let mut plan = Vec::new();
-    for (index, stem) in HOSTILE_DRAFTERS.iter().enumerate() {
+    for (index, &stem) in HOSTILE_DRAFTERS.iter().enumerate() {
         plan.push(Planned {
             prompt: index % prompts,
             speculative: json!({"cascade": format!("{stem},lookup"), "policy": "fixed", "draft_max": 8}),
