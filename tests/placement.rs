@@ -14,8 +14,8 @@ use spechost::cascade::Cascade;
 use spechost::engine::{Request, SamplingParams, SessionParams};
 use spechost::models::DefaultModel;
 use spechost::placement::{
-    CpuList, DRAFT_THREAD_NAME, PlacementRequest, Plan, ThreadCpus, Topology,
-    current_thread_cpus, thread_cpus,
+    CpuList, DRAFT_THREAD_NAME, PlacementRequest, Plan, ThreadCpus, Topology, current_thread_cpus,
+    thread_cpus,
 };
 
 fn spechost(args: &[&str]) -> Output {
@@ -199,6 +199,9 @@ fn run_puts_the_draft_model_on_the_draft_cpus() {
         "auto",
         "--cascade",
         "draft",
+        // Every round drafts (the default policy may find plain decoding faster).
+        "--policy",
+        "fixed",
         "--max-tokens",
         "8",
         "--prompt",
@@ -218,12 +221,18 @@ fn run_puts_the_draft_model_on_the_draft_cpus() {
         json["stats"]["drafted"].as_u64().unwrap_or(0) > 0,
         "the draft model drafted: {json}"
     );
-    let threads = json["placement"]["threads"].as_array().expect("thread list");
+    let threads = json["placement"]["threads"]
+        .as_array()
+        .expect("thread list");
     let draft_threads: Vec<&serde_json::Value> = threads
         .iter()
         .filter(|thread| thread["name"] == DRAFT_THREAD_NAME)
         .collect();
-    assert_eq!(draft_threads.len(), 1, "one draft context, one worker: {threads:?}");
+    assert_eq!(
+        draft_threads.len(),
+        1,
+        "one draft context, one worker: {threads:?}"
+    );
     assert_eq!(draft_threads[0]["cpus"], draft.to_string());
 }
 

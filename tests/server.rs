@@ -111,7 +111,10 @@ impl Server {
     fn terminate(mut self) {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill").args(["-TERM", &pid]).status();
-        assert!(sent.is_ok_and(|status| status.success()), "kill -TERM {pid}");
+        assert!(
+            sent.is_ok_and(|status| status.success()),
+            "kill -TERM {pid}"
+        );
         let started = Instant::now();
         loop {
             match self.child.try_wait() {
@@ -552,7 +555,11 @@ fn each_request_may_choose_its_cascade_and_the_output_does_not_change() {
     for (speculative, status, needle) in [
         (json!({"cascade": "nope"}), 400, "lookup, suffix"),
         (json!({"cascade": "./x.wasm"}), 400, "PUT /admin/cascade"),
-        (json!({"policy": "adaptive"}), 400, "is not loaded (loaded: "),
+        (
+            json!({"policy": "adaptive"}),
+            400,
+            "is not loaded (loaded: ",
+        ),
         (json!({"policy": "window,raise=2"}), 400, "raise"),
         (json!({"cascade": "draft"}), 400, "--draft-model"),
         (json!({"draft_max": 0}), 400, "at least 1"),
@@ -586,8 +593,14 @@ fn each_request_may_choose_its_policy_and_the_output_does_not_change() {
     assert_eq!(plain.body["speculative"]["policy"], Value::Null);
     for (speculative, reported) in [
         (json!({}), "cost"),
-        (json!({"policy": "window,raise=0.9,k=2"}), "window,raise=0.9,k=2"),
-        (json!({"policy": "heuristic", "mode": "scored"}), "heuristic"),
+        (
+            json!({"policy": "window,raise=0.9,k=8"}),
+            "window,raise=0.9,k=8",
+        ),
+        (
+            json!({"policy": "heuristic", "mode": "scored"}),
+            "heuristic",
+        ),
         (json!({"policy": "fixed", "draft_max": 4}), "fixed"),
     ] {
         // Twice: the second request runs on the slot's policy instance from the first.
@@ -597,7 +610,11 @@ fn each_request_may_choose_its_policy_and_the_output_does_not_change() {
                 "/v1/chat/completions",
                 &chat_body(&prompt, 48, json!({"speculative": speculative})),
             );
-            assert_eq!(chat_text(&answer), plain_text, "{speculative} changed the output");
+            assert_eq!(
+                chat_text(&answer),
+                plain_text,
+                "{speculative} changed the output"
+            );
             assert_eq!(
                 answer.body["speculative"]["policy"], reported,
                 "{}",
@@ -644,7 +661,11 @@ fn serves_the_draft_model_and_persists_plugin_state_across_restarts() {
             "/v1/chat/completions",
             &chat_body(&prompt, 48, json!({"speculative": {"cascade": cascade}})),
         );
-        assert_eq!(chat_text(&answer), plain_text, "{cascade} changed the output");
+        assert_eq!(
+            chat_text(&answer),
+            plain_text,
+            "{cascade} changed the output"
+        );
         let draft = &answer.body["speculative"]["sources"]
             .as_array()
             .and_then(|sources| sources.iter().find(|s| s["name"] == "draft").cloned())

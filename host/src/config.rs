@@ -2062,7 +2062,10 @@ mod tests {
             .into_config(Path::new("/c"))
             .expect_err("draft CPUs without a draft model")
             .to_string();
-        assert!(err.contains("add --draft-model or drop --draft-cpus"), "{err}");
+        assert!(
+            err.contains("add --draft-model or drop --draft-cpus"),
+            "{err}"
+        );
     }
 
     #[test]

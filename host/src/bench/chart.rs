@@ -313,6 +313,7 @@ mod tests {
             outputs_match: true,
             mismatches: vec![],
             workloads: vec![workload("edit"), workload("extract")],
+            mixed: vec![],
         }
     }
 

@@ -282,7 +282,8 @@ impl Report {
                 m.tokens_per_second.median,
                 m.tokens_per_second.min,
                 m.tokens_per_second.max,
-                m.speedup.map_or_else(|| "–".to_owned(), |s| format!("{s:.2}x")),
+                m.speedup
+                    .map_or_else(|| "–".to_owned(), |s| format!("{s:.2}x")),
             );
         }
         out
@@ -503,7 +504,11 @@ impl Report {
 fn mixed_reports(configurations: &[Configuration], workloads: &[WorkloadRun]) -> Vec<MixedReport> {
     let summaries: Vec<Option<Summary>> = (0..configurations.len())
         .map(|c| {
-            let passes = workloads.iter().map(|w| w.passes[c].len()).min().unwrap_or(0);
+            let passes = workloads
+                .iter()
+                .map(|w| w.passes[c].len())
+                .min()
+                .unwrap_or(0);
             let by_pass: Vec<Totals> = (0..passes)
                 .map(|p| {
                     let mut totals = Totals::default();
@@ -684,7 +689,10 @@ mod tests {
         assert_eq!(lookup.label, "lookup K=4");
         let speedup = lookup.speedup.expect("plain timed tokens");
         assert!((speedup - 3.0 / 4.5).abs() < 1e-9, "{lookup:?}");
-        assert!(report(Vec::new()).mixed.is_empty(), "no mixed set of one workload");
+        assert!(
+            report(Vec::new()).mixed.is_empty(),
+            "no mixed set of one workload"
+        );
     }
 
     #[test]

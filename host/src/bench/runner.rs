@@ -522,22 +522,29 @@ pub(super) fn progress_bar(total_requests: u64) -> ProgressBar {
 mod tests {
     use super::*;
 
-    #[test]
-    fn configurations_put_plain_first_then_cascades_by_draft_length() {
+    /// The labels of every configuration `args` measures, in order.
+    fn labels(args: crate::config::BenchArgs) -> Vec<String> {
         let config = crate::config::BenchArgs {
             workloads: vec!["edit.jsonl".into()],
-            cascades: vec!["lookup".into(), "lookup,suffix".into()],
-            draft_maxes: vec![4, 8],
             repeat: 1,
             cost_repeat: 1,
-            ..crate::config::BenchArgs::default()
+            ..args
         }
         .into_config(std::path::Path::new("/tmp"))
         .expect("valid flags");
-        let labels: Vec<String> = Configuration::all(&config)
+        Configuration::all(&config)
             .iter()
             .map(Configuration::label)
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn configurations_put_plain_first_then_cascades_by_draft_length() {
+        let labels = labels(crate::config::BenchArgs {
+            cascades: vec!["lookup".into(), "lookup,suffix".into()],
+            draft_maxes: vec![4, 8],
+            ..crate::config::BenchArgs::default()
+        });
         assert_eq!(
             labels,
             [
@@ -553,21 +560,12 @@ mod tests {
 
     #[test]
     fn adaptive_policies_run_once_at_the_largest_draft_length() {
-        let config = crate::config::BenchArgs {
-            workloads: vec!["edit.jsonl".into()],
+        let labels = labels(crate::config::BenchArgs {
             cascades: vec!["lookup".into()],
             draft_maxes: vec![4, 16, 8],
             policies: vec!["fixed".into(), "cost".into(), "window,raise=0.9".into()],
-            repeat: 1,
-            cost_repeat: 1,
             ..crate::config::BenchArgs::default()
-        }
-        .into_config(std::path::Path::new("/tmp"))
-        .expect("valid flags");
-        let labels: Vec<String> = Configuration::all(&config)
-            .iter()
-            .map(Configuration::label)
-            .collect();
+        });
         assert_eq!(
             labels,
             [

@@ -70,9 +70,9 @@ impl DraftModelFactory for PinnedDraftFactory {
                 }
             })
             .map_err(|error| format!("cannot start the draft model's thread: {error}"))?;
-        open_result
-            .recv()
-            .map_err(|_| "the draft model's thread stopped while opening its context".to_owned())??;
+        open_result.recv().map_err(|_| {
+            "the draft model's thread stopped while opening its context".to_owned()
+        })??;
         Ok(Box::new(PinnedDraftModel {
             calls: Some(calls),
             worker: Some(worker),
@@ -179,7 +179,13 @@ mod tests {
 
         fn propose(&mut self, max_len: usize, _p_min: f32) -> Vec<DraftedToken> {
             self.record(format!("propose {max_len}"));
-            vec![DraftedToken { token: 7, prob: 0.9 }; max_len]
+            vec![
+                DraftedToken {
+                    token: 7,
+                    prob: 0.9
+                };
+                max_len
+            ]
         }
     }
 

@@ -276,9 +276,10 @@ impl CallClock {
     /// of [`MAX_HOST_TIME_IN_DEADLINES`] deadlines and [`MAX_HOST_TIME_IN_LONGEST_CALLS`] times
     /// its longest host call so far.
     pub(super) fn host_time_cap(&self, deadline: Duration) -> Duration {
-        deadline
-            .saturating_mul(MAX_HOST_TIME_IN_DEADLINES)
-            .max(self.longest_host_call.saturating_mul(MAX_HOST_TIME_IN_LONGEST_CALLS))
+        deadline.saturating_mul(MAX_HOST_TIME_IN_DEADLINES).max(
+            self.longest_host_call
+                .saturating_mul(MAX_HOST_TIME_IN_LONGEST_CALLS),
+        )
     }
 }
 
@@ -483,16 +484,25 @@ mod tests {
         assert!(!clock.host_time_exceeded(deadline), "within 20 deadlines");
         // Feeding a long prompt: one call far longer than 20 deadlines.
         clock.credit(Duration::from_secs(3));
-        assert!(!clock.host_time_exceeded(deadline), "one long call is allowed");
+        assert!(
+            !clock.host_time_exceeded(deadline),
+            "one long call is allowed"
+        );
         assert_eq!(clock.host_time_cap(deadline), Duration::from_secs(12));
         for _ in 0..2 {
             clock.credit(Duration::from_secs(3));
         }
         assert!(!clock.host_time_exceeded(deadline), "9.9 s of 12 s");
         clock.credit(Duration::from_secs(3));
-        assert!(clock.host_time_exceeded(deadline), "12.9 s: past four longest calls");
+        assert!(
+            clock.host_time_exceeded(deadline),
+            "12.9 s: past four longest calls"
+        );
         clock.restart();
-        assert!(!clock.host_time_exceeded(deadline), "each guest call starts afresh");
+        assert!(
+            !clock.host_time_exceeded(deadline),
+            "each guest call starts afresh"
+        );
         assert_eq!(clock.host_time_cap(deadline), Duration::from_secs(1));
     }
 

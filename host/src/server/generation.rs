@@ -120,7 +120,11 @@ impl Plan {
             // Plain decoding has no rounds to choose a draft length for.
             Some(spec) if !sources.is_empty() => {
                 let names = sources.iter().map(|s| s.plugin.name().to_owned()).collect();
-                Some(state.registry.check_policy(&snapshot, &spec, names, draft_max)?)
+                Some(
+                    state
+                        .registry
+                        .check_policy(&snapshot, &spec, names, draft_max)?,
+                )
             }
             _ => None,
         };

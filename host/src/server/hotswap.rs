@@ -28,7 +28,9 @@ use serde::Serialize;
 
 use crate::cascade::{DraftSource, Feedback, ModelFacts, PolicySetup, SourceFault, Token};
 use crate::config::{CascadeMode, SourceSpec, parse_policy};
-use crate::plugins::{BUILTIN_POLICIES, BUILTINS, LoadError, LoadedPlugin, LoadedPolicy, PluginHost};
+use crate::plugins::{
+    BUILTIN_POLICIES, BUILTINS, LoadError, LoadedPlugin, LoadedPolicy, PluginHost,
+};
 
 /// Rounds of propose → feedback → feed in a smoke test. The `panic` test plugin fails on its
 /// third `propose`, so at least three.
@@ -409,7 +411,10 @@ pub fn load_startup_policies(
         }
     }
     for name in BUILTIN_POLICIES {
-        if loaded.iter().any(|policy: &LoadedPolicy| policy.name() == *name) {
+        if loaded
+            .iter()
+            .any(|policy: &LoadedPolicy| policy.name() == *name)
+        {
             continue;
         }
         match host.load_policy(&SourceSpec::Builtin((*name).to_owned())) {

@@ -116,9 +116,8 @@ impl SourcePool {
         self.report(metrics);
         self.entries
             .retain(|key, entry| snapshot.is_current(key) && !entry.reported.quarantined);
-        self.policies.retain(|key, entry| {
-            snapshot.is_current_policy(key) && !entry.reported.quarantined
-        });
+        self.policies
+            .retain(|key, entry| snapshot.is_current_policy(key) && !entry.reported.quarantined);
     }
 
     /// Adds the faults, restarts and quarantines of every instance since the last report to

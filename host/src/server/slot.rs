@@ -107,16 +107,13 @@ impl Slot<'_> {
             return request;
         }
         let curve = &mut self.verify_costs;
-        if curve.draft_max.is_none_or(|measured| measured < request.draft_max) {
-            let started = Instant::now();
+        if curve
+            .draft_max
+            .is_none_or(|measured| measured < request.draft_max)
+        {
+            // Logs the curve and how long measuring it took.
             match measure_verify_costs(&mut self.session, &request.prompt, request.draft_max) {
                 Ok(costs) => {
-                    tracing::info!(
-                        slot = self.index,
-                        batches = costs.len(),
-                        ms = started.elapsed().as_millis() as u64,
-                        "measured the verify cost curve for policies"
-                    );
                     curve.costs = costs;
                     curve.draft_max = Some(request.draft_max);
                 }

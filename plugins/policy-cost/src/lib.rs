@@ -682,8 +682,13 @@ mod tests {
         let mut smaller = cost("", setup_with_slope(4, 0.1));
         assert_eq!(smaller.decide(), Decision::draft(4));
         drop(smaller);
-        let mut fresh = cost("carry=false", setup_with_slope(CAP, 0.1));
-        assert_eq!(fresh.decide(), Decision::draft(1), "carry=false starts from the prior");
+        // As in `starts_cautious_at_one_token`, which has nothing to carry.
+        let mut fresh = cost("carry=false", setup_with_slope(CAP, 0.3));
+        assert_eq!(
+            fresh.decide(),
+            Decision::draft(1),
+            "carry=false starts from the prior"
+        );
     }
 
     #[test]
