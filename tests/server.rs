@@ -1210,7 +1210,10 @@ fn hostile_plan(prompts: usize) -> Vec<Planned> {
 fn run_planned(base: &str, prompt: &str, planned: &Planned) -> (String, Value) {
     let body = chat_body(prompt, 48, json!({"speculative": planned.speculative}));
     if planned.hostile.is_none() {
-        let whole = answer(send(agent().post(format!("{base}/v1/chat/completions")), &body));
+        let whole = answer(send(
+            agent().post(format!("{base}/v1/chat/completions")),
+            &body,
+        ));
         return (chat_text(&whole), whole.body["speculative"].clone());
     }
     let streamed = stream_at(base, "/v1/chat/completions", &body, |_| {});
@@ -1295,12 +1298,19 @@ fn hostile_plugins_of_some_requests_change_no_output_and_are_counted() {
     for stem in HOSTILE_DRAFTERS.iter().chain([&HOSTILE_POLICY]) {
         for family in ["plugin_faults_total", "plugin_quarantines_total"] {
             let name = format!("spechost_{family}{{plugin=\"{stem}\"}}");
-            assert!(sample(&page, &name) >= 1.0, "`{name}` missing or 0 in:\n{page}");
+            assert!(
+                sample(&page, &name) >= 1.0,
+                "`{name}` missing or 0 in:\n{page}"
+            );
         }
     }
     for stem in ["lookup", "suffix"] {
         let name = format!("spechost_plugin_faults_total{{plugin=\"{stem}\"}}");
-        assert_eq!(sample(&page, &name), 0.0, "a well-behaved plugin faulted:\n{page}");
+        assert_eq!(
+            sample(&page, &name),
+            0.0,
+            "a well-behaved plugin faulted:\n{page}"
+        );
     }
     let completed = "spechost_requests_total{endpoint=\"chat_completions\",outcome=\"completed\"}";
     assert_eq!(
@@ -1344,17 +1354,34 @@ fn plugins_named_over_the_api_resolve_only_inside_the_plugin_directories() {
     let escape = plugins.join("escape.wasm").display().to_string();
     let stray_policy = format!("{},k=2", outside.join("stray_policy.wasm").display());
     for (body, needle) in [
-        (json!({"cascade": outside_file}), "outside the plugin directories"),
-        (json!({"cascade": "../outside/outside.wasm"}), "contains `..`"),
+        (
+            json!({"cascade": outside_file}),
+            "outside the plugin directories",
+        ),
+        (
+            json!({"cascade": "../outside/outside.wasm"}),
+            "contains `..`",
+        ),
         (json!({"cascade": climbing}), "contains `..`"),
-        (json!({"cascade": "escape.wasm"}), "outside the plugin directories"),
-        (json!({"cascade": format!("lookup,{escape}")}), "a symlink pointing out is refused"),
+        (
+            json!({"cascade": "escape.wasm"}),
+            "outside the plugin directories",
+        ),
+        (
+            json!({"cascade": format!("lookup,{escape}")}),
+            "a symlink pointing out is refused",
+        ),
         (json!({"cascade": "missing.wasm"}), "no file `missing.wasm`"),
-        (json!({"policy": stray_policy}), "outside the plugin directories"),
+        (
+            json!({"policy": stray_policy}),
+            "outside the plugin directories",
+        ),
     ] {
         let refused = admin_put(&server, "/admin/cascade", &body);
         assert_eq!(refused.status, 400, "{body}: {}", refused.body);
-        let message = refused.body["error"]["message"].as_str().unwrap_or_default();
+        let message = refused.body["error"]["message"]
+            .as_str()
+            .unwrap_or_default();
         assert!(
             message.contains(needle) && message.contains("--plugin-dir"),
             "{body}: `{needle}` or the fix not in {message}"
@@ -1364,7 +1391,13 @@ fn plugins_named_over_the_api_resolve_only_inside_the_plugin_directories() {
     let loaded = |key: &str| -> Vec<String> {
         shown.body[key]
             .as_array()
-            .map(|items| items.iter().filter_map(|p| p["name"].as_str()).map(str::to_owned).collect())
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|p| p["name"].as_str())
+                    .map(str::to_owned)
+                    .collect()
+            })
             .unwrap_or_default()
     };
     for name in ["outside", "escape", "stray_policy"] {
@@ -1375,15 +1408,25 @@ fn plugins_named_over_the_api_resolve_only_inside_the_plugin_directories() {
             shown.body
         );
     }
-    assert_eq!(shown.body["generation"], 0, "a refused update was published");
     assert_eq!(
-        sample(&metrics(&server), "spechost_plugin_reloads_total{outcome=\"rejected\"}"),
+        shown.body["generation"], 0,
+        "a refused update was published"
+    );
+    assert_eq!(
+        sample(
+            &metrics(&server),
+            "spechost_plugin_reloads_total{outcome=\"rejected\"}"
+        ),
         7.0,
         "every refused update is counted"
     );
 
     // The same file, by its path inside the plugin directory or absolute, is taken.
-    let inside = admin_put(&server, "/admin/cascade", &json!({"cascade": "inside.wasm"}));
+    let inside = admin_put(
+        &server,
+        "/admin/cascade",
+        &json!({"cascade": "inside.wasm"}),
+    );
     assert_eq!(inside.status, 200, "{}", inside.body);
     assert_eq!(inside.body["defaults"]["cascade"], json!(["inside"]));
     let absolute = format!("lookup,{}", plugins.join("inside.wasm").display());
@@ -1631,12 +1674,18 @@ fn check_fuzz_answer(
     let body: Value = serde_json::from_str(&text)
         .map_err(|e| TestCaseError::fail(format!("status {status}: not JSON ({e}): {text}")))?;
     if status == 200 {
-        prop_assert!(body["choices"][0].is_object(), "200 without a choice: {}", body);
+        prop_assert!(
+            body["choices"][0].is_object(),
+            "200 without a choice: {}",
+            body
+        );
         return Ok(());
     }
     prop_assert!((400..500).contains(&status), "status {}: {}", status, body);
     prop_assert!(
-        body["error"]["message"].as_str().is_some_and(|m| !m.is_empty())
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
             && body["error"]["type"].is_string(),
         "status {}: not an OpenAI error: {}",
         status,
@@ -1719,7 +1768,9 @@ fn overload_is_refused_with_429_without_growing_memory_and_outputs_stay_right() 
         .arg("--json")
         .arg(&report)
         .output()
-        .unwrap_or_else(|e| panic!("`{python}` does not start ({e}); set SPECHOST_PYTHON to a Python 3"));
+        .unwrap_or_else(|e| {
+            panic!("`{python}` does not start ({e}); set SPECHOST_PYTHON to a Python 3")
+        });
     assert!(
         output.status.success(),
         "{} failed:\nstdout: {}\nstderr: {}\nserver log:\n{}",
@@ -1732,7 +1783,10 @@ fn overload_is_refused_with_429_without_growing_memory_and_outputs_stay_right() 
     let result: Value = serde_json::from_str(&text).expect("overload.py JSON");
     let count = |key: &str| result["status_counts"][key].as_u64().unwrap_or(0);
     assert!(count("429") >= 1, "4x capacity got no 429: {result}");
-    assert!(count("200") >= 1, "nothing completed under overload: {result}");
+    assert!(
+        count("200") >= 1,
+        "nothing completed under overload: {result}"
+    );
     for key in ["503", "other", "error"] {
         assert_eq!(count(key), 0, "`{key}` answers under overload: {result}");
     }
@@ -1788,7 +1842,10 @@ fn kill_while_saving(server: &mut Server, dir: &Path, delay: Option<Duration>) -
     let sent = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();
-    assert!(sent.is_ok_and(|status| status.success()), "kill -TERM {pid}");
+    assert!(
+        sent.is_ok_and(|status| status.success()),
+        "kill -TERM {pid}"
+    );
     let moment = match delay {
         Some(delay) => {
             std::thread::sleep(delay);
@@ -1803,7 +1860,10 @@ fn kill_while_saving(server: &mut Server, dir: &Path, delay: Option<Duration>) -
                 if state_temporaries(dir).iter().any(|(_, p)| *p == pid) {
                     break StateKill::DuringWrite;
                 }
-                assert!(started.elapsed() < PATIENCE, "the server never saved its state");
+                assert!(
+                    started.elapsed() < PATIENCE,
+                    "the server never saved its state"
+                );
                 std::thread::sleep(STATE_POLL);
             }
         }
@@ -1845,8 +1905,14 @@ fn check_suffix_answer(server: &Server, prompt: &str, plain: &str) {
         server.log().contains("suffix: loaded")
     });
     let log = server.log();
-    for warning in ["ignoring the saved response cache", "the plugin starts empty"] {
-        assert!(!log.contains(warning), "the saved state was not used: {log}");
+    for warning in [
+        "ignoring the saved response cache",
+        "the plugin starts empty",
+    ] {
+        assert!(
+            !log.contains(warning),
+            "the saved state was not used: {log}"
+        );
     }
 }
 
@@ -1878,8 +1944,15 @@ fn serve_state_killed_while_saving_is_the_old_or_the_new_version_never_corrupt()
             ))
         })
         .collect();
-    let suffix_body = chat_body(&prompts[0], 48, json!({"speculative": {"cascade": "suffix"}}));
-    assert_eq!(chat_text(&post(&first, "/v1/chat/completions", &suffix_body)), plain[0]);
+    let suffix_body = chat_body(
+        &prompts[0],
+        48,
+        json!({"speculative": {"cascade": "suffix"}}),
+    );
+    assert_eq!(
+        chat_text(&post(&first, "/v1/chat/completions", &suffix_body)),
+        plain[0]
+    );
     first.terminate();
     assert!(state_file.exists(), "no state saved on SIGTERM");
 
@@ -1891,8 +1964,15 @@ fn serve_state_killed_while_saving_is_the_old_or_the_new_version_never_corrupt()
         check_suffix_answer(&server, &prompts[prompt], &plain[prompt]);
         // One more response in the cache, so that the shutdown writes a new version.
         let next = (prompt + 1) % prompts.len();
-        let body = chat_body(&prompts[next], 48, json!({"speculative": {"cascade": "suffix"}}));
-        assert_eq!(chat_text(&post(&server, "/v1/chat/completions", &body)), plain[next]);
+        let body = chat_body(
+            &prompts[next],
+            48,
+            json!({"speculative": {"cascade": "suffix"}}),
+        );
+        assert_eq!(
+            chat_text(&post(&server, "/v1/chat/completions", &body)),
+            plain[next]
+        );
         let delay = (kill % 2 == 0).then(|| Duration::from_millis(u64::from(kill) * 2));
         let moment = kill_while_saving(&mut server, &state_dir, delay);
         let after = std::fs::read(&state_file).expect("the state file survives the kill");

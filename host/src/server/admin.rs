@@ -171,7 +171,11 @@ pub async fn update(
         .map_err(|error| refused(&state, error))?;
     let policy = body
         .policy
-        .map(|policy| policy.map(|spec| state.plugin_dirs.confine_policy(spec)).transpose())
+        .map(|policy| {
+            policy
+                .map(|spec| state.plugin_dirs.confine_policy(spec))
+                .transpose()
+        })
         .transpose()
         .map_err(|e| refused(&state, ApiError::invalid_param("policy", e.to_string())))?;
     let update = DefaultsUpdate {
@@ -196,7 +200,10 @@ fn confined_cascade(dirs: &PluginDirs, spec: &str) -> Result<Vec<SourceSpec>, Ap
     parse_cascade(spec)
         .map_err(|e| invalid(e.to_string()))?
         .into_iter()
-        .map(|entry| dirs.confine_source(entry).map_err(|e| invalid(e.to_string())))
+        .map(|entry| {
+            dirs.confine_source(entry)
+                .map_err(|e| invalid(e.to_string()))
+        })
         .collect()
 }
 

@@ -243,10 +243,13 @@ mod tests {
             );
         }
         for symlink in [PathBuf::from("escape.wasm"), escape] {
-            let refused = dirs.confine(&symlink).expect_err("a symlink out is refused");
+            let refused = dirs
+                .confine(&symlink)
+                .expect_err("a symlink out is refused");
             let message = refused.to_string();
             assert!(
-                message.contains("outside the plugin directories") && message.contains("--plugin-dir"),
+                message.contains("outside the plugin directories")
+                    && message.contains("--plugin-dir"),
                 "{symlink:?}: {message}"
             );
         }
