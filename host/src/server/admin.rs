@@ -4,7 +4,9 @@
 //! - `GET /admin/cascade`: the published defaults and every loaded plugin (path, sha256,
 //!   config);
 //! - `PUT /admin/cascade`: new defaults (`cascade`, `draft_max`, `mode`, `policy`) and plugin
-//!   configs; new `.wasm` paths in `cascade` are loaded;
+//!   configs; new `.wasm` paths in `cascade` and `policy` are loaded, from the plugin
+//!   directories only (`plugin_dirs.rs`: relative to them, no `..`, no symlink out; 400
+//!   otherwise);
 //! - `POST /admin/plugins/reload`: loads plugins again from their files (`{"plugins": [...]}`,
 //!   or all).
 //!
@@ -26,8 +28,9 @@ use super::hotswap::{
     DefaultsUpdate, PluginInfo, PolicyInfo, ReloadReport, Snapshot, Speculation, UpdateError,
 };
 use super::metrics::ReloadOutcome;
+use super::plugin_dirs::PluginDirs;
 use super::state::AppState;
-use crate::config::{CascadeMode, parse_cascade};
+use crate::config::{CascadeMode, SourceSpec, parse_cascade};
 
 /// Proof that a request carries the admin token. Extracting it fails with 401 otherwise.
 #[derive(Debug, Clone, Copy)]
@@ -120,13 +123,15 @@ impl PluginConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CascadeUpdateBody {
-    /// New default cascade, as `--cascade` (names or `.wasm` paths, or `none`).
+    /// New default cascade, as `--cascade` (names, or `.wasm` paths inside the plugin
+    /// directories, or `none`).
     pub cascade: Option<String>,
     /// New default draft length.
     pub draft_max: Option<usize>,
     /// New default cascade mode.
     pub mode: Option<CascadeMode>,
-    /// New default policy; `null` removes it.
+    /// New default policy (a name, or a `.wasm` path inside the plugin directories, then
+    /// settings); `null` removes it.
     #[serde(default, deserialize_with = "present")]
     pub policy: Option<Option<String>>,
     /// New plugin configs, by plugin name.
@@ -161,14 +166,23 @@ pub async fn update(
     let cascade = body
         .cascade
         .as_deref()
-        .map(parse_cascade)
+        .map(|spec| confined_cascade(&state.plugin_dirs, spec))
         .transpose()
-        .map_err(|e| ApiError::invalid_param("cascade", e.to_string()))?;
+        .map_err(|error| refused(&state, error))?;
+    let policy = body
+        .policy
+        .map(|policy| {
+            policy
+                .map(|spec| state.plugin_dirs.confine_policy(spec))
+                .transpose()
+        })
+        .transpose()
+        .map_err(|e| refused(&state, ApiError::invalid_param("policy", e.to_string())))?;
     let update = DefaultsUpdate {
         cascade,
         draft_max: body.draft_max,
         mode: body.mode,
-        policy: body.policy,
+        policy,
         plugin_configs: body
             .plugin_configs
             .into_iter()
@@ -178,6 +192,26 @@ pub async fn update(
     let registry = std::sync::Arc::clone(&state.registry);
     let result = run_update(&state, move || registry.update_defaults(update)).await?;
     Ok(Json(RegistryView::from(&*result)))
+}
+
+/// The entries of a `cascade` given over the API, each path confined to the plugin directories.
+fn confined_cascade(dirs: &PluginDirs, spec: &str) -> Result<Vec<SourceSpec>, ApiError> {
+    let invalid = |message: String| ApiError::invalid_param("cascade", message);
+    parse_cascade(spec)
+        .map_err(|e| invalid(e.to_string()))?
+        .into_iter()
+        .map(|entry| {
+            dirs.confine_source(entry)
+                .map_err(|e| invalid(e.to_string()))
+        })
+        .collect()
+}
+
+/// Logs and counts an update refused before it reached the registry, and passes it on.
+fn refused(state: &AppState, error: ApiError) -> ApiError {
+    tracing::warn!(message = error.message(), "plugin update refused");
+    state.metrics.reload(ReloadOutcome::Rejected);
+    error
 }
 
 /// `POST /admin/plugins/reload`.

@@ -57,6 +57,7 @@ mod generation;
 mod hotswap;
 mod metrics;
 mod models;
+mod plugin_dirs;
 mod pool;
 mod router;
 mod scheduler;

@@ -17,6 +17,7 @@ use anyhow::Context as _;
 
 use super::hotswap::{Registry, Speculation, load_startup_plugins, load_startup_policies};
 use super::metrics::Metrics;
+use super::plugin_dirs::PluginDirs;
 use super::pool::SourcePool;
 use super::router::router;
 use super::scheduler::Queue;
@@ -100,6 +101,7 @@ pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
         registry: Arc::clone(&registry),
         metrics: Arc::clone(&metrics),
         admin_token: config.admin_token.clone(),
+        plugin_dirs: PluginDirs::new(config.plugin_dirs.iter().chain(&config.watch).cloned()),
     });
 
     std::thread::scope(|scope| {

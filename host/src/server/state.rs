@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::hotswap::Registry;
 use super::metrics::Metrics;
+use super::plugin_dirs::PluginDirs;
 use super::scheduler::Queue;
 use crate::engine::{SamplingParams, Target};
 
@@ -40,6 +41,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// Bearer token of the admin endpoints; `None` turns them off.
     pub admin_token: Option<String>,
+    /// Where plugin files named over the admin API must be.
+    pub plugin_dirs: PluginDirs,
 }
 
 struct Inner {
