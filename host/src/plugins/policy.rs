@@ -164,7 +164,7 @@ impl PluginPolicy {
             Ok(Ok(session)) => session,
             Ok(Err(message)) => {
                 return Err(OpenFailure::Rejected(format!(
-                    "rejected its configuration {:?}: {}; fix the `--policy {},key=value` settings",
+                    "rejected its configuration {:?}: {}; fix the settings after `{},` (in `--policy`, the config file's `policy`, or a request's `speculative.policy`)",
                     self.config,
                     sanitize(&message, MAX_GUEST_ERROR_CHARS),
                     self.name
