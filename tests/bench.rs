@@ -5,37 +5,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-use spechost::config::cache_dir;
-use spechost::models::DefaultModel;
-
-fn spechost(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_spechost"))
-        .args(args)
-        .output()
-        .expect("spechost runs")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("spechost-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir.join(name)
-}
-
-fn s(path: &Path) -> &str {
-    path.to_str().expect("utf-8 path")
-}
-
-fn smollm2() -> PathBuf {
-    let path = DefaultModel::SmolLm2.path(&cache_dir());
-    assert!(
-        path.exists(),
-        "SmolLM2-135M is missing at {}; fetch it with `spechost models fetch smollm2`",
-        path.display()
-    );
-    path
-}
 
 /// Two requests, one of each format: repetitive text, so `lookup` finds drafts to verify.
 const WORKLOAD: &str = concat!(
@@ -48,16 +17,16 @@ const WORKLOAD: &str = concat!(
 #[test]
 fn bench_writes_every_result_and_outputs_match_plain_decoding() {
     let _guard = common::exclusive();
-    let model = smollm2();
+    let model = common::smollm2_path();
     let workload = scratch("tiny.jsonl");
     std::fs::write(&workload, WORKLOAD).expect("write workload");
     let out_dir = scratch("results");
-    let out = spechost(&[
+    let out = common::spechost(&[
         "bench",
         "--model",
-        s(&model),
+        common::arg(&model),
         "--workload",
-        s(&workload),
+        common::arg(&workload),
         "--cascade",
         "lookup",
         "--draft-max",
@@ -75,7 +44,7 @@ fn bench_writes_every_result_and_outputs_match_plain_decoding() {
         "--cost-repeat",
         "1",
         "--out",
-        s(&out_dir),
+        common::arg(&out_dir),
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -139,12 +108,12 @@ fn bench_writes_every_result_and_outputs_match_plain_decoding() {
 fn bad_workload_line_is_an_error_naming_file_and_line() {
     let workload = scratch("bad.jsonl");
     std::fs::write(&workload, "{\"prompt\": \"ok\"}\n{\"messages\": \"hi\"}\n").expect("write");
-    let out = spechost(&[
+    let out = common::spechost(&[
         "bench",
         "--model",
         "/nonexistent/m.gguf",
         "--workload",
-        s(&workload),
+        common::arg(&workload),
         "--cascade",
         "lookup",
     ]);
@@ -165,7 +134,7 @@ fn bad_workload_line_is_an_error_naming_file_and_line() {
 fn the_full_cascade_matches_plain_decoding_on_every_sample_workload() {
     let _guard = common::exclusive();
     // By its name below, so that `--draft-model auto` finds its default draft.
-    smollm2();
+    common::smollm2_path();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("examples/workloads/")
@@ -185,7 +154,7 @@ fn the_full_cascade_matches_plain_decoding_on_every_sample_workload() {
         let name = file.file_name().expect("a file name");
         let subset = scratch(&name.to_string_lossy());
         std::fs::write(&subset, head).expect("write the subset");
-        args.extend(["--workload".to_owned(), s(&subset).to_owned()]);
+        args.extend(["--workload".to_owned(), common::arg(&subset).to_owned()]);
     }
     args.extend(
         [
@@ -206,7 +175,7 @@ fn the_full_cascade_matches_plain_decoding_on_every_sample_workload() {
         ]
         .map(str::to_owned),
     );
-    let out = spechost(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = common::spechost(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed:\n{stdout}\n{stderr}");
@@ -215,4 +184,8 @@ fn the_full_cascade_matches_plain_decoding_on_every_sample_workload() {
         2 * files.len(),
         "both modes on every workload matched plain decoding:\n{stdout}"
     );
+}
+
+fn scratch(name: &str) -> PathBuf {
+    common::scratch_file("bench", name)
 }

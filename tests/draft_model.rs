@@ -6,7 +6,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::Arc;
 
 use common::*;
@@ -332,32 +331,6 @@ fn the_draft_plugin_over_the_default_draft_keeps_greedy_output_identical() {
 
 /// Tokens generated per request in the end-to-end test.
 const MAX_TOKENS: usize = 48;
-
-/// Runs the `spechost` binary.
-fn spechost(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_spechost"))
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("spechost runs")
-}
-
-/// Asserts a clean failure whose `error:` line contains every one of `needles`.
-fn assert_fails_with(output: &Output, needles: &[&str]) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        !output.status.success(),
-        "expected failure, stderr: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
-    let error = stderr
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or_else(|| panic!("no `error:` line in: {stderr}"));
-    for needle in needles {
-        assert!(error.contains(needle), "`{needle}` not in: {error}");
-    }
-}
 
 #[test]
 fn cli_missing_draft_model_names_the_flag() {

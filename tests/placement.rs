@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use spechost::cascade::Cascade;
 use spechost::engine::{Request, SamplingParams, SessionParams};
@@ -18,36 +18,12 @@ use spechost::placement::{
     thread_cpus,
 };
 
-fn spechost(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_spechost"))
-        .args(args)
-        .output()
-        .expect("spechost runs")
-}
-
 /// The JSON report of a successful `spechost run --json` (its last stderr line).
 fn run_report(output: &Output) -> serde_json::Value {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "spechost run failed: {stderr}");
     serde_json::from_str(stderr.lines().last().unwrap_or_default())
         .unwrap_or_else(|e| panic!("last stderr line is the JSON report ({e}): {stderr}"))
-}
-
-/// Asserts a clean failure whose `error:` line contains every one of `needles`.
-fn assert_fails_with(output: &Output, needles: &[&str]) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        !output.status.success(),
-        "expected failure, stderr: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
-    let error = stderr
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or_else(|| panic!("no `error:` line in: {stderr}"));
-    for needle in needles {
-        assert!(error.contains(needle), "`{needle}` not in: {error}");
-    }
 }
 
 fn tids(threads: &[ThreadCpus]) -> BTreeSet<u32> {
@@ -157,7 +133,7 @@ fn run_reports_its_threads_on_the_requested_cpus() {
     let topology = Topology::read_host().expect("sysfs");
     let compute = CpuList::from_cpus(topology.allowed.first());
     let model = DefaultModel::SmolLm2.path(&spechost::config::cache_dir());
-    let output = spechost(&[
+    let output = common::spechost(&[
         "run",
         "--model",
         model.to_str().expect("utf-8 path"),
@@ -196,7 +172,7 @@ fn run_puts_the_draft_model_on_the_draft_cpus() {
     // The first CPU computes the target, the last the draft model (the same on one CPU).
     let compute = CpuList::from_cpus(topology.allowed.first());
     let draft = CpuList::from_cpus(topology.allowed.iter().last());
-    let output = spechost(&[
+    let output = common::spechost(&[
         "run",
         "--model",
         "smollm2",
@@ -255,25 +231,25 @@ fn bad_cpu_lists_are_errors_naming_the_fix() {
             let mut args = vec![command];
             args.extend_from_slice(flags);
             args.extend_from_slice(prompt);
-            spechost(&args)
+            common::spechost(&args)
         };
-        assert_fails_with(
+        common::assert_fails_with(
             &with(&["--cpus", &absent]),
             &[&format!("--cpus {absent}"), "do not exist", &online],
         );
-        assert_fails_with(
+        common::assert_fails_with(
             &with(&["--cpus", ""]),
             &["--cpus", "it is empty", "0-47,96-143"],
         );
-        assert_fails_with(
+        common::assert_fails_with(
             &with(&["--threads", "4", "--cpus", &first]),
             &["--threads 4", "give --threads 1 or fewer"],
         );
-        assert_fails_with(
+        common::assert_fails_with(
             &with(&["--draft-cpus", &absent]),
             &["--draft-cpus", "do not exist"],
         );
-        assert_fails_with(
+        common::assert_fails_with(
             &with(&["--cpus", &first, "--numa", "distribute"]),
             &["--numa distribute", "--numa numactl"],
         );
@@ -283,7 +259,7 @@ fn bad_cpu_lists_are_errors_naming_the_fix() {
 #[test]
 fn info_json_plans_one_thread_per_physical_core() {
     let topology = Topology::read_host().expect("sysfs");
-    let output = spechost(&["info", "--json"]);
+    let output = common::spechost(&["info", "--json"]);
     assert!(
         output.status.success(),
         "{}",
@@ -302,7 +278,7 @@ fn info_json_plans_one_thread_per_physical_core() {
             .is_some_and(|d| d.iter().any(|d| d["backend"] == "CPU")),
         "{json}"
     );
-    let text = spechost(&["info"]);
+    let text = common::spechost(&["info"]);
     let text = String::from_utf8_lossy(&text.stdout);
     for needle in [
         "sockets",

@@ -9,25 +9,16 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 use spechost::bench::trace::Trace;
 use spechost::cascade::Cascade;
-use spechost::config::cache_dir;
 use spechost::engine::{Request, SamplingParams, SessionParams};
 use spechost::models::DefaultModel;
 
-fn spechost(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_spechost"))
-        .args(args)
-        .output()
-        .expect("spechost runs")
-}
-
 /// Runs spechost and returns its stdout, failing with both streams when it fails.
 fn spechost_ok(args: &[&str]) -> String {
-    let out = spechost(args);
+    let out = common::spechost(args);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -35,26 +26,6 @@ fn spechost_ok(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("spechost-simulate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir.join(name)
-}
-
-fn s(path: &Path) -> &str {
-    path.to_str().expect("utf-8 path")
-}
-
-fn smollm2() -> PathBuf {
-    let path = DefaultModel::SmolLm2.path(&cache_dir());
-    assert!(
-        path.exists(),
-        "SmolLM2-135M is missing at {}; fetch it with `spechost models fetch smollm2`",
-        path.display()
-    );
-    path
 }
 
 fn read_json(path: &Path) -> Value {
@@ -87,23 +58,29 @@ fn configuration<'v>(results: &'v Value, label: &str) -> &'v Value {
 #[test]
 fn simulation_of_a_trace_counts_what_a_real_greedy_run_counts() {
     let _guard = common::exclusive();
-    let model = smollm2();
+    let model = common::smollm2_path();
     let workload = scratch("copy.jsonl");
     std::fs::write(&workload, WORKLOAD).expect("write workload");
     let trace = scratch("copy-trace.jsonl");
     let bench_out = scratch("bench");
     let simulate_out = scratch("simulate");
-    let target = ["--model", s(&model), "--ctx-size", "1024"];
+    let target = ["--model", common::arg(&model), "--ctx-size", "1024"];
 
     // The verify cost curves are kept short and measured once: only their shape is checked.
-    let mut args = vec!["trace", "--workload", s(&workload), "--out", s(&trace)];
+    let mut args = vec![
+        "trace",
+        "--workload",
+        common::arg(&workload),
+        "--out",
+        common::arg(&trace),
+    ];
     args.extend(target);
     args.extend(["--cost-max-tokens", "9", "--cost-repeat", "1"]);
     spechost_ok(&args);
     let mut args = vec![
         "bench",
         "--workload",
-        s(&workload),
+        common::arg(&workload),
         "--cascade",
         "lookup",
         "--draft-max",
@@ -117,20 +94,20 @@ fn simulation_of_a_trace_counts_what_a_real_greedy_run_counts() {
         "--cost-repeat",
         "1",
         "--out",
-        s(&bench_out),
+        common::arg(&bench_out),
     ];
     args.extend(target);
     spechost_ok(&args);
     let table = spechost_ok(&[
         "simulate",
         "--trace",
-        s(&trace),
+        common::arg(&trace),
         "--cascade",
         "lookup",
         "--draft-max",
         "8",
         "--out",
-        s(&simulate_out),
+        common::arg(&simulate_out),
     ]);
     assert!(table.contains("| copy | lookup K=8 |"), "table:\n{table}");
 
@@ -196,20 +173,20 @@ fn simulation_of_a_trace_counts_what_a_real_greedy_run_counts() {
 #[test]
 fn prompts_are_the_exact_text_the_target_tokenizes() {
     let _guard = common::exclusive();
-    let model = smollm2();
+    let model = common::smollm2_path();
     let workload = scratch("prompts.jsonl");
     std::fs::write(&workload, WORKLOAD).expect("write workload");
     let out = scratch("prompts");
     spechost_ok(&[
         "prompts",
         "--model",
-        s(&model),
+        common::arg(&model),
         "--workload",
-        s(&workload),
+        common::arg(&workload),
         "--max-tokens",
         "36",
         "--out",
-        s(&out),
+        common::arg(&out),
     ]);
     let index = std::fs::read_to_string(out.join("index.jsonl")).expect("index.jsonl");
     let entries: Vec<Value> = index
@@ -311,4 +288,8 @@ fn verify_costs_cover_every_batch_size_and_refuse_what_cannot_run() {
         .generate(&request, &mut Cascade::empty(), &mut |_| {})
         .expect("generation after measuring");
     assert!(!outcome.tokens.is_empty(), "{outcome:?}");
+}
+
+fn scratch(name: &str) -> PathBuf {
+    common::scratch_file("simulate", name)
 }

@@ -2,7 +2,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this module
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 
 use spechost::cascade::{Cascade, CascadeSettings, DraftSource};
@@ -144,4 +145,53 @@ pub fn first_difference(a: &[u32], b: &[u32]) -> Option<usize> {
         .zip(b)
         .position(|(x, y)| x != y)
         .or_else(|| (a.len() != b.len()).then(|| a.len().min(b.len())))
+}
+
+/// Runs the `spechost` binary with `args` and no stdin.
+pub fn spechost(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_spechost"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spechost runs")
+}
+
+/// Asserts a clean failure whose `error:` line contains every one of `needles`.
+pub fn assert_fails_with(output: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "expected failure, stderr: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no `error:` line in: {stderr}"));
+    for needle in needles {
+        assert!(error.contains(needle), "`{needle}` not in: {error}");
+    }
+}
+
+/// The path of SmolLM2-135M, which must have been fetched.
+pub fn smollm2_path() -> PathBuf {
+    let path = DefaultModel::SmolLm2.path(&cache_dir());
+    assert!(
+        path.exists(),
+        "SmolLM2-135M is missing at {}; fetch it with `spechost models fetch smollm2`",
+        path.display()
+    );
+    path
+}
+
+/// `name` in a scratch directory of this test binary (`group` tells binaries apart).
+pub fn scratch_file(group: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("spechost-{group}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir.join(name)
+}
+
+/// `path` as a command-line argument.
+pub fn arg(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
 }
