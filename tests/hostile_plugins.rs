@@ -375,9 +375,9 @@ mod without_a_model {
         let message = err.to_string();
         for needle in [
             "hostile_old_wit",
-            "spechost:drafter/drafter-api@0.2.0",
+            "spechost:drafter/drafter-api@0.3.0",
             "spechost:drafter/drafter-api@0.1.0",
-            "rebuild it against spechost-sdk 0.2",
+            "rebuild it against spechost-sdk 0.3",
         ] {
             assert!(message.contains(needle), "`{needle}` not in: {message}");
         }

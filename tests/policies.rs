@@ -4,9 +4,14 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::*;
-use spechost::cascade::{Cascade, CascadeMode, CascadeSettings};
+use spechost::cascade::{
+    Cascade, CascadeMode, CascadeSettings, DraftModel, DraftModelFactory, DraftedToken, Token,
+};
 use spechost::config::{SourceSpec, parse_policy};
 use spechost::engine::{SamplingParams, Target};
 use spechost::models::DefaultModel;
@@ -16,16 +21,23 @@ use spechost::run::build_cascade;
 const MAX_TOKENS: usize = 64;
 const DRAFT_MAX: usize = 16;
 
-/// `lookup,suffix` with `policy` (a `--policy` spec) in `mode`.
-fn cascade_with(host: &PluginHost, target: &Target, policy: &str, mode: CascadeMode) -> Cascade {
-    let plugins = ["lookup", "suffix"]
-        .map(|name| {
+/// The built-in drafters `sources` with `policy` (a `--policy` spec) in `mode`.
+fn cascade_with(
+    host: &PluginHost,
+    target: &Target,
+    sources: &[&str],
+    policy: &str,
+    mode: CascadeMode,
+) -> Cascade {
+    let plugins: Vec<_> = sources
+        .iter()
+        .map(|&name| {
             host.load(&SourceSpec::Builtin(name.into()))
                 .unwrap_or_else(|e| {
                     panic!("{e:#}; build the plugins with scripts/build-plugins.sh")
                 })
         })
-        .to_vec();
+        .collect();
     let spec = parse_policy(policy).expect("valid policy spec");
     let loaded = host
         .load_policy(&spec.plugin)
@@ -67,7 +79,7 @@ fn every_policy_in_both_modes_is_token_identical_to_plain() {
         .collect();
     for policy in BUILTIN_POLICIES {
         for mode in [CascadeMode::First, CascadeMode::Scored] {
-            let mut cascade = cascade_with(&host, &target, policy, mode);
+            let mut cascade = cascade_with(&host, &target, &["lookup", "suffix"], policy, mode);
             let mut accepted = 0;
             for (fixture, plain) in fixtures.iter().zip(&plain) {
                 let spec = generate(
@@ -104,7 +116,8 @@ fn fixed_policy_bounds_every_draft() {
     let host = plugin_host();
     let fixture = &fixtures()[0];
     for k in [0, 2] {
-        let mut cascade = cascade_with(&host, &target, &format!("fixed,k={k}"), CascadeMode::First);
+        let policy = format!("fixed,k={k}");
+        let mut cascade = cascade_with(&host, &target, &["lookup"], &policy, CascadeMode::First);
         let outcome = generate(
             &target,
             &fixture.user_message,
@@ -162,5 +175,181 @@ fn a_drafter_in_the_policy_slot_is_refused_with_the_fix() {
     assert!(
         message.contains("policy-api") && message.contains("--policy"),
         "message: {message}"
+    );
+}
+
+/// A draft model that knows the target's greedy output, so every draft it makes is accepted,
+/// and takes `delay` per drafted token.
+struct Clairvoyant {
+    output: Arc<Vec<Token>>,
+    prompt_len: usize,
+    delay: Duration,
+    calls: Arc<AtomicU32>,
+    fed: Mutex<usize>,
+}
+
+impl DraftModelFactory for Clairvoyant {
+    fn open(&self) -> Result<Box<dyn DraftModel>, String> {
+        Ok(Box::new(Clairvoyant {
+            output: Arc::clone(&self.output),
+            prompt_len: self.prompt_len,
+            delay: self.delay,
+            calls: Arc::clone(&self.calls),
+            fed: Mutex::new(0),
+        }))
+    }
+}
+
+impl DraftModel for Clairvoyant {
+    fn reset(&mut self) {
+        *self.fed.get_mut().expect("fed") = 0;
+    }
+
+    fn feed(&mut self, tokens: &[Token]) {
+        *self.fed.get_mut().expect("fed") += tokens.len();
+    }
+
+    fn propose(&mut self, max_len: usize, _p_min: f32) -> Vec<DraftedToken> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let generated = self
+            .fed
+            .get_mut()
+            .expect("fed")
+            .saturating_sub(self.prompt_len);
+        let drafted: Vec<DraftedToken> = self
+            .output
+            .iter()
+            .skip(generated)
+            .take(max_len)
+            .map(|&token| DraftedToken { token, prob: 1.0 })
+            .collect();
+        std::thread::sleep(self.delay * drafted.len() as u32);
+        drafted
+    }
+}
+
+/// The `cost` policy asks a free, always-accepted draft model every round, and a slow one once.
+#[test]
+fn cost_leaves_out_a_draft_model_that_costs_more_than_it_saves() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let message = &fixtures()[0].user_message;
+    let prompt_len = target.tokenize_chat(message).expect("chat template").len();
+    let plain = generate(
+        &target,
+        message,
+        MAX_TOKENS,
+        SamplingParams::greedy(),
+        DRAFT_MAX,
+        &mut Cascade::empty(),
+    );
+    // Free drafts are all accepted and worth asking for every round; at 30 ms a token (several
+    // times a verify step of this model) no draft can pay, however well accepted.
+    for (delay_ms, worth_it) in [(0, true), (30, false)] {
+        let calls = Arc::new(AtomicU32::new(0));
+        let host = plugin_host();
+        host.attach_draft_model(Arc::new(Clairvoyant {
+            output: Arc::new(plain.tokens.clone()),
+            prompt_len,
+            delay: Duration::from_millis(delay_ms),
+            calls: Arc::clone(&calls),
+            fed: Mutex::new(0),
+        }));
+        let mut cascade = cascade_with(&host, &target, &["draft"], "cost", CascadeMode::First);
+        let spec = generate(
+            &target,
+            message,
+            MAX_TOKENS,
+            SamplingParams::greedy(),
+            DRAFT_MAX,
+            &mut cascade,
+        );
+        assert_eq!(
+            spec.tokens,
+            plain.tokens,
+            "{delay_ms} ms a token: output differs from plain decoding at token {:?}",
+            first_difference(&spec.tokens, &plain.tokens)
+        );
+        let asked = spec.stats.sources[0].asked;
+        let rounds = spec.stats.rounds;
+        if worth_it {
+            assert!(
+                asked * 2 >= rounds && spec.stats.accepted > 0,
+                "free drafts: asked in {asked} of {rounds} rounds: {:?}",
+                spec.stats
+            );
+        } else {
+            assert!(
+                (1..=2).contains(&asked),
+                "slow drafts: asked in {asked} of {rounds} rounds, where one measurement (and \
+                 at most one probe) should do: {:?}",
+                spec.stats
+            );
+        }
+        assert_eq!(u64::from(calls.load(Ordering::Relaxed)), asked);
+    }
+}
+
+/// With `lookup,draft`, a draft model slower than it saves is measured once per request (when
+/// `lookup` first has nothing), then left out, and `lookup` goes on drafting.
+#[test]
+fn cost_keeps_cheap_drafts_going_while_it_leaves_out_a_slow_draft_model() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let (mut alone_won, mut beside_won) = (0, 0);
+    for fixture in fixtures() {
+        let message = &fixture.user_message;
+        let plain = generate(
+            &target,
+            message,
+            MAX_TOKENS,
+            SamplingParams::greedy(),
+            DRAFT_MAX,
+            &mut Cascade::empty(),
+        );
+        let calls = Arc::new(AtomicU32::new(0));
+        let host = plugin_host();
+        host.attach_draft_model(Arc::new(Clairvoyant {
+            output: Arc::new(plain.tokens.clone()),
+            prompt_len: target.tokenize_chat(message).expect("chat template").len(),
+            delay: Duration::from_millis(30),
+            calls: Arc::clone(&calls),
+            fed: Mutex::new(0),
+        }));
+        let run = |sources: &[&str]| {
+            let mut cascade = cascade_with(&host, &target, sources, "cost", CascadeMode::First);
+            let spec = generate(
+                &target,
+                message,
+                MAX_TOKENS,
+                SamplingParams::greedy(),
+                DRAFT_MAX,
+                &mut cascade,
+            );
+            assert_eq!(
+                spec.tokens,
+                plain.tokens,
+                "{sources:?} on {}: output differs from plain decoding at token {:?}",
+                fixture.id,
+                first_difference(&spec.tokens, &plain.tokens)
+            );
+            spec.stats
+        };
+        alone_won += run(&["lookup"]).sources[0].won;
+        let beside = run(&["lookup", "draft"]);
+        beside_won += beside.sources[0].won;
+        assert!(
+            calls.load(Ordering::Relaxed) <= 2,
+            "{}: the slow draft model drafted {} times: {:?}",
+            fixture.id,
+            calls.load(Ordering::Relaxed),
+            beside.sources
+        );
+    }
+    // Timing a slow draft once must not stop the cheap source: `lookup` wins about as many
+    // rounds beside it as alone (a shared drafting-time estimate would have turned K to 0).
+    assert!(
+        beside_won * 10 >= alone_won * 8,
+        "lookup won {beside_won} rounds beside the slow draft model, {alone_won} alone"
     );
 }

@@ -35,9 +35,9 @@
 //!
 //! # Versions
 //!
-//! This SDK builds plugins for `spechost:drafter@0.2.0` ([`WIT_VERSION`]). While the major
+//! This SDK builds plugins for `spechost:drafter@0.3.0` ([`WIT_VERSION`]). While the major
 //! version is 0, the minor version is the compatibility line: a host loads plugins built with
-//! any `0.2.x` SDK and asks for a rebuild otherwise.
+//! any `0.3.x` SDK and asks for a rebuild otherwise.
 //!
 //! # Example
 //!
@@ -114,7 +114,7 @@ pub use crate::types::{DraftedToken, Feedback, ModelFacts, Proposal, Token};
 
 /// The version of the `spechost:drafter` WIT package (`wit/drafter.wit`) this SDK builds
 /// plugins for.
-pub const WIT_VERSION: &str = "0.2.0";
+pub const WIT_VERSION: &str = "0.3.0";
 
 /// What [`export_drafter!`] and [`export_policy!`] expand to refers to; not part of the API.
 #[doc(hidden)]

@@ -38,6 +38,10 @@ pub struct SourceRound {
     /// Whether `accepted` is only a lower bound: the proposal matched every committed token it
     /// was compared with, but was longer than them.
     pub censored: bool,
+    /// Time the host spent in this source's `propose` call for this proposal, in microseconds
+    /// (a draft model's time to catch up with the context included). A source asked that
+    /// proposed nothing also appears, with `drafted` 0 and its time here.
+    pub draft_us: u64,
 }
 
 /// A finished round, as the policy sees it.
@@ -94,6 +98,10 @@ pub struct Decision {
     pub shadow_len: u32,
     /// Optional new order of sources by name; names the cascade does not have are ignored.
     pub order: Option<Vec<String>>,
+    /// Sources not to ask this round, by name, for drafts or shadow drafts (for example one
+    /// whose drafts cost more than they save); names the cascade does not have are ignored. A
+    /// excluded source is still fed the committed tokens.
+    pub exclude: Vec<String>,
 }
 
 impl Decision {
@@ -121,6 +129,11 @@ impl Decision {
             ..self
         }
     }
+
+    /// This decision, with the sources named in `exclude` left out of the round.
+    pub fn excluding(self, exclude: Vec<String>) -> Self {
+        Self { exclude, ..self }
+    }
 }
 
 #[cfg(test)]
@@ -135,6 +148,7 @@ mod tests {
             won,
             shadow,
             censored: false,
+            draft_us: 0,
         }
     }
 
@@ -167,7 +181,8 @@ mod tests {
             Decision {
                 max_draft_len: 6,
                 shadow_len: 0,
-                order: None
+                order: None,
+                exclude: Vec::new(),
             }
         );
         assert_eq!(
@@ -175,13 +190,23 @@ mod tests {
             Decision {
                 max_draft_len: 0,
                 shadow_len: 8,
-                order: None
+                order: None,
+                exclude: Vec::new(),
             }
         );
         let order = vec!["b".to_owned(), "a".to_owned()];
         assert_eq!(
             Decision::draft(2).with_order(order.clone()).order,
             Some(order)
+        );
+        let exclude = vec!["draft".to_owned()];
+        assert_eq!(
+            Decision::draft(4).excluding(exclude.clone()),
+            Decision {
+                max_draft_len: 4,
+                exclude,
+                ..Decision::default()
+            }
         );
     }
 }

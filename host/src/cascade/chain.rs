@@ -119,6 +119,8 @@ pub struct RoundTiming {
 struct Shadow {
     tokens: Vec<Token>,
     matched: usize,
+    /// Time the `propose` call that made it took.
+    draft_time: Duration,
 }
 
 struct Slot {
@@ -127,6 +129,10 @@ struct Slot {
     history: PositionAcceptance,
     /// This round's proposal, after truncation, if the source was asked (it gets feedback).
     proposal: Option<Proposal>,
+    /// Time the `propose` call for this round's proposal took.
+    proposal_time: Duration,
+    /// Left out of this round by the policy: not asked for a draft or a shadow draft.
+    excluded: bool,
     shadow: Option<Shadow>,
     /// Asked for a shadow proposal this round (it gets feedback).
     shadow_asked: bool,
@@ -156,9 +162,11 @@ impl Slot {
     /// Returns its length.
     fn ask(&mut self, max_len: usize) -> usize {
         self.stats.asked += 1;
+        let started = Instant::now();
         let mut proposal = self
             .call("propose", |s| s.propose(max_len))
             .unwrap_or_default();
+        self.proposal_time = started.elapsed();
         proposal.tokens.truncate(max_len);
         proposal.confidence.truncate(max_len);
         if !proposal.tokens.is_empty() {
@@ -190,6 +198,8 @@ impl Cascade {
                 source,
                 history: PositionAcceptance::default(),
                 proposal: None,
+                proposal_time: Duration::ZERO,
+                excluded: false,
                 shadow: None,
                 shadow_asked: false,
             })
@@ -269,14 +279,15 @@ impl Cascade {
     /// Plans a round of at most `budget` draft tokens: asks the policy for the draft length,
     /// then the sources (as the mode says) for the draft.
     pub fn propose(&mut self, budget: usize) -> Draft {
-        for slot in &mut self.slots {
-            slot.proposal = None;
-            slot.shadow_asked = false;
-        }
         let decision = self.policy.decide().unwrap_or_else(|fault| {
             tracing::debug!(policy = self.policy.name(), %fault, "policy fault in decide");
             Decision::default()
         });
+        for slot in &mut self.slots {
+            slot.proposal = None;
+            slot.shadow_asked = false;
+            slot.excluded = decision.exclude.contains(&slot.stats.name);
+        }
         if let Some(names) = &decision.order {
             self.reorder(names);
         }
@@ -306,7 +317,7 @@ impl Cascade {
         let min_len = self.settings.min_len.max(1);
         for &index in &self.order {
             let slot = &mut self.slots[index];
-            if slot.ask(max_len) >= min_len {
+            if !slot.excluded && slot.ask(max_len) >= min_len {
                 return Some(index);
             }
         }
@@ -326,7 +337,7 @@ impl Cascade {
             }
             for &index in &self.order {
                 let slot = &mut self.slots[index];
-                if slot.source.is_expensive() != expensive {
+                if slot.excluded || slot.source.is_expensive() != expensive {
                     continue;
                 }
                 if slot.ask(max_len) < min_len {
@@ -351,10 +362,11 @@ impl Cascade {
         }
         for &index in &self.order {
             let slot = &mut self.slots[index];
-            if slot.source.is_expensive() || slot.shadow.is_some() {
+            if slot.excluded || slot.source.is_expensive() || slot.shadow.is_some() {
                 continue;
             }
             slot.shadow_asked = true;
+            let started = Instant::now();
             let tokens = slot
                 .call("propose", |s| s.propose(len))
                 .map(|mut proposal| {
@@ -364,7 +376,11 @@ impl Cascade {
                 .unwrap_or_default();
             if !tokens.is_empty() {
                 slot.stats.shadow_proposed += 1;
-                slot.shadow = Some(Shadow { tokens, matched: 0 });
+                slot.shadow = Some(Shadow {
+                    tokens,
+                    matched: 0,
+                    draft_time: started.elapsed(),
+                });
             }
         }
     }
@@ -431,6 +447,7 @@ impl Cascade {
                     won,
                     shadow: false,
                     censored: !won && matched == known && drafted > known,
+                    draft_time: slot.proposal_time,
                 });
             }
             if std::mem::take(&mut slot.shadow_asked) {
@@ -504,6 +521,7 @@ fn settle_shadow(slot: &mut Slot, committed: &[Token]) -> Option<SourceRound> {
         won: false,
         shadow: true,
         censored: false,
+        draft_time: shadow.draft_time,
     })
 }
 
@@ -794,7 +812,7 @@ mod tests {
         let shadow = Decision {
             max_draft_len: 0,
             shadow_len: 3,
-            order: None,
+            ..Decision::default()
         };
         let policy = ScriptedPolicy {
             decisions: vec![shadow.clone(), shadow.clone(), shadow],
@@ -841,8 +859,8 @@ mod tests {
         let policy = ScriptedPolicy {
             decisions: vec![Decision {
                 max_draft_len: 2,
-                shadow_len: 0,
                 order: Some(vec!["b".into(), "nobody".into()]),
+                ..Decision::default()
             }],
             observed: Arc::default(),
         };
@@ -855,5 +873,121 @@ mod tests {
             (vec![5, 6], Some(1), 2),
             "draft {draft:?}"
         );
+    }
+
+    /// A source that takes `delay` to propose `tokens`.
+    struct Slow {
+        tokens: Vec<Token>,
+        delay: Duration,
+    }
+
+    impl DraftSource for Slow {
+        fn name(&self) -> &str {
+            "slow"
+        }
+        fn begin(&mut self, _facts: &ModelFacts, _prompt: &[Token]) -> Result<(), SourceFault> {
+            Ok(())
+        }
+        fn propose(&mut self, _max_len: usize) -> Result<Proposal, SourceFault> {
+            std::thread::sleep(self.delay);
+            Ok(Proposal {
+                tokens: self.tokens.clone(),
+                confidence: Vec::new(),
+            })
+        }
+        fn feed(&mut self, _tokens: &[Token]) -> Result<(), SourceFault> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn each_source_round_reports_the_time_its_proposal_took() {
+        let (quick, _) = constant("quick", &[], &[], false);
+        let slow = Box::new(Slow {
+            tokens: vec![5, 6],
+            delay: Duration::from_millis(20),
+        });
+        let observed = Arc::default();
+        let policy = ScriptedPolicy {
+            decisions: vec![Decision {
+                max_draft_len: 2,
+                ..Decision::default()
+            }],
+            observed: Arc::clone(&observed),
+        };
+        let mut cascade = Cascade::new(vec![quick, slow], CascadeSettings::default())
+            .with_policy(Box::new(policy));
+        cascade.begin(&facts(), &[1], 8, &[]);
+        let draft = cascade.propose(8);
+        assert_eq!(draft.source, Some(1), "draft {draft:?}");
+        cascade.accept(&draft, 2, &[5, 6, 7], RoundTiming::default(), "");
+        let observed = observed.lock().expect("observed");
+        let sources = &observed[0].sources;
+        let names: Vec<&str> = sources.iter().map(|s| s.source.as_str()).collect();
+        assert_eq!(names, ["quick", "slow"], "both were asked: {sources:?}");
+        assert_eq!(sources[0].drafted, 0, "quick proposed nothing");
+        assert!(
+            sources[0].draft_time < Duration::from_millis(20),
+            "{sources:?}"
+        );
+        assert!(
+            sources[1].draft_time >= Duration::from_millis(20),
+            "{sources:?}"
+        );
+    }
+
+    #[test]
+    fn excluded_sources_are_not_asked_in_either_mode_nor_for_shadows() {
+        for mode in [CascadeMode::First, CascadeMode::Scored] {
+            let (cheap, cheap_asked) = constant("cheap", &[1, 2], &[0.2, 0.1], false);
+            let (model, model_asked) = constant("model", &[1, 2, 3], &[0.9, 0.9, 0.9], true);
+            let (other, other_asked) = constant("other", &[7, 8], &[], false);
+            let exclude = vec!["model".to_owned(), "cheap".to_owned()];
+            let policy = ScriptedPolicy {
+                decisions: vec![
+                    Decision {
+                        max_draft_len: 4,
+                        exclude: exclude.clone(),
+                        ..Decision::default()
+                    },
+                    Decision {
+                        shadow_len: 4,
+                        exclude,
+                        ..Decision::default()
+                    },
+                    Decision {
+                        max_draft_len: 4,
+                        ..Decision::default()
+                    },
+                ],
+                observed: Arc::default(),
+            };
+            let settings = CascadeSettings {
+                mode,
+                ..CascadeSettings::default()
+            };
+            let mut cascade =
+                Cascade::new(vec![cheap, model, other], settings).with_policy(Box::new(policy));
+            cascade.begin(&facts(), &[1], 8, &[]);
+            let draft = cascade.propose(8);
+            assert_eq!(draft.source, Some(2), "{mode:?}: draft {draft:?}");
+            cascade.accept(&draft, 0, &[9], RoundTiming::default(), "");
+            let draft = cascade.propose(8);
+            assert!(draft.tokens.is_empty(), "{mode:?}: K=0 round {draft:?}");
+            cascade.accept(&draft, 0, &[9], RoundTiming::default(), "");
+            let asked = |counter: &Arc<Mutex<u32>>| *counter.lock().expect("counter");
+            assert_eq!(
+                (
+                    asked(&cheap_asked),
+                    asked(&model_asked),
+                    asked(&other_asked)
+                ),
+                (0, 0, 2),
+                "{mode:?}: only `other` was asked, for a draft and a shadow draft"
+            );
+            // The exclusion lasts one round: the next decision names nobody.
+            cascade.propose(8);
+            assert_eq!(asked(&cheap_asked), 1, "{mode:?}: `cheap` is asked again");
+        }
     }
 }

@@ -35,6 +35,8 @@ pub struct SourceRound {
     pub shadow: bool,
     /// Whether `accepted` is only a lower bound.
     pub censored: bool,
+    /// Time spent in the source's `propose` call for this proposal.
+    pub draft_time: Duration,
 }
 
 /// A finished round, as a policy sees it.
@@ -65,6 +67,8 @@ pub struct Decision {
     pub shadow_len: usize,
     /// A new order of sources by name, if the policy wants one.
     pub order: Option<Vec<String>>,
+    /// Sources not to ask this round, by name.
+    pub exclude: Vec<String>,
 }
 
 /// Chooses each round's draft length.

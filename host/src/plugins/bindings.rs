@@ -48,13 +48,13 @@ pub(super) use self::policy_world::exports::spechost::drafter::policy_api::{
 pub(super) use self::policy_world::{Policy, PolicyPre};
 
 /// The WIT package version this host speaks; plugins must be built against the same minor.
-pub(super) const WIT_VERSION: &str = "0.2.0";
+pub(super) const WIT_VERSION: &str = "0.3.0";
 /// The interface a drafter component must export, exactly as it appears in its type.
-pub(super) const DRAFTER_API_EXPORT: &str = "spechost:drafter/drafter-api@0.2.0";
+pub(super) const DRAFTER_API_EXPORT: &str = "spechost:drafter/drafter-api@0.3.0";
 /// The interface a policy component must export, exactly as it appears in its type.
-pub(super) const POLICY_API_EXPORT: &str = "spechost:drafter/policy-api@0.2.0";
+pub(super) const POLICY_API_EXPORT: &str = "spechost:drafter/policy-api@0.3.0";
 /// The draft-model import, as it appears in a component's type when the plugin uses it.
-pub(super) const DRAFT_MODEL_IMPORT: &str = "spechost:drafter/draft-model@0.2.0";
+pub(super) const DRAFT_MODEL_IMPORT: &str = "spechost:drafter/draft-model@0.3.0";
 
 impl From<&cascade::ModelFacts> for ModelFacts {
     fn from(facts: &cascade::ModelFacts) -> Self {
@@ -96,6 +96,7 @@ impl From<&CascadeSourceRound> for SourceRound {
             won: round.won,
             shadow: round.shadow,
             censored: round.censored,
+            draft_us: micros(round.draft_time),
         }
     }
 }
@@ -134,6 +135,7 @@ impl From<Decision> for CascadeDecision {
             max_draft_len: decision.max_draft_len as usize,
             shadow_len: decision.shadow_len as usize,
             order: decision.order,
+            exclude: decision.exclude,
         }
     }
 }

@@ -23,7 +23,7 @@ use crate::cascade::{DraftModelFactory, ModelFacts, PolicySetup};
 use crate::config::SourceSpec;
 
 /// The spechost-sdk version whose plugins this host loads (same minor as the WIT package).
-const SDK_VERSION: &str = "0.2";
+const SDK_VERSION: &str = "0.3";
 /// The first 8 bytes of a WebAssembly binary: magic then version/layer.
 const WASM_MAGIC: &[u8; 4] = b"\0asm";
 /// Version and layer bytes of a core module (`01 00 00 00`); components use layer `01 00`.
@@ -514,7 +514,7 @@ fn exports_interface(exports: &[String], expected: &str) -> bool {
         .any(|export| export == expected || export.starts_with(&compatible_prefix))
 }
 
-/// `0.2` for `0.2.0`: the part of a version that must match for semver compatibility when
+/// `0.3` for `0.3.0`: the part of a version that must match for semver compatibility when
 /// the major is 0.
 fn compatible_minor(version: &str) -> &str {
     version.rsplit_once('.').map_or(version, |(minor, _)| minor)
@@ -554,14 +554,15 @@ mod tests {
                 DRAFTER_API_EXPORT,
             )
         };
-        assert!(has(&["spechost:drafter/drafter-api@0.2.0"]));
+        assert!(has(&["spechost:drafter/drafter-api@0.3.0"]));
         assert!(has(&[
             "wasi:cli/run@0.2.0",
-            "spechost:drafter/drafter-api@0.2.3"
+            "spechost:drafter/drafter-api@0.3.3"
         ]));
         assert!(!has(&["spechost:drafter/drafter-api@0.1.0"]));
-        assert!(!has(&["spechost:drafter/drafter-api@0.20.0"]));
-        assert!(!has(&["spechost:drafter/policy-api@0.2.0"]));
+        assert!(!has(&["spechost:drafter/drafter-api@0.2.0"]));
+        assert!(!has(&["spechost:drafter/drafter-api@0.30.0"]));
+        assert!(!has(&["spechost:drafter/policy-api@0.3.0"]));
         assert!(!has(&[]));
     }
 }

@@ -52,15 +52,29 @@
 //! (weight 0.2) of `round.verify_us` per batch size `n = round.n_verified`; a size not measured
 //! yet is interpolated linearly between the nearest measured sizes, or, beyond them, scaled from
 //! the nearest one by the linear model `verify(n) ∝ 1 + 0.3 (n - 1)`, which also stands in (with
-//! a unit cost for `n = 1`) before anything is measured. `draft_per_token` is the moving average
-//! of `round.draft_us / drafted tokens` over rounds that drafted.
+//! a unit cost for `n = 1`) before anything is measured. `draft_per_token` is learned per source:
+//! the moving average (weight 0.2) of its `draft_us / drafted` over the proposals it made (a
+//! draft model's time to catch up with the context included); the cost model uses the sources'
+//! average weighted by the rounds each won lately (decayed like the counts).
+//!
+//! **Costly sources.** A source whose drafting costs at least 5% of verifying one token per
+//! drafted token (a draft model; `lookup` and `suffix` cost a few microseconds) is *costly*. For
+//! each costly source the policy also keeps its own acceptance counts (from all its proposals,
+//! verified or compared with the committed tokens) and computes the best throughput its drafts
+//! could reach, its drafting time included. When that is below plain decoding's, the source is
+//! left out of the rounds (`Decision::exclude`): on a machine where the draft model costs about
+//! as much per token as the target, every token it drafts loses time, however often it is
+//! accepted. An excluded source is asked again after `probe_after` rounds with a draft, to
+//! measure it afresh, and each probe that finds it still unprofitable doubles that interval, so
+//! a source that never pays costs a vanishing share of the time. Cheap sources are never left
+//! out: when their drafts do not pay, K = 0 with shadow drafts (below) handles it.
 //!
 //! **Choice.** Each round the policy drafts `argmax_{K = 0..=max} E[tokens | K] / time(K)`
 //! (ties go to the smaller K), with `max` the host's `--draft-max`. With `a_j` at the prior
 //! (0.5) and the linear cost model that is K = 1: the policy starts cautious and grows K as
 //! drafts are accepted.
 //!
-//! **Across requests.** A session that ends leaves its counts and learned times to the next
+//! **Across requests.** A session that ends leaves its counts and learned times (per source too) to the next
 //! session of the same plugin instance (the host keeps one instance per cascade), which starts
 //! from them instead of the prior: in a server or a benchmark the second request drafts at the K
 //! the first one settled on, rather than climbing from K = 1 again. The decay makes the carried
@@ -80,13 +94,15 @@
 //! | `prior`       | 2       | weight, in proposals, of the prior of each `a_j`; at least 0     |
 //! | `decay`       | 0.95    | factor on every count before a new proposal is counted, in (0, 1] |
 //! | `shadow_len`  | 8       | shadow tokens asked for each round at K = 0                      |
-//! | `probe_after` | 64      | rounds at K = 0 without shadow results before a probe; at least 1 |
+//! | `probe_after` | 64      | rounds at K = 0 without shadow results before a probe, and rounds a costly source that does not pay is left out before it is measured again; at least 1 |
 //! | `carry`       | true    | start each request from what the previous one learned            |
 
 use std::cell::RefCell;
 
 use spechost_sdk::config::Config;
-use spechost_sdk::{Decision, ModelFacts, Policy, PolicySetup, RoundRecord, export_policy};
+use spechost_sdk::{
+    Decision, ModelFacts, Policy, PolicySetup, RoundRecord, SourceRound, export_policy,
+};
 
 /// Default weight of the prior, in proposals.
 const DEFAULT_PRIOR: f32 = 2.0;
@@ -102,6 +118,9 @@ const FIRST_POSITION_PRIOR: f64 = 0.5;
 const EMA_WEIGHT: f64 = 0.2;
 /// Growth of the verify time per extra token, relative to one token, assumed until measured.
 const VERIFY_SLOPE: f64 = 0.3;
+/// Drafting time per token, as a share of verifying one token, from which a source counts as
+/// costly (see "Costly sources" in the crate docs).
+const COSTLY_SHARE: f64 = 0.05;
 
 thread_local! {
     /// What the last session of this instance learned, for the next one (see "Across
@@ -116,7 +135,7 @@ struct Learned {
     reached: Vec<f64>,
     accepted: Vec<f64>,
     verify_learned: Vec<Option<f64>>,
-    draft_per_token_us: Option<f64>,
+    sources: Vec<SourceModel>,
 }
 
 /// Per-position acceptance counts, decayed.
@@ -248,15 +267,77 @@ impl VerifyCosts {
     }
 }
 
+/// What the policy knows of one source: how its drafts fare and what drafting costs.
+#[derive(Debug, Clone, PartialEq)]
+struct SourceModel {
+    name: String,
+    /// Acceptance of its drafts, verified or compared with the committed tokens.
+    positions: PositionCounts,
+    /// Moving average of its drafting time per drafted token, in microseconds.
+    draft_per_token_us: Option<f64>,
+    /// Rounds it won, decayed like the counts (its share of the drafting).
+    wins: f64,
+    /// Rounds with a draft it was excluded from since it was last asked.
+    excluded_for: u32,
+    /// Rounds it stays excluded before it is asked again to measure it.
+    probe_interval: u32,
+    /// Left in, after being excluded, to be measured again when next asked.
+    probing: bool,
+}
+
+impl SourceModel {
+    fn new(name: &str, positions: PositionCounts, probe_interval: u32) -> Self {
+        Self {
+            name: name.to_owned(),
+            positions,
+            draft_per_token_us: None,
+            wins: 0.0,
+            excluded_for: 0,
+            probe_interval,
+            probing: false,
+        }
+    }
+
+    /// Learns from what the source did in a round.
+    fn observe(&mut self, round: &SourceRound) {
+        if !round.shadow {
+            self.excluded_for = 0;
+            if std::mem::take(&mut self.probing) {
+                // Back to plain decoding's rate or not, the next probe waits twice as long
+                // (reset when the source turns out to pay).
+                self.probe_interval = self.probe_interval.saturating_mul(2);
+            }
+        }
+        if round.drafted == 0 {
+            return;
+        }
+        self.positions
+            .count(round.drafted, round.accepted, round.censored);
+        // Microsecond counts stay far below 2^53, where f64 loses integer precision.
+        let per_token = round.draft_us as f64 / f64::from(round.drafted);
+        self.draft_per_token_us = Some(
+            self.draft_per_token_us
+                .map_or(per_token, |old| old + EMA_WEIGHT * (per_token - old)),
+        );
+    }
+
+    /// Whether drafting with it costs enough to matter next to verifying (see the crate docs).
+    fn is_costly(&self, verify_one_us: f64) -> bool {
+        self.draft_per_token_us
+            .is_some_and(|per_token| per_token >= COSTLY_SHARE * verify_one_us)
+    }
+}
+
 /// The cost model for one request.
 #[derive(Debug)]
 pub struct Cost {
     /// The host's `--draft-max`.
     cap: u32,
+    /// Acceptance of the verified drafts, whichever source made them.
     positions: PositionCounts,
     verify: VerifyCosts,
-    /// Moving average of drafting time per drafted token, in microseconds.
-    draft_per_token_us: Option<f64>,
+    /// One per cascade source, in cascade order.
+    sources: Vec<SourceModel>,
     shadow_len: u32,
     probe_after: u32,
     /// Rounds decided at K = 0 since the last shadow result or draft.
@@ -272,7 +353,7 @@ impl Drop for Cost {
                 reached: std::mem::take(&mut self.positions.reached),
                 accepted: std::mem::take(&mut self.positions.accepted),
                 verify_learned: std::mem::take(&mut self.verify.learned),
-                draft_per_token_us: self.draft_per_token_us,
+                sources: std::mem::take(&mut self.sources),
             };
             CARRIED.set(Some(learned));
         }
@@ -304,12 +385,16 @@ impl Policy for Cost {
             return Err("setting `probe_after` is 0; give at least 1".to_owned());
         }
         let cap = setup.max_draft_len;
-        let positions = cap as usize;
+        let counts = PositionCounts::new(cap as usize, f64::from(decay), f64::from(prior));
         let mut cost = Cost {
             cap,
-            positions: PositionCounts::new(positions, f64::from(decay), f64::from(prior)),
-            verify: VerifyCosts::new(positions + 1, &setup.verify_us),
-            draft_per_token_us: None,
+            sources: setup
+                .sources
+                .iter()
+                .map(|name| SourceModel::new(name, counts.clone(), probe_after))
+                .collect(),
+            positions: counts,
+            verify: VerifyCosts::new(cap as usize + 1, &setup.verify_us),
             shadow_len,
             probe_after,
             rounds_without_evidence: 0,
@@ -326,81 +411,134 @@ impl Policy for Cost {
         let drafted = round.n_drafted();
         if drafted > 0 {
             self.positions.count(drafted, round.n_accepted, false);
-            self.learn_draft_time(round.draft_us, drafted);
+            self.rounds_without_evidence = 0;
+            for model in &mut self.sources {
+                model.wins *= self.positions.decay;
+            }
+        }
+        if round.shadows().next().is_some() {
             self.rounds_without_evidence = 0;
         }
-        for shadow in round.shadows() {
-            self.positions
-                .count(shadow.drafted, shadow.accepted, shadow.censored);
-            self.rounds_without_evidence = 0;
+        for source in &round.sources {
+            if source.shadow {
+                self.positions
+                    .count(source.drafted, source.accepted, source.censored);
+            }
+            if let Some(model) = self.sources.iter_mut().find(|m| m.name == source.source) {
+                model.observe(source);
+                if source.won {
+                    model.wins += 1.0;
+                }
+            }
         }
     }
 
     fn decide(&mut self) -> Decision {
-        let (best, best_above_zero) = self.best_draft_lengths();
-        if best > 0 {
-            return Decision::draft(best);
+        let verify = self.verify.table();
+        let excluded = self.unprofitable_sources(&verify);
+        let (best, best_above_zero) = self.best_draft_lengths(&verify, &excluded);
+        let mut length = best;
+        if best == 0 {
+            self.rounds_without_evidence = self.rounds_without_evidence.saturating_add(1);
+            if self.rounds_without_evidence > self.probe_after && best_above_zero > 0 {
+                self.rounds_without_evidence = 0;
+                length = best_above_zero;
+            }
         }
-        self.rounds_without_evidence = self.rounds_without_evidence.saturating_add(1);
-        if self.rounds_without_evidence > self.probe_after && best_above_zero > 0 {
-            self.rounds_without_evidence = 0;
-            return Decision::draft(best_above_zero);
+        if length == 0 {
+            return Decision::skip(self.shadow_len);
         }
-        Decision::skip(self.shadow_len)
+        let mut names = Vec::new();
+        for &index in &excluded {
+            let model = &mut self.sources[index];
+            model.excluded_for = model.excluded_for.saturating_add(1);
+            names.push(model.name.clone());
+        }
+        Decision::draft(length).excluding(names)
     }
 }
 
 impl Cost {
-    /// Starts from what an earlier session learned, fitted to this session's cap.
+    /// Starts from what an earlier session learned, fitted to this session's cap and sources.
     fn resume(&mut self, learned: Learned) {
-        let fit = |mut values: Vec<f64>, len: usize| {
-            values.resize(len, 0.0);
-            values
-        };
         let positions = self.positions.reached.len();
-        self.positions.reached = fit(learned.reached, positions);
-        self.positions.accepted = fit(learned.accepted, positions);
+        let fit = |mut counts: PositionCounts| {
+            counts.reached.resize(positions, 0.0);
+            counts.accepted.resize(positions, 0.0);
+            counts
+        };
+        self.positions = fit(PositionCounts {
+            reached: learned.reached,
+            accepted: learned.accepted,
+            ..self.positions.clone()
+        });
         let mut verify_learned = learned.verify_learned;
         verify_learned.resize(self.verify.learned.len(), None);
         self.verify.learned = verify_learned;
-        self.draft_per_token_us = learned.draft_per_token_us;
-    }
-
-    fn learn_draft_time(&mut self, draft_us: u64, drafted: u32) {
-        // Microsecond counts stay far below 2^53, where f64 loses integer precision.
-        let per_token = draft_us as f64 / f64::from(drafted);
-        self.draft_per_token_us = Some(
-            self.draft_per_token_us
-                .map_or(per_token, |old| old + EMA_WEIGHT * (per_token - old)),
-        );
-    }
-
-    /// Expected committed tokens per microsecond for every K in `0..=cap`.
-    fn throughput(&self) -> Vec<f64> {
-        let verify = self.verify.table();
-        let acceptance = self.positions.acceptance();
-        let draft_per_token = self.draft_per_token_us.unwrap_or(0.0);
-        let mut expected_tokens = 1.0;
-        let mut all_accepted = 1.0;
-        let mut throughput = Vec::with_capacity(verify.len());
-        for (k, verify_time) in verify.iter().enumerate() {
-            if k > 0 {
-                all_accepted *= acceptance[k - 1];
-                expected_tokens += all_accepted;
+        for model in &mut self.sources {
+            if let Some(earlier) = learned.sources.iter().find(|m| m.name == model.name) {
+                *model = SourceModel {
+                    positions: fit(earlier.positions.clone()),
+                    ..earlier.clone()
+                };
             }
-            let time = verify_time + k as f64 * draft_per_token;
-            throughput.push(if time > 0.0 {
-                expected_tokens / time
-            } else {
-                0.0
-            });
         }
-        throughput
+    }
+
+    /// Indices of the costly sources whose drafts, at their best K, commit fewer tokens per
+    /// unit of time than plain decoding. A source excluded for its probe interval is left in
+    /// until it is asked again, and each probe doubles the interval until the source pays.
+    fn unprofitable_sources(&mut self, verify: &[f64]) -> Vec<usize> {
+        let Some(&verify_one) = verify.first() else {
+            return Vec::new();
+        };
+        let plain = 1.0 / verify_one;
+        let mut excluded = Vec::new();
+        for (index, model) in self.sources.iter_mut().enumerate() {
+            if !model.is_costly(verify_one) {
+                continue;
+            }
+            let per_token = model.draft_per_token_us.unwrap_or(0.0);
+            let rates = throughput(verify, &model.positions.acceptance(), per_token);
+            let best_rate = rates.iter().skip(1).copied().fold(0.0, f64::max);
+            if best_rate >= plain {
+                model.probe_interval = self.probe_after;
+                continue;
+            }
+            if model.excluded_for < model.probe_interval {
+                excluded.push(index);
+            } else {
+                model.probing = true;
+            }
+        }
+        excluded
+    }
+
+    /// Drafting time per token of the sources still asked, weighted by how often each won.
+    fn draft_per_token(&self, excluded: &[usize]) -> f64 {
+        let (weighted, weights) = self
+            .sources
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !excluded.contains(index))
+            .filter_map(|(_, model)| Some((model.draft_per_token_us?, model.wins)))
+            .fold((0.0, 0.0), |(weighted, weights), (per_token, wins)| {
+                (weighted + per_token * wins, weights + wins)
+            });
+        if weights > 0.0 {
+            weighted / weights
+        } else {
+            0.0
+        }
     }
 
     /// The K with the best throughput, and the best K above 0 (0 when the cap is 0).
-    fn best_draft_lengths(&self) -> (u32, u32) {
-        let throughput = self.throughput();
+    fn best_draft_lengths(&self, verify: &[f64], excluded: &[usize]) -> (u32, u32) {
+        let throughput = throughput(
+            verify,
+            &self.positions.acceptance(),
+            self.draft_per_token(excluded),
+        );
         let argmax = |from: usize| {
             let mut best: Option<(usize, f64)> = None;
             for (k, &value) in throughput.iter().enumerate().skip(from) {
@@ -412,6 +550,27 @@ impl Cost {
         };
         (argmax(0), argmax(1))
     }
+}
+
+/// Expected committed tokens per microsecond for every K in `0..verify.len()`, given the verify
+/// times, the acceptance per position and the drafting time per token.
+fn throughput(verify: &[f64], acceptance: &[f64], draft_per_token: f64) -> Vec<f64> {
+    let mut expected_tokens = 1.0;
+    let mut all_accepted = 1.0;
+    let mut throughput = Vec::with_capacity(verify.len());
+    for (k, verify_time) in verify.iter().enumerate() {
+        if k > 0 {
+            all_accepted *= acceptance[k - 1];
+            expected_tokens += all_accepted;
+        }
+        let time = verify_time + k as f64 * draft_per_token;
+        throughput.push(if time > 0.0 {
+            expected_tokens / time
+        } else {
+            0.0
+        });
+    }
+    throughput
 }
 
 export_policy!(Cost);
@@ -625,22 +784,25 @@ mod tests {
         }
     }
 
+    /// `drafted_round(drafted, accepted)` with the source's drafting time set to `draft_us`.
+    fn timed_round(drafted: u32, accepted: u32, draft_us: u64) -> RoundRecord {
+        let mut round = drafted_round(drafted, accepted);
+        round.sources[0].draft_us = draft_us;
+        round.draft_us = draft_us;
+        round
+    }
+
     #[test]
-    fn learns_draft_time_per_token() {
+    fn learns_draft_time_per_token_per_source() {
         let mut harness = cost("", policy_setup(CAP));
         harness.observe(&plain_round());
-        assert_eq!(harness.policy().draft_per_token_us, None);
-        harness.observe(&RoundRecord {
-            draft_us: 400,
-            ..drafted_round(4, 1)
-        });
-        assert_eq!(harness.policy().draft_per_token_us, Some(100.0));
-        harness.observe(&RoundRecord {
-            draft_us: 1600,
-            ..drafted_round(8, 1)
-        });
+        assert_eq!(harness.policy().sources[0].draft_per_token_us, None);
+        harness.observe(&timed_round(4, 1, 400));
+        assert_eq!(harness.policy().sources[0].draft_per_token_us, Some(100.0));
+        harness.observe(&timed_round(8, 1, 1600));
         // 100 + 0.2 * (200 - 100).
-        assert_eq!(harness.policy().draft_per_token_us, Some(120.0));
+        assert_eq!(harness.policy().sources[0].draft_per_token_us, Some(120.0));
+        assert_eq!(harness.policy().draft_per_token(&[]), 120.0);
     }
 
     #[test]
@@ -653,8 +815,113 @@ mod tests {
         // E = 1 + Σ 0.8^i peaks in tokens per time near K = 8 with free drafting.
         assert_eq!(harness.decide(), Decision::draft(8));
         // Drafting a token costs 40% of a target step: K = 2 is best.
-        harness.policy_mut().draft_per_token_us = Some(f64::from(ONE_TOKEN_US) * 0.4);
+        let source = &mut harness.policy_mut().sources[0];
+        source.draft_per_token_us = Some(f64::from(ONE_TOKEN_US) * 0.4);
+        source.wins = 1.0;
+        // Still worth drafting (4% a token saved), so the source is not left out.
         assert_eq!(harness.decide(), Decision::draft(2));
+    }
+
+    /// A setup with a cheap source `lookup` and a costly one `model`, both asked in order.
+    fn two_sources(slope: f32) -> PolicySetup {
+        PolicySetup {
+            sources: vec!["lookup".to_owned(), "model".to_owned()],
+            ..setup_with_slope(CAP, slope)
+        }
+    }
+
+    /// A round in which `lookup` had nothing and `model` drafted `drafted` tokens, taking
+    /// `per_token_us` for each, of which the target accepted `accepted`.
+    fn model_round(drafted: u32, accepted: u32, per_token_us: f32) -> RoundRecord {
+        let draft_us = (per_token_us * drafted as f32) as u64;
+        RoundRecord {
+            max_draft_len: drafted,
+            sources: vec![
+                SourceRound {
+                    source: "lookup".to_owned(),
+                    draft_us: 3,
+                    ..SourceRound::default()
+                },
+                SourceRound {
+                    source: "model".to_owned(),
+                    drafted,
+                    accepted,
+                    won: true,
+                    draft_us,
+                    ..SourceRound::default()
+                },
+            ],
+            draft_us: draft_us + 3,
+            n_verified: drafted + 1,
+            n_accepted: accepted,
+            ..RoundRecord::default()
+        }
+    }
+
+    /// A round in which `lookup` drafted `drafted` tokens in 5 µs and `accepted` were accepted.
+    fn lookup_round(drafted: u32, accepted: u32) -> RoundRecord {
+        let mut round = timed_round(drafted, accepted, 5);
+        round.sources[0].source = "lookup".to_owned();
+        round
+    }
+
+    #[test]
+    fn leaves_out_a_costly_source_that_does_not_pay_and_probes_it_less_and_less() {
+        // The model drafts well (all accepted) but each of its tokens costs 80% of a target
+        // step: with verification at 30% more per token, no K pays.
+        let mut harness = cost("probe_after=4", two_sources(0.3));
+        harness.observe(&model_round(4, 4, ONE_TOKEN_US * 0.8));
+        let mut asked_model = Vec::new();
+        for round in 0..40 {
+            let decision = harness.decide();
+            assert!(
+                decision.max_draft_len > 0,
+                "lookup keeps drafting: {decision:?}"
+            );
+            if decision.exclude.is_empty() {
+                asked_model.push(round);
+                harness.observe(&model_round(4, 4, ONE_TOKEN_US * 0.8));
+            } else {
+                assert_eq!(decision.exclude, ["model"], "{decision:?}");
+                harness.observe(&lookup_round(
+                    decision.max_draft_len,
+                    decision.max_draft_len,
+                ));
+            }
+        }
+        // Probes after 4 excluded rounds, then 8, then 16.
+        assert_eq!(asked_model, [4, 13, 30], "rounds the model was asked in");
+    }
+
+    #[test]
+    fn keeps_a_costly_source_that_pays() {
+        // Each drafted token costs 10% of a target step and verification is nearly free per
+        // token: fully accepted drafts pay.
+        let mut harness = cost("", two_sources(0.05));
+        for _ in 0..20 {
+            let decision = harness.decide();
+            assert!(decision.exclude.is_empty(), "{decision:?}");
+            let len = decision.max_draft_len;
+            harness.observe(&model_round(len, len, ONE_TOKEN_US * 0.1));
+        }
+        assert!(harness.policy().sources[1].is_costly(f64::from(ONE_TOKEN_US)));
+    }
+
+    #[test]
+    fn an_excluded_source_no_longer_weighs_on_k() {
+        let mut harness = cost("", two_sources(0.05));
+        for _ in 0..20 {
+            harness.observe(&lookup_round(8, 8));
+        }
+        let free = harness.decide();
+        harness.observe(&model_round(8, 8, ONE_TOKEN_US));
+        let decision = harness.decide();
+        assert_eq!(decision.exclude, ["model"], "{decision:?}");
+        assert_eq!(
+            decision.max_draft_len, free.max_draft_len,
+            "K as if only lookup drafted"
+        );
+        assert_eq!(free.max_draft_len, CAP, "{free:?}");
     }
 
     #[test]

@@ -39,8 +39,8 @@ pub mod policy_world {
         pub_export_macro: true,
         default_bindings_module: "spechost_sdk::__private::policy",
         with: {
-            "spechost:drafter/types@0.2.0": crate::bindings::drafter_world::spechost::drafter::types,
-            "spechost:drafter/host@0.2.0": crate::bindings::drafter_world::spechost::drafter::host,
+            "spechost:drafter/types@0.3.0": crate::bindings::drafter_world::spechost::drafter::types,
+            "spechost:drafter/host@0.3.0": crate::bindings::drafter_world::spechost::drafter::host,
         },
     });
 }

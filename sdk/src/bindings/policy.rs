@@ -50,11 +50,13 @@ impl<P: Policy> api::GuestPolicySession for PolicyCell<P> {
             max_draft_len,
             shadow_len,
             order,
+            exclude,
         } = self.0.borrow_mut().decide();
         api::Decision {
             max_draft_len,
             shadow_len,
             order,
+            exclude,
         }
     }
 }
@@ -92,6 +94,7 @@ fn source_round(source: api::SourceRound) -> SourceRound {
         won,
         shadow,
         censored,
+        draft_us,
     } = source;
     SourceRound {
         source,
@@ -100,5 +103,6 @@ fn source_round(source: api::SourceRound) -> SourceRound {
         won,
         shadow,
         censored,
+        draft_us,
     }
 }

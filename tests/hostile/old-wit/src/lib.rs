@@ -1,6 +1,6 @@
 //! Hostile drafter: a plugin built against the retired WIT `spechost:drafter@0.1.0` (the copy in
 //! `wit/` is the file as it stood at that version), exporting `drafter-api@0.1.0`. It works under
-//! that contract; this host speaks 0.2 and must refuse to load it, naming the SDK version to
+//! that contract; this host speaks 0.3 and must refuse to load it, naming the SDK version to
 //! rebuild with.
 //!
 //! Bindings come from `wit_bindgen` directly: `spechost-sdk` only generates the current version.
