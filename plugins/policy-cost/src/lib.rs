@@ -64,21 +64,24 @@
 //! could reach, its drafting time included. When that is below plain decoding's, the source is
 //! left out of the rounds (`Decision::exclude`): on a machine where the draft model costs about
 //! as much per token as the target, every token it drafts loses time, however often it is
-//! accepted. An excluded source is asked again after `probe_after` rounds with a draft, to
-//! measure it afresh, and each probe that finds it still unprofitable doubles that interval, so
-//! a source that never pays costs a vanishing share of the time. Cheap sources are never left
-//! out: when their drafts do not pay, K = 0 with shadow drafts (below) handles it.
+//! accepted. An excluded source is asked again, to measure it afresh, once the rounds since its
+//! last ask took 20 times as long as that ask did (a draft model's catch-up with a long prompt
+//! included), so re-measuring a source that does not pay costs at most 5% of the time. Its very
+//! first ask, which finds the cost, is the price of not knowing it in advance: on a long prompt
+//! it is the draft model's prompt processing. Cheap sources are never left out: when their
+//! drafts do not pay, K = 0 with shadow drafts (below) handles it.
 //!
 //! **Choice.** Each round the policy drafts `argmax_{K = 0..=max} E[tokens | K] / time(K)`
 //! (ties go to the smaller K), with `max` the host's `--draft-max`. With `a_j` at the prior
 //! (0.5) and the linear cost model that is K = 1: the policy starts cautious and grows K as
 //! drafts are accepted.
 //!
-//! **Across requests.** A session that ends leaves its counts and learned times (per source too) to the next
-//! session of the same plugin instance (the host keeps one instance per cascade), which starts
-//! from them instead of the prior: in a server or a benchmark the second request drafts at the K
-//! the first one settled on, rather than climbing from K = 1 again. The decay makes the carried
-//! counts give way to the new request's within a few dozen proposals. `carry=false` starts every
+//! **Across requests.** A session that ends leaves its counts and learned times (per source
+//! too) to the next session of the same plugin instance (the host keeps one instance per
+//! cascade), which starts from them instead of the prior: in a server or a benchmark the second
+//! request drafts at the K the first one settled on, rather than climbing from K = 1 again, and
+//! leaves out a draft model the first one found too slow. The decay makes the carried counts
+//! give way to the new request's within a few dozen proposals. `carry=false` starts every
 //! request from the prior; an instance re-created after a fault starts from the prior too.
 //!
 //! **K = 0.** When plain decoding is best, the policy asks cheap sources for shadow drafts of
@@ -94,7 +97,7 @@
 //! | `prior`       | 2       | weight, in proposals, of the prior of each `a_j`; at least 0     |
 //! | `decay`       | 0.95    | factor on every count before a new proposal is counted, in (0, 1] |
 //! | `shadow_len`  | 8       | shadow tokens asked for each round at K = 0                      |
-//! | `probe_after` | 64      | rounds at K = 0 without shadow results before a probe, and rounds a costly source that does not pay is left out before it is measured again; at least 1 |
+//! | `probe_after` | 64      | rounds at K = 0 without shadow results before a probe; at least 1 |
 //! | `carry`       | true    | start each request from what the previous one learned            |
 
 use std::cell::RefCell;
@@ -121,6 +124,8 @@ const VERIFY_SLOPE: f64 = 0.3;
 /// Drafting time per token, as a share of verifying one token, from which a source counts as
 /// costly (see "Costly sources" in the crate docs).
 const COSTLY_SHARE: f64 = 0.05;
+/// Most of the time spent asking a costly source that does not pay, to measure it again.
+const PROBE_SHARE: f64 = 0.05;
 
 thread_local! {
     /// What the last session of this instance learned, for the next one (see "Across
@@ -277,36 +282,29 @@ struct SourceModel {
     draft_per_token_us: Option<f64>,
     /// Rounds it won, decayed like the counts (its share of the drafting).
     wins: f64,
-    /// Rounds with a draft it was excluded from since it was last asked.
-    excluded_for: u32,
-    /// Rounds it stays excluded before it is asked again to measure it.
-    probe_interval: u32,
-    /// Left in, after being excluded, to be measured again when next asked.
-    probing: bool,
+    /// Time its last ask for a draft took, in microseconds.
+    last_ask_us: u64,
+    /// Time the rounds took since that ask (verifying and drafting), in microseconds.
+    since_ask_us: u64,
 }
 
 impl SourceModel {
-    fn new(name: &str, positions: PositionCounts, probe_interval: u32) -> Self {
+    fn new(name: &str, positions: PositionCounts) -> Self {
         Self {
             name: name.to_owned(),
             positions,
             draft_per_token_us: None,
             wins: 0.0,
-            excluded_for: 0,
-            probe_interval,
-            probing: false,
+            last_ask_us: 0,
+            since_ask_us: 0,
         }
     }
 
     /// Learns from what the source did in a round.
     fn observe(&mut self, round: &SourceRound) {
         if !round.shadow {
-            self.excluded_for = 0;
-            if std::mem::take(&mut self.probing) {
-                // Back to plain decoding's rate or not, the next probe waits twice as long
-                // (reset when the source turns out to pay).
-                self.probe_interval = self.probe_interval.saturating_mul(2);
-            }
+            self.last_ask_us = round.draft_us;
+            self.since_ask_us = 0;
         }
         if round.drafted == 0 {
             return;
@@ -325,6 +323,12 @@ impl SourceModel {
     fn is_costly(&self, verify_one_us: f64) -> bool {
         self.draft_per_token_us
             .is_some_and(|per_token| per_token >= COSTLY_SHARE * verify_one_us)
+    }
+
+    /// Whether enough time has passed since its last ask to measure it again at no more than
+    /// [`PROBE_SHARE`] of the time.
+    fn is_due_for_a_probe(&self) -> bool {
+        self.since_ask_us as f64 * PROBE_SHARE >= self.last_ask_us as f64
     }
 }
 
@@ -391,7 +395,7 @@ impl Policy for Cost {
             sources: setup
                 .sources
                 .iter()
-                .map(|name| SourceModel::new(name, counts.clone(), probe_after))
+                .map(|name| SourceModel::new(name, counts.clone()))
                 .collect(),
             positions: counts,
             verify: VerifyCosts::new(cap as usize + 1, &setup.verify_us),
@@ -408,6 +412,10 @@ impl Policy for Cost {
 
     fn observe(&mut self, round: &RoundRecord) {
         self.verify.learn(round.n_verified, round.verify_us);
+        let round_us = round.verify_us.saturating_add(round.draft_us);
+        for model in &mut self.sources {
+            model.since_ask_us = model.since_ask_us.saturating_add(round_us);
+        }
         let drafted = round.n_drafted();
         if drafted > 0 {
             self.positions.count(drafted, round.n_accepted, false);
@@ -448,12 +456,10 @@ impl Policy for Cost {
         if length == 0 {
             return Decision::skip(self.shadow_len);
         }
-        let mut names = Vec::new();
-        for &index in &excluded {
-            let model = &mut self.sources[index];
-            model.excluded_for = model.excluded_for.saturating_add(1);
-            names.push(model.name.clone());
-        }
+        let names = excluded
+            .iter()
+            .map(|&index| self.sources[index].name.clone())
+            .collect();
         Decision::draft(length).excluding(names)
     }
 }
@@ -486,29 +492,22 @@ impl Cost {
     }
 
     /// Indices of the costly sources whose drafts, at their best K, commit fewer tokens per
-    /// unit of time than plain decoding. A source excluded for its probe interval is left in
-    /// until it is asked again, and each probe doubles the interval until the source pays.
-    fn unprofitable_sources(&mut self, verify: &[f64]) -> Vec<usize> {
+    /// unit of time than plain decoding, except those due for a probe.
+    fn unprofitable_sources(&self, verify: &[f64]) -> Vec<usize> {
         let Some(&verify_one) = verify.first() else {
             return Vec::new();
         };
         let plain = 1.0 / verify_one;
         let mut excluded = Vec::new();
-        for (index, model) in self.sources.iter_mut().enumerate() {
-            if !model.is_costly(verify_one) {
+        for (index, model) in self.sources.iter().enumerate() {
+            if !model.is_costly(verify_one) || model.is_due_for_a_probe() {
                 continue;
             }
             let per_token = model.draft_per_token_us.unwrap_or(0.0);
             let rates = throughput(verify, &model.positions.acceptance(), per_token);
             let best_rate = rates.iter().skip(1).copied().fold(0.0, f64::max);
-            if best_rate >= plain {
-                model.probe_interval = self.probe_after;
-                continue;
-            }
-            if model.excluded_for < model.probe_interval {
+            if best_rate < plain {
                 excluded.push(index);
-            } else {
-                model.probing = true;
             }
         }
         excluded
@@ -866,31 +865,44 @@ mod tests {
     }
 
     #[test]
-    fn leaves_out_a_costly_source_that_does_not_pay_and_probes_it_less_and_less() {
+    fn leaves_out_a_costly_source_that_does_not_pay_and_measures_it_at_most_5_percent() {
         // The model drafts well (all accepted) but each of its tokens costs 80% of a target
         // step: with verification at 30% more per token, no K pays.
-        let mut harness = cost("probe_after=4", two_sources(0.3));
-        harness.observe(&model_round(4, 4, ONE_TOKEN_US * 0.8));
-        let mut asked_model = Vec::new();
-        for round in 0..40 {
+        let mut harness = cost("", two_sources(0.3));
+        let ask = model_round(4, 4, ONE_TOKEN_US * 0.8);
+        let ask_us = ask.sources[1].draft_us;
+        harness.observe(&ask);
+        let (mut asked_at, mut elapsed) = (Vec::new(), 0);
+        for _ in 0..200 {
             let decision = harness.decide();
             assert!(
                 decision.max_draft_len > 0,
                 "lookup keeps drafting: {decision:?}"
             );
-            if decision.exclude.is_empty() {
-                asked_model.push(round);
-                harness.observe(&model_round(4, 4, ONE_TOKEN_US * 0.8));
+            let round = if decision.exclude.is_empty() {
+                asked_at.push(elapsed);
+                ask.clone()
             } else {
                 assert_eq!(decision.exclude, ["model"], "{decision:?}");
-                harness.observe(&lookup_round(
-                    decision.max_draft_len,
-                    decision.max_draft_len,
-                ));
-            }
+                lookup_round(decision.max_draft_len, decision.max_draft_len)
+            };
+            let round = RoundRecord {
+                verify_us: ONE_TOKEN_US as u64,
+                ..round
+            };
+            elapsed += round.verify_us + round.draft_us;
+            harness.observe(&round);
         }
-        // Probes after 4 excluded rounds, then 8, then 16.
-        assert_eq!(asked_model, [4, 13, 30], "rounds the model was asked in");
+        assert!(
+            asked_at.len() >= 2,
+            "measured again now and then: {asked_at:?}"
+        );
+        // Each ask waits until 20 times its own cost has passed since the previous one.
+        let mut previous = 0;
+        for &at in &asked_at {
+            assert!(at - previous >= 20 * ask_us, "asks at {asked_at:?} µs");
+            previous = at + ask_us + ONE_TOKEN_US as u64;
+        }
     }
 
     #[test]
