@@ -57,19 +57,21 @@
 //! draft model's time to catch up with the context included); the cost model uses the sources'
 //! average weighted by the rounds each won lately (decayed like the counts).
 //!
-//! **Costly sources.** A source whose drafting costs at least 5% of verifying one token per
-//! drafted token (a draft model; `lookup` and `suffix` cost a few microseconds) is *costly*. For
-//! each costly source the policy also keeps its own acceptance counts (from all its proposals,
-//! verified or compared with the committed tokens) and computes the best throughput its drafts
-//! could reach, its drafting time included. When that is below plain decoding's, the source is
-//! left out of the rounds (`Decision::exclude`): on a machine where the draft model costs about
-//! as much per token as the target, every token it drafts loses time, however often it is
-//! accepted. An excluded source is asked again, to measure it afresh, once the rounds since its
-//! last ask took 20 times as long as that ask did (a draft model's catch-up with a long prompt
-//! included), so re-measuring a source that does not pay costs at most 5% of the time. Its very
-//! first ask, which finds the cost, is the price of not knowing it in advance: on a long prompt
-//! it is the draft model's prompt processing. Cheap sources are never left out: when their
-//! drafts do not pay, K = 0 with shadow drafts (below) handles it.
+//! **Costly sources.** A source whose asks take at least 5% of verifying one token (a draft
+//! model; `lookup` and `suffix` answer in microseconds) is *costly*. For each source the policy
+//! also keeps its own acceptance counts (from all its proposals, verified or compared with the
+//! committed tokens), the moving averages of its ask time (proposing or not; a draft model's
+//! time to catch up with the context included) and of the share of its asks that proposed
+//! anything. A round that asks it commits `p · E_s[tokens | K] + (1 - p)` tokens on average in
+//! `p · verify(K + 1) + (1 - p) · verify(1) + max(ask, K · draft_per_token)` time; when no K makes that beat plain
+//! decoding, a costly source is left out of the rounds (`Decision::exclude`): on a machine
+//! where the draft model costs about as much per token as the target, every token it drafts
+//! loses time, however often it is accepted. An excluded source is asked again, to measure it
+//! afresh, once the rounds since its last ask took 20 times as long as that ask did, so
+//! re-measuring a source that does not pay costs at most 5% of the time. Its very first ask,
+//! which finds the cost, is the price of not knowing it in advance: on a long prompt it is the
+//! draft model's prompt processing. Cheap sources are never left out: when their drafts do not
+//! pay, K = 0 with shadow drafts (below) handles it.
 //!
 //! **Choice.** Each round the policy drafts `argmax_{K = 0..=max} E[tokens | K] / time(K)`
 //! (ties go to the smaller K), with `max` the host's `--draft-max`. With `a_j` at the prior
@@ -237,8 +239,7 @@ impl VerifyCosts {
             return;
         }
         // Microsecond counts stay far below 2^53, where f64 loses integer precision.
-        let time = time_us as f64;
-        *average = Some(average.map_or(time, |old| old + EMA_WEIGHT * (time - old)));
+        *average = Some(moving_average(*average, time_us as f64));
     }
 
     /// The best known verify time for every size `n = 1..=sizes`, filling the gaps (see the
@@ -280,6 +281,10 @@ struct SourceModel {
     positions: PositionCounts,
     /// Moving average of its drafting time per drafted token, in microseconds.
     draft_per_token_us: Option<f64>,
+    /// Moving average of the time an ask for a draft takes, whether it proposed or not.
+    ask_us: Option<f64>,
+    /// Moving average of the share of its asks that proposed something.
+    proposal_rate: f64,
     /// Rounds it won, decayed like the counts (its share of the drafting).
     wins: f64,
     /// Time its last ask for a draft took, in microseconds.
@@ -294,6 +299,8 @@ impl SourceModel {
             name: name.to_owned(),
             positions,
             draft_per_token_us: None,
+            ask_us: None,
+            proposal_rate: 1.0,
             wins: 0.0,
             last_ask_us: 0,
             since_ask_us: 0,
@@ -302,27 +309,50 @@ impl SourceModel {
 
     /// Learns from what the source did in a round.
     fn observe(&mut self, round: &SourceRound) {
+        // Microsecond counts stay far below 2^53, where f64 loses integer precision.
+        let time = round.draft_us as f64;
         if !round.shadow {
             self.last_ask_us = round.draft_us;
             self.since_ask_us = 0;
+            self.ask_us = Some(moving_average(self.ask_us, time));
+            let proposed = if round.drafted > 0 { 1.0 } else { 0.0 };
+            self.proposal_rate += EMA_WEIGHT * (proposed - self.proposal_rate);
         }
         if round.drafted == 0 {
             return;
         }
         self.positions
             .count(round.drafted, round.accepted, round.censored);
-        // Microsecond counts stay far below 2^53, where f64 loses integer precision.
-        let per_token = round.draft_us as f64 / f64::from(round.drafted);
-        self.draft_per_token_us = Some(
-            self.draft_per_token_us
-                .map_or(per_token, |old| old + EMA_WEIGHT * (per_token - old)),
-        );
+        let per_token = time / f64::from(round.drafted);
+        self.draft_per_token_us = Some(moving_average(self.draft_per_token_us, per_token));
     }
 
-    /// Whether drafting with it costs enough to matter next to verifying (see the crate docs).
+    /// Whether asking it costs enough to matter next to verifying (see the crate docs).
     fn is_costly(&self, verify_one_us: f64) -> bool {
-        self.draft_per_token_us
-            .is_some_and(|per_token| per_token >= COSTLY_SHARE * verify_one_us)
+        self.ask_us
+            .is_some_and(|ask| ask >= COSTLY_SHARE * verify_one_us)
+    }
+
+    /// Expected committed tokens per microsecond of a round that asks this source and drafts
+    /// up to K tokens, for every K in `1..verify.len()`: it proposes with its proposal rate,
+    /// else the round decodes one token plainly; the ask takes its average time, or K times its
+    /// time per drafted token if that is longer.
+    fn rates(&self, verify: &[f64]) -> Vec<f64> {
+        let ask = self.ask_us.unwrap_or(0.0);
+        let per_token = self.draft_per_token_us.unwrap_or(0.0);
+        let p = self.proposal_rate;
+        let acceptance = self.positions.acceptance();
+        let mut expected_tokens = 1.0;
+        let mut all_accepted = 1.0;
+        let mut rates = Vec::with_capacity(verify.len());
+        for (k, &verify_time) in verify.iter().enumerate().skip(1) {
+            all_accepted *= acceptance[k - 1];
+            expected_tokens += all_accepted;
+            let tokens = p * expected_tokens + (1.0 - p);
+            let time = p * verify_time + (1.0 - p) * verify[0] + ask.max(per_token * k as f64);
+            rates.push(if time > 0.0 { tokens / time } else { 0.0 });
+        }
+        rates
     }
 
     /// Whether enough time has passed since its last ask to measure it again at no more than
@@ -443,8 +473,10 @@ impl Policy for Cost {
 
     fn decide(&mut self) -> Decision {
         let verify = self.verify.table();
-        let excluded = self.unprofitable_sources(&verify);
-        let (best, best_above_zero) = self.best_draft_lengths(&verify, &excluded);
+        let unprofitable = self.unprofitable_sources(&verify);
+        // K is chosen for the sources that pay: a probe of one that does not is not a reason
+        // to draft less (it would keep K at 0, where the probe never happens).
+        let (best, best_above_zero) = self.best_draft_lengths(&verify, &unprofitable);
         let mut length = best;
         if best == 0 {
             self.rounds_without_evidence = self.rounds_without_evidence.saturating_add(1);
@@ -456,11 +488,13 @@ impl Policy for Cost {
         if length == 0 {
             return Decision::skip(self.shadow_len);
         }
-        let names = excluded
+        let excluded = unprofitable
             .iter()
-            .map(|&index| self.sources[index].name.clone())
+            .map(|&index| &self.sources[index])
+            .filter(|model| !model.is_due_for_a_probe())
+            .map(|model| model.name.clone())
             .collect();
-        Decision::draft(length).excluding(names)
+        Decision::draft(length).excluding(excluded)
     }
 }
 
@@ -492,25 +526,23 @@ impl Cost {
     }
 
     /// Indices of the costly sources whose drafts, at their best K, commit fewer tokens per
-    /// unit of time than plain decoding, except those due for a probe.
+    /// unit of time than plain decoding.
     fn unprofitable_sources(&self, verify: &[f64]) -> Vec<usize> {
         let Some(&verify_one) = verify.first() else {
             return Vec::new();
         };
         let plain = 1.0 / verify_one;
-        let mut excluded = Vec::new();
+        let mut unprofitable = Vec::new();
         for (index, model) in self.sources.iter().enumerate() {
-            if !model.is_costly(verify_one) || model.is_due_for_a_probe() {
+            if !model.is_costly(verify_one) {
                 continue;
             }
-            let per_token = model.draft_per_token_us.unwrap_or(0.0);
-            let rates = throughput(verify, &model.positions.acceptance(), per_token);
-            let best_rate = rates.iter().skip(1).copied().fold(0.0, f64::max);
+            let best_rate = model.rates(verify).into_iter().fold(0.0, f64::max);
             if best_rate < plain {
-                excluded.push(index);
+                unprofitable.push(index);
             }
         }
-        excluded
+        unprofitable
     }
 
     /// Drafting time per token of the sources still asked, weighted by how often each won.
@@ -549,6 +581,11 @@ impl Cost {
         };
         (argmax(0), argmax(1))
     }
+}
+
+/// `old` moved towards `sample` by [`EMA_WEIGHT`], or `sample` when there is no `old`.
+fn moving_average(old: Option<f64>, sample: f64) -> f64 {
+    old.map_or(sample, |old| old + EMA_WEIGHT * (sample - old))
 }
 
 /// Expected committed tokens per microsecond for every K in `0..verify.len()`, given the verify
@@ -894,8 +931,8 @@ mod tests {
             harness.observe(&round);
         }
         assert!(
-            asked_at.len() >= 2,
-            "measured again now and then: {asked_at:?}"
+            (2..=4).contains(&asked_at.len()),
+            "measured again now and then: {asked_at:?} µs"
         );
         // Each ask waits until 20 times its own cost has passed since the previous one.
         let mut previous = 0;
@@ -903,6 +940,16 @@ mod tests {
             assert!(at - previous >= 20 * ask_us, "asks at {asked_at:?} µs");
             previous = at + ask_us + ONE_TOKEN_US as u64;
         }
+    }
+
+    #[test]
+    fn leaves_out_a_costly_source_that_is_slow_to_propose_nothing() {
+        let mut harness = cost("", two_sources(0.3));
+        let mut empty = model_round(0, 0, 0.0);
+        empty.sources[1].draft_us = 3 * ONE_TOKEN_US as u64;
+        empty.sources[1].won = false;
+        harness.observe(&empty);
+        assert_eq!(harness.decide().exclude, ["model"]);
     }
 
     #[test]
