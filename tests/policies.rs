@@ -13,7 +13,7 @@ use spechost::cascade::{
     Cascade, CascadeMode, CascadeSettings, DraftModel, DraftModelFactory, DraftedToken, Token,
 };
 use spechost::config::{SourceSpec, parse_policy};
-use spechost::engine::{SamplingParams, Target};
+use spechost::engine::{GenerationStats, SamplingParams, Target};
 use spechost::models::DefaultModel;
 use spechost::plugins::{BUILTIN_POLICIES, PluginHost};
 use spechost::run::build_cascade;
@@ -228,7 +228,54 @@ impl DraftModel for Clairvoyant {
     }
 }
 
-/// The `cost` policy asks a free, always-accepted draft model every round, and a slow one once.
+/// A plugin host lending a [`Clairvoyant`] draft model that knows `plain`'s tokens after a
+/// prompt of `prompt_len` and takes `delay` per drafted token; also its count of `propose` calls.
+fn clairvoyant_host(
+    plain: &[Token],
+    prompt_len: usize,
+    delay: Duration,
+) -> (PluginHost, Arc<AtomicU32>) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let host = plugin_host();
+    host.attach_draft_model(Arc::new(Clairvoyant {
+        output: Arc::new(plain.to_vec()),
+        prompt_len,
+        delay,
+        calls: Arc::clone(&calls),
+        fed: Mutex::new(0),
+    }));
+    (host, calls)
+}
+
+/// Generates `message` with the built-in `sources` under `cost`, checks the output equals
+/// `plain`, and returns the run's stats.
+fn cost_run(
+    host: &PluginHost,
+    target: &Target,
+    message: &str,
+    sources: &[&str],
+    plain: &[Token],
+) -> GenerationStats {
+    let mut cascade = cascade_with(host, target, sources, "cost", CascadeMode::First);
+    let spec = generate(
+        target,
+        message,
+        MAX_TOKENS,
+        SamplingParams::greedy(),
+        DRAFT_MAX,
+        &mut cascade,
+    );
+    assert_eq!(
+        spec.tokens,
+        plain,
+        "{sources:?}: output differs from plain decoding at token {:?}",
+        first_difference(&spec.tokens, plain)
+    );
+    spec.stats
+}
+
+/// The `cost` policy asks a free, always-accepted draft model every round, and a slow one
+/// rarely.
 #[test]
 fn cost_leaves_out_a_draft_model_that_costs_more_than_it_saves() {
     let _guard = exclusive();
@@ -246,52 +293,28 @@ fn cost_leaves_out_a_draft_model_that_costs_more_than_it_saves() {
     // Free drafts are all accepted and worth asking for every round; at 30 ms a token (several
     // times a verify step of this model) no draft can pay, however well accepted.
     for (delay_ms, worth_it) in [(0, true), (30, false)] {
-        let calls = Arc::new(AtomicU32::new(0));
-        let host = plugin_host();
-        host.attach_draft_model(Arc::new(Clairvoyant {
-            output: Arc::new(plain.tokens.clone()),
-            prompt_len,
-            delay: Duration::from_millis(delay_ms),
-            calls: Arc::clone(&calls),
-            fed: Mutex::new(0),
-        }));
-        let mut cascade = cascade_with(&host, &target, &["draft"], "cost", CascadeMode::First);
-        let spec = generate(
-            &target,
-            message,
-            MAX_TOKENS,
-            SamplingParams::greedy(),
-            DRAFT_MAX,
-            &mut cascade,
-        );
-        assert_eq!(
-            spec.tokens,
-            plain.tokens,
-            "{delay_ms} ms a token: output differs from plain decoding at token {:?}",
-            first_difference(&spec.tokens, &plain.tokens)
-        );
-        let asked = spec.stats.sources[0].asked;
-        let rounds = spec.stats.rounds;
+        let delay = Duration::from_millis(delay_ms);
+        let (host, calls) = clairvoyant_host(&plain.tokens, prompt_len, delay);
+        let stats = cost_run(&host, &target, message, &["draft"], &plain.tokens);
+        let (asked, rounds) = (stats.sources[0].asked, stats.rounds);
         if worth_it {
             assert!(
-                asked * 2 >= rounds && spec.stats.accepted > 0,
-                "free drafts: asked in {asked} of {rounds} rounds: {:?}",
-                spec.stats
+                asked * 2 >= rounds && stats.accepted > 0,
+                "free drafts: asked in {asked} of {rounds} rounds: {stats:?}"
             );
         } else {
+            // One ask measures it; re-measuring takes at most 5% of the time.
             assert!(
-                (1..=2).contains(&asked),
-                "slow drafts: asked in {asked} of {rounds} rounds, where one measurement (and \
-                 at most one probe) should do: {:?}",
-                spec.stats
+                asked >= 1 && asked * 10 <= rounds,
+                "slow drafts: asked in {asked} of {rounds} rounds: {stats:?}"
             );
         }
         assert_eq!(u64::from(calls.load(Ordering::Relaxed)), asked);
     }
 }
 
-/// With `lookup,draft`, a draft model slower than it saves is measured once per request (when
-/// `lookup` first has nothing), then left out, and `lookup` goes on drafting.
+/// With `lookup,draft`, a draft model slower than it saves is measured when `lookup` first has
+/// nothing, then left out but for rare re-measurements, and `lookup` goes on drafting.
 #[test]
 fn cost_keeps_cheap_drafts_going_while_it_leaves_out_a_slow_draft_model() {
     let _guard = exclusive();
@@ -307,44 +330,21 @@ fn cost_keeps_cheap_drafts_going_while_it_leaves_out_a_slow_draft_model() {
             DRAFT_MAX,
             &mut Cascade::empty(),
         );
-        let calls = Arc::new(AtomicU32::new(0));
-        let host = plugin_host();
-        host.attach_draft_model(Arc::new(Clairvoyant {
-            output: Arc::new(plain.tokens.clone()),
-            prompt_len: target.tokenize_chat(message).expect("chat template").len(),
-            delay: Duration::from_millis(30),
-            calls: Arc::clone(&calls),
-            fed: Mutex::new(0),
-        }));
-        let run = |sources: &[&str]| {
-            let mut cascade = cascade_with(&host, &target, sources, "cost", CascadeMode::First);
-            let spec = generate(
-                &target,
-                message,
-                MAX_TOKENS,
-                SamplingParams::greedy(),
-                DRAFT_MAX,
-                &mut cascade,
-            );
-            assert_eq!(
-                spec.tokens,
-                plain.tokens,
-                "{sources:?} on {}: output differs from plain decoding at token {:?}",
-                fixture.id,
-                first_difference(&spec.tokens, &plain.tokens)
-            );
-            spec.stats
-        };
-        alone_won += run(&["lookup"]).sources[0].won;
-        let beside = run(&["lookup", "draft"]);
+        let prompt_len = target.tokenize_chat(message).expect("chat template").len();
+        let delay = Duration::from_millis(30);
+        let (host, calls) = clairvoyant_host(&plain.tokens, prompt_len, delay);
+        alone_won += cost_run(&host, &target, message, &["lookup"], &plain.tokens).sources[0].won;
+        let beside = cost_run(&host, &target, message, &["lookup", "draft"], &plain.tokens);
         beside_won += beside.sources[0].won;
+        let asked = beside.sources[1].asked;
         assert!(
-            calls.load(Ordering::Relaxed) <= 2,
-            "{}: the slow draft model drafted {} times: {:?}",
+            asked * 10 <= beside.rounds,
+            "{}: the slow draft model was asked in {asked} of {} rounds: {:?}",
             fixture.id,
-            calls.load(Ordering::Relaxed),
+            beside.rounds,
             beside.sources
         );
+        assert_eq!(u64::from(calls.load(Ordering::Relaxed)), asked);
     }
     // Timing a slow draft once must not stop the cheap source: `lookup` wins about as many
     // rounds beside it as alone (a shared drafting-time estimate would have turned K to 0).
