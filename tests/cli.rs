@@ -6,6 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::assert_fails_with;
 use spechost::config::cache_dir;
 use spechost::models::DefaultModel;
 
@@ -32,23 +33,6 @@ fn spechost(args: &[&str], stdin: Option<&str>) -> Output {
             .expect("write stdin");
     }
     child.wait_with_output().expect("spechost finishes")
-}
-
-/// Asserts a clean failure whose `error:` line contains every one of `needles`.
-fn assert_fails_with(output: &Output, needles: &[&str]) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        !output.status.success(),
-        "expected failure, stderr: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
-    let error = stderr
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or_else(|| panic!("no `error:` line in: {stderr}"));
-    for needle in needles {
-        assert!(error.contains(needle), "`{needle}` not in: {error}");
-    }
 }
 
 fn smollm2() -> PathBuf {
