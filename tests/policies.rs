@@ -13,13 +13,25 @@ use spechost::cascade::{
     Cascade, CascadeMode, CascadeSettings, DraftModel, DraftModelFactory, DraftedToken, Token,
 };
 use spechost::config::{SourceSpec, parse_policy};
-use spechost::engine::{GenerationStats, SamplingParams, Target};
+use spechost::engine::{GenerationStats, Outcome, SamplingParams, Target};
 use spechost::models::DefaultModel;
 use spechost::plugins::{BUILTIN_POLICIES, PluginHost};
 use spechost::run::build_cascade;
 
 const MAX_TOKENS: usize = 64;
 const DRAFT_MAX: usize = 16;
+
+/// Greedy generation of `message` with `cascade`, at the tests' lengths.
+fn greedy(target: &Target, message: &str, cascade: &mut Cascade) -> Outcome {
+    generate(
+        target,
+        message,
+        MAX_TOKENS,
+        SamplingParams::greedy(),
+        DRAFT_MAX,
+        cascade,
+    )
+}
 
 /// The built-in drafters `sources` with `policy` (a `--policy` spec) in `mode`.
 fn cascade_with(
@@ -66,30 +78,14 @@ fn every_policy_in_both_modes_is_token_identical_to_plain() {
     let fixtures = fixtures();
     let plain: Vec<_> = fixtures
         .iter()
-        .map(|fixture| {
-            generate(
-                &target,
-                &fixture.user_message,
-                MAX_TOKENS,
-                SamplingParams::greedy(),
-                DRAFT_MAX,
-                &mut Cascade::empty(),
-            )
-        })
+        .map(|fixture| greedy(&target, &fixture.user_message, &mut Cascade::empty()))
         .collect();
     for policy in BUILTIN_POLICIES {
         for mode in [CascadeMode::First, CascadeMode::Scored] {
             let mut cascade = cascade_with(&host, &target, &["lookup", "suffix"], policy, mode);
             let mut accepted = 0;
             for (fixture, plain) in fixtures.iter().zip(&plain) {
-                let spec = generate(
-                    &target,
-                    &fixture.user_message,
-                    MAX_TOKENS,
-                    SamplingParams::greedy(),
-                    DRAFT_MAX,
-                    &mut cascade,
-                );
+                let spec = greedy(&target, &fixture.user_message, &mut cascade);
                 assert_eq!(
                     spec.tokens,
                     plain.tokens,
@@ -118,14 +114,7 @@ fn fixed_policy_bounds_every_draft() {
     for k in [0, 2] {
         let policy = format!("fixed,k={k}");
         let mut cascade = cascade_with(&host, &target, &["lookup"], &policy, CascadeMode::First);
-        let outcome = generate(
-            &target,
-            &fixture.user_message,
-            MAX_TOKENS,
-            SamplingParams::greedy(),
-            DRAFT_MAX,
-            &mut cascade,
-        );
+        let outcome = greedy(&target, &fixture.user_message, &mut cascade);
         let stats = &outcome.stats;
         assert!(
             stats.drafted <= k * stats.draft_rounds,
@@ -257,14 +246,7 @@ fn cost_run(
     plain: &[Token],
 ) -> GenerationStats {
     let mut cascade = cascade_with(host, target, sources, "cost", CascadeMode::First);
-    let spec = generate(
-        target,
-        message,
-        MAX_TOKENS,
-        SamplingParams::greedy(),
-        DRAFT_MAX,
-        &mut cascade,
-    );
+    let spec = greedy(target, message, &mut cascade);
     assert_eq!(
         spec.tokens,
         plain,
@@ -282,14 +264,7 @@ fn cost_leaves_out_a_draft_model_that_costs_more_than_it_saves() {
     let target = load(DefaultModel::SmolLm2);
     let message = &fixtures()[0].user_message;
     let prompt_len = target.tokenize_chat(message).expect("chat template").len();
-    let plain = generate(
-        &target,
-        message,
-        MAX_TOKENS,
-        SamplingParams::greedy(),
-        DRAFT_MAX,
-        &mut Cascade::empty(),
-    );
+    let plain = greedy(&target, message, &mut Cascade::empty());
     // Free drafts are all accepted and worth asking for every round; at 30 ms a token (several
     // times a verify step of this model) no draft can pay, however well accepted.
     for (delay_ms, worth_it) in [(0, true), (30, false)] {
@@ -322,14 +297,7 @@ fn cost_keeps_cheap_drafts_going_while_it_leaves_out_a_slow_draft_model() {
     let (mut alone_won, mut beside_won) = (0, 0);
     for fixture in fixtures() {
         let message = &fixture.user_message;
-        let plain = generate(
-            &target,
-            message,
-            MAX_TOKENS,
-            SamplingParams::greedy(),
-            DRAFT_MAX,
-            &mut Cascade::empty(),
-        );
+        let plain = greedy(&target, message, &mut Cascade::empty());
         let prompt_len = target.tokenize_chat(message).expect("chat template").len();
         let delay = Duration::from_millis(30);
         let (host, calls) = clairvoyant_host(&plain.tokens, prompt_len, delay);

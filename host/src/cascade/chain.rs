@@ -131,6 +131,8 @@ struct Slot {
     proposal: Option<Proposal>,
     /// Time the `propose` call for this round's proposal took.
     proposal_time: Duration,
+    /// Time the last call to the source took.
+    last_call_time: Duration,
     /// Left out of this round by the policy: not asked for a draft or a shadow draft.
     excluded: bool,
     shadow: Option<Shadow>,
@@ -147,7 +149,8 @@ impl Slot {
     ) -> Option<T> {
         let started = Instant::now();
         let result = call(self.source.as_mut());
-        self.stats.time += started.elapsed();
+        self.last_call_time = started.elapsed();
+        self.stats.time += self.last_call_time;
         match result {
             Ok(value) => Some(value),
             Err(fault) => {
@@ -162,11 +165,10 @@ impl Slot {
     /// Returns its length.
     fn ask(&mut self, max_len: usize) -> usize {
         self.stats.asked += 1;
-        let started = Instant::now();
         let mut proposal = self
             .call("propose", |s| s.propose(max_len))
             .unwrap_or_default();
-        self.proposal_time = started.elapsed();
+        self.proposal_time = self.last_call_time;
         proposal.tokens.truncate(max_len);
         proposal.confidence.truncate(max_len);
         if !proposal.tokens.is_empty() {
@@ -199,6 +201,7 @@ impl Cascade {
                 history: PositionAcceptance::default(),
                 proposal: None,
                 proposal_time: Duration::ZERO,
+                last_call_time: Duration::ZERO,
                 excluded: false,
                 shadow: None,
                 shadow_asked: false,
@@ -366,7 +369,6 @@ impl Cascade {
                 continue;
             }
             slot.shadow_asked = true;
-            let started = Instant::now();
             let tokens = slot
                 .call("propose", |s| s.propose(len))
                 .map(|mut proposal| {
@@ -379,7 +381,7 @@ impl Cascade {
                 slot.shadow = Some(Shadow {
                     tokens,
                     matched: 0,
-                    draft_time: started.elapsed(),
+                    draft_time: slot.last_call_time,
                 });
             }
         }

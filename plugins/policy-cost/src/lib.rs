@@ -341,18 +341,14 @@ impl SourceModel {
         let ask = self.ask_us.unwrap_or(0.0);
         let per_token = self.draft_per_token_us.unwrap_or(0.0);
         let p = self.proposal_rate;
-        let acceptance = self.positions.acceptance();
-        let mut expected_tokens = 1.0;
-        let mut all_accepted = 1.0;
-        let mut rates = Vec::with_capacity(verify.len());
-        for (k, &verify_time) in verify.iter().enumerate().skip(1) {
-            all_accepted *= acceptance[k - 1];
-            expected_tokens += all_accepted;
-            let tokens = p * expected_tokens + (1.0 - p);
-            let time = p * verify_time + (1.0 - p) * verify[0] + ask.max(per_token * k as f64);
-            rates.push(if time > 0.0 { tokens / time } else { 0.0 });
-        }
-        rates
+        let expected = expected_tokens(&self.positions.acceptance(), verify.len());
+        (1..verify.len())
+            .map(|k| {
+                let tokens = p * expected[k] + (1.0 - p);
+                let time = p * verify[k] + (1.0 - p) * verify[0] + ask.max(per_token * k as f64);
+                if time > 0.0 { tokens / time } else { 0.0 }
+            })
+            .collect()
     }
 
     /// Whether enough time has passed since its last ask to measure it again at no more than
@@ -588,25 +584,35 @@ fn moving_average(old: Option<f64>, sample: f64) -> f64 {
     old.map_or(sample, |old| old + EMA_WEIGHT * (sample - old))
 }
 
+/// `E[tokens | K]` for every K in `0..len`: the round's own token plus the expected accepted
+/// prefix of a K-token draft, given the acceptance per position (see the crate docs).
+fn expected_tokens(acceptance: &[f64], len: usize) -> Vec<f64> {
+    let mut all_accepted = 1.0;
+    let mut expected = 1.0;
+    let mut table = Vec::with_capacity(len);
+    for k in 0..len {
+        if k > 0 {
+            all_accepted *= acceptance[k - 1];
+            expected += all_accepted;
+        }
+        table.push(expected);
+    }
+    table
+}
+
 /// Expected committed tokens per microsecond for every K in `0..verify.len()`, given the verify
 /// times, the acceptance per position and the drafting time per token.
 fn throughput(verify: &[f64], acceptance: &[f64], draft_per_token: f64) -> Vec<f64> {
-    let mut expected_tokens = 1.0;
-    let mut all_accepted = 1.0;
-    let mut throughput = Vec::with_capacity(verify.len());
-    for (k, verify_time) in verify.iter().enumerate() {
-        if k > 0 {
-            all_accepted *= acceptance[k - 1];
-            expected_tokens += all_accepted;
-        }
-        let time = verify_time + k as f64 * draft_per_token;
-        throughput.push(if time > 0.0 {
-            expected_tokens / time
-        } else {
-            0.0
-        });
-    }
-    throughput
+    let expected = expected_tokens(acceptance, verify.len());
+    verify
+        .iter()
+        .zip(expected)
+        .enumerate()
+        .map(|(k, (verify_time, tokens))| {
+            let time = verify_time + k as f64 * draft_per_token;
+            if time > 0.0 { tokens / time } else { 0.0 }
+        })
+        .collect()
 }
 
 export_policy!(Cost);
