@@ -672,6 +672,22 @@ fn parse_cascade_mode(mode: Option<String>) -> Result<CascadeMode, ConfigError> 
     })
 }
 
+/// Parses the modes of a repeatable `--cascade-mode`: each once, in the order given; ordered
+/// mode when none is given.
+fn parse_cascade_modes(modes: Vec<String>) -> Result<Vec<CascadeMode>, ConfigError> {
+    let mut parsed = Vec::new();
+    for mode in modes {
+        let mode = parse_cascade_mode(Some(mode))?;
+        if !parsed.contains(&mode) {
+            parsed.push(mode);
+        }
+    }
+    if parsed.is_empty() {
+        parsed.push(CascadeMode::First);
+    }
+    Ok(parsed)
+}
+
 /// Everything `spechost run` needs, validated.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -1044,16 +1060,7 @@ impl BenchArgs {
         if policies.is_empty() {
             policies.push(parse_policy(BENCH_DEFAULT_POLICY)?);
         }
-        let mut cascade_modes = Vec::new();
-        for mode in self.cascade_modes {
-            let mode = parse_cascade_mode(Some(mode))?;
-            if !cascade_modes.contains(&mode) {
-                cascade_modes.push(mode);
-            }
-        }
-        if cascade_modes.is_empty() {
-            cascade_modes.push(CascadeMode::First);
-        }
+        let cascade_modes = parse_cascade_modes(self.cascade_modes)?;
         if self.repeat == 0 {
             return Err(ConfigError::ZeroRepeat);
         }
@@ -1583,6 +1590,10 @@ pub struct SimulateArgs {
     /// Draft lengths (K) to replay each cascade with, comma-separated (default: 8).
     #[arg(long = "draft-max", value_name = "K,K,...", value_delimiter = ',')]
     pub draft_maxes: Vec<usize>,
+    /// Cascade modes to replay each cascade in, comma-separated: `first`, `scored` (default:
+    /// first).
+    #[arg(long = "cascade-mode", value_name = "MODE,MODE", value_delimiter = ',')]
+    pub cascade_modes: Vec<String>,
     /// A plugin setting, `plugin.key=value` (repeatable); applies in every cascade that has the
     /// plugin.
     #[arg(long = "plugin-config", value_name = "PLUGIN.KEY=VALUE")]
@@ -1604,6 +1615,8 @@ pub struct SimulateConfig {
     pub cascades: Vec<Vec<SourceSpec>>,
     /// Draft lengths to replay every cascade with, in the order given.
     pub draft_maxes: Vec<usize>,
+    /// Cascade modes to replay every cascade in, in the order given.
+    pub cascade_modes: Vec<CascadeMode>,
     /// Per-plugin configuration strings, by source name.
     pub plugin_configs: BTreeMap<String, String>,
     /// Extra directories searched for built-in plugins, before the default ones.
@@ -1621,6 +1634,7 @@ impl SimulateArgs {
             plugin_configs: plugin_configs_for(&self.plugin_config, &cascades)?,
             cascades,
             draft_maxes: check_draft_maxes(self.draft_maxes)?,
+            cascade_modes: parse_cascade_modes(self.cascade_modes)?,
             plugin_dirs: self
                 .plugin_dirs
                 .into_iter()
@@ -2256,10 +2270,25 @@ mod tests {
             .expect("valid");
         assert_eq!(config.cascades.len(), 2);
         assert_eq!(config.draft_maxes, vec![4, 8]);
+        assert_eq!(config.cascade_modes, vec![CascadeMode::First]);
         assert_eq!(config.plugin_configs["suffix"], "alpha=2");
+        let both = SimulateArgs {
+            cascade_modes: vec!["scored".into(), "first".into(), "scored".into()],
+            ..args(&["lookup"], &[])
+        };
+        let config = both.into_config().expect("valid");
+        assert_eq!(
+            config.cascade_modes,
+            vec![CascadeMode::Scored, CascadeMode::First]
+        );
+        let unknown_mode = SimulateArgs {
+            cascade_modes: vec!["best".into()],
+            ..args(&["lookup"], &[])
+        };
         for (bad, needle) in [
             (args(&["none"], &[]), "baseline"),
             (args(&["lookup"], &["suffix.alpha=2"]), "not in the cascade"),
+            (unknown_mode, "unknown cascade mode `best`"),
         ] {
             let err = bad.into_config().expect_err(needle).to_string();
             assert!(err.contains(needle), "wanted `{needle}` in: {err}");

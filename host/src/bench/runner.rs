@@ -86,20 +86,25 @@ impl Configuration {
         all
     }
 
-    /// Every cascade with every draft length under the fixed policy in ordered mode, cascade by
+    /// Every cascade in every mode with every draft length under the fixed policy, cascade by
     /// cascade, in the order given (what `simulate` replays).
-    pub fn grid(cascades: &[Vec<SourceSpec>], draft_maxes: &[usize]) -> Vec<Self> {
-        cascades
-            .iter()
-            .flat_map(|cascade| {
-                draft_maxes.iter().map(|&draft_max| Self {
+    pub fn grid(
+        cascades: &[Vec<SourceSpec>],
+        modes: &[CascadeMode],
+        draft_maxes: &[usize],
+    ) -> Vec<Self> {
+        let mut grid = Vec::new();
+        for cascade in cascades {
+            for &mode in modes {
+                grid.extend(draft_maxes.iter().map(|&draft_max| Self {
                     cascade: cascade.clone(),
                     draft_max: Some(draft_max),
                     policy: None,
-                    mode: CascadeMode::First,
-                })
-            })
-            .collect()
+                    mode,
+                }));
+            }
+        }
+        grid
     }
 
     /// The policy's name and settings as given (`window,raise=0.9`), or `none`.

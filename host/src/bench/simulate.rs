@@ -178,7 +178,8 @@ pub struct SimulationReport {
 /// Replays the trace through every configured cascade and draft length.
 pub fn simulate(config: &SimulateConfig, cache_dir: &Path) -> anyhow::Result<SimulationReport> {
     let trace = Trace::read(&config.trace)?;
-    let configurations = Configuration::grid(&config.cascades, &config.draft_maxes);
+    let configurations =
+        Configuration::grid(&config.cascades, &config.cascade_modes, &config.draft_maxes);
     let host = PluginHost::new(PluginHostConfig {
         cache_dir: Some(cache_dir.to_owned()),
         plugin_dirs: config.plugin_dirs.clone(),
@@ -196,7 +197,10 @@ pub fn simulate(config: &SimulateConfig, cache_dir: &Path) -> anyhow::Result<Sim
                 plugins,
                 &config.plugin_configs,
                 &facts,
-                CascadeSettings::default(),
+                CascadeSettings {
+                    mode: configuration.mode,
+                    ..CascadeSettings::default()
+                },
                 None,
                 configuration.draft_max.unwrap_or(0),
             )?;

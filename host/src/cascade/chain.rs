@@ -5,8 +5,9 @@
 //! - **first** (default): sources are asked in order; the first whose proposal has at least
 //!   `min_len` tokens wins and later sources are not asked (llama.cpp's speculative chain).
 //! - **scored**: every cheap source proposes; the proposal with the highest expected accepted
-//!   length wins (its confidences summed, or the source's measured acceptance by position when
-//!   it gives none). Expensive sources (those that run a draft model) are asked only when the
+//!   length wins (its confidences calibrated against what the source achieved and summed, or
+//!   its measured acceptance by position when it gives none: [`AcceptanceHistory`], learnt
+//!   across requests). Expensive sources (those that run a draft model) are asked only when the
 //!   best cheap proposal is expected to accept fewer than `expensive_threshold` tokens.
 //!
 //! Before each round the policy's [`Decision`] sets the draft length; 0 skips speculation, and
@@ -15,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::estimate::{PositionAcceptance, expected_accepted, matching_prefix};
+use super::estimate::{AcceptanceHistory, matching_prefix};
 use super::policy::{Decision, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound};
 use super::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 use super::stats::SourceStats;
@@ -117,7 +118,7 @@ pub struct RoundTiming {
 /// An unverified proposal being compared with the target's tokens as they are committed.
 #[derive(Debug, Clone, Default)]
 struct Shadow {
-    tokens: Vec<Token>,
+    proposal: Proposal,
     matched: usize,
     /// Time the `propose` call that made it took.
     draft_time: Duration,
@@ -126,7 +127,8 @@ struct Shadow {
 struct Slot {
     source: Box<dyn DraftSource>,
     stats: SourceStats,
-    history: PositionAcceptance,
+    /// What the source's checked proposals say about its acceptance, kept across requests.
+    history: AcceptanceHistory,
     /// This round's proposal, after truncation, if the source was asked (it gets feedback).
     proposal: Option<Proposal>,
     /// Time the `propose` call for this round's proposal took.
@@ -169,8 +171,7 @@ impl Slot {
             .call("propose", |s| s.propose(max_len))
             .unwrap_or_default();
         self.proposal_time = self.last_call_time;
-        proposal.tokens.truncate(max_len);
-        proposal.confidence.truncate(max_len);
+        proposal.truncate(max_len);
         if !proposal.tokens.is_empty() {
             self.stats.proposed += 1;
         }
@@ -198,7 +199,7 @@ impl Cascade {
             .map(|source| Slot {
                 stats: SourceStats::named(source.name()),
                 source,
-                history: PositionAcceptance::default(),
+                history: AcceptanceHistory::default(),
                 proposal: None,
                 proposal_time: Duration::ZERO,
                 last_call_time: Duration::ZERO,
@@ -257,7 +258,6 @@ impl Cascade {
     ) {
         for slot in &mut self.slots {
             slot.stats = SourceStats::named(&slot.stats.name);
-            slot.history = PositionAcceptance::default();
             slot.proposal = None;
             slot.shadow = None;
             slot.shadow_asked = false;
@@ -349,7 +349,7 @@ impl Cascade {
                 let Some(proposal) = slot.proposal.as_ref() else {
                     continue;
                 };
-                let score = expected_accepted(proposal, &slot.history);
+                let score = slot.history.expected_accepted(proposal);
                 if best.is_none_or(|(_, best_score)| score > best_score) {
                     best = Some((index, score));
                 }
@@ -369,17 +369,12 @@ impl Cascade {
                 continue;
             }
             slot.shadow_asked = true;
-            let tokens = slot
-                .call("propose", |s| s.propose(len))
-                .map(|mut proposal| {
-                    proposal.tokens.truncate(len);
-                    proposal.tokens
-                })
-                .unwrap_or_default();
-            if !tokens.is_empty() {
+            let mut proposal = slot.call("propose", |s| s.propose(len)).unwrap_or_default();
+            proposal.truncate(len);
+            if !proposal.tokens.is_empty() {
                 slot.stats.shadow_proposed += 1;
                 slot.shadow = Some(Shadow {
-                    tokens,
+                    proposal,
                     matched: 0,
                     draft_time: slot.last_call_time,
                 });
@@ -432,7 +427,7 @@ impl Cascade {
                         committed.len(),
                     )
                 };
-                slot.history.record(drafted, matched, known);
+                slot.history.record(&proposal, matched, known);
                 if won {
                     slot.stats.record_win(drafted, n_accepted);
                 }
@@ -504,16 +499,16 @@ impl Cascade {
 /// is fully matched, clears it, learns from it, and returns its record.
 fn settle_shadow(slot: &mut Slot, committed: &[Token]) -> Option<SourceRound> {
     let shadow = slot.shadow.as_mut()?;
-    let remaining = &shadow.tokens[shadow.matched..];
-    let matched_now = matching_prefix(remaining, committed);
+    let drafted = shadow.proposal.tokens.len();
+    let matched_now = matching_prefix(&shadow.proposal.tokens[shadow.matched..], committed);
     shadow.matched += matched_now;
-    let mismatched = matched_now < committed.len() && shadow.matched < shadow.tokens.len();
-    if !mismatched && shadow.matched < shadow.tokens.len() {
+    let mismatched = matched_now < committed.len() && shadow.matched < drafted;
+    if !mismatched && shadow.matched < drafted {
         return None;
     }
     let shadow = slot.shadow.take()?;
-    let drafted = shadow.tokens.len();
-    slot.history.record(drafted, shadow.matched, drafted);
+    slot.history
+        .record(&shadow.proposal, shadow.matched, drafted);
     slot.stats.shadow_drafted += drafted as u64;
     slot.stats.shadow_matched += shadow.matched as u64;
     Some(SourceRound {
@@ -775,6 +770,41 @@ mod tests {
             draft.source,
             Some(1),
             "losing proposals taught the cascade: {draft:?}"
+        );
+    }
+
+    #[test]
+    fn scored_mode_learns_that_a_source_overstates_its_confidence_and_remembers_it() {
+        // `boastful` claims 0.95 for each of 4 tokens (3.8 expected) but only its first token is
+        // ever right; `plain` gives no confidences and is always right.
+        let (boastful, _) = constant("boastful", &[5, 1, 1, 1], &[0.95; 4], false);
+        let (plain, _) = constant("plain", &[5, 6, 7, 8], &[], false);
+        let mut cascade = Cascade::new(vec![boastful, plain], scored());
+        let mut winners = Vec::new();
+        for _request in 0..2 {
+            cascade.begin(&facts(), &[1], 8, &[]);
+            for _ in 0..12 {
+                let draft = cascade.propose(4);
+                let n_accepted = if draft.source == Some(1) { 4 } else { 1 };
+                let committed: &[Token] = if n_accepted == 4 {
+                    &[5, 6, 7, 8, 9]
+                } else {
+                    &[5, 6]
+                };
+                cascade.accept(&draft, n_accepted, committed, RoundTiming::default(), "");
+                winners.push(draft.source);
+            }
+            cascade.end();
+        }
+        assert_eq!(winners[0], Some(0), "believed at first: {winners:?}");
+        assert_eq!(
+            winners[11],
+            Some(1),
+            "learnt within the request: {winners:?}"
+        );
+        assert!(
+            winners[12..].iter().all(|w| *w == Some(1)),
+            "and still known in the next request: {winners:?}"
         );
     }
 

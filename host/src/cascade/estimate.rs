@@ -1,21 +1,61 @@
-//! How many tokens of a proposal the target is expected to accept.
+//! How many tokens of a proposal the target is expected to accept, learned per source.
 //!
 //! A source that gives confidences says it directly: `confidence[i]` is its probability that
 //! the draft is accepted up to and including token `i`, so the expected accepted length is their
-//! sum. For a source that gives none, [`PositionAcceptance`] learns, per draft position, how
-//! often the target agreed with the source at that position given it agreed at every earlier
-//! one, from every proposal that could be checked: the verified one, and unverified ones (losing
-//! or shadow proposals) compared with the tokens the target committed.
+//! sum. Sources are not equally honest about it (a suffix tree's path probabilities count how
+//! often a continuation followed, not how often the target will agree), so
+//! [`ConfidenceCalibration`] learns how often drafts of each stated confidence were really
+//! accepted that far, and the sum is taken over those rates. For a source that gives none,
+//! [`PositionAcceptance`] learns, per draft position, how often the target agreed with the
+//! source at that position given it agreed at every earlier one.
+//!
+//! Both learn from every proposal that could be checked: the verified one, and unverified ones
+//! (losing or shadow proposals) compared with the tokens the target committed. Both carry over
+//! from request to request and forget old rounds geometrically ([`FORGET_AFTER`]), so a source
+//! that does well on one kind of request and badly on the next is re-ranked within a few
+//! hundred rounds.
 
 use super::source::{Proposal, Token};
+
+/// Once this many observations are counted at a position or a confidence bin, its counts are
+/// halved: older rounds weigh less, and estimates follow the workload.
+pub const FORGET_AFTER: f64 = 256.0;
+/// Confidence bins of [`ConfidenceCalibration`], equal widths over [0, 1].
+const CONFIDENCE_BINS: usize = 10;
+/// Pseudo-observations at the stated confidence in each bin: a source's own confidence is
+/// trusted until a few of its drafts were checked.
+const CONFIDENCE_PRIOR: f64 = 4.0;
+
+/// Counts of checked predictions: how many were checked and how many came true, halved
+/// together once [`FORGET_AFTER`] are counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Tally {
+    checked: f64,
+    hits: f64,
+}
+
+impl Tally {
+    fn add(&mut self, hit: bool) {
+        if self.checked >= FORGET_AFTER {
+            self.checked /= 2.0;
+            self.hits /= 2.0;
+        }
+        self.checked += 1.0;
+        self.hits += f64::from(u8::from(hit));
+    }
+
+    /// The posterior mean rate given `prior` pseudo-observations of rate `prior_rate`.
+    fn rate(&self, prior: f64, prior_rate: f64) -> f64 {
+        (self.hits + prior * prior_rate) / (self.checked + prior)
+    }
+}
 
 /// Per-position conditional acceptance of one source, with a uniform prior.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PositionAcceptance {
-    /// `compared[j]`: proposals whose position `j` was checked (all earlier ones matched).
-    compared: Vec<u64>,
-    /// `matched[j]`: of those, proposals whose position `j` matched.
-    matched: Vec<u64>,
+    /// `positions[j]`: proposals whose position `j` was checked (every earlier one matched),
+    /// and how many of them matched there.
+    positions: Vec<Tally>,
 }
 
 impl PositionAcceptance {
@@ -23,22 +63,22 @@ impl PositionAcceptance {
     /// where the target's tokens were known for the first `known` positions.
     pub fn record(&mut self, drafted: usize, matched: usize, known: usize) {
         let checked = drafted.min(known).min(matched + 1);
-        if self.compared.len() < checked {
-            self.compared.resize(checked, 0);
-            self.matched.resize(checked, 0);
+        if self.positions.len() < checked {
+            self.positions.resize(checked, Tally::default());
         }
-        for position in 0..checked {
-            self.compared[position] += 1;
-            self.matched[position] += u64::from(position < matched);
+        for (position, tally) in self.positions[..checked].iter_mut().enumerate() {
+            tally.add(position < matched);
         }
     }
 
     /// The estimated probability that position `j` matches given all earlier ones did: the
-    /// posterior mean under a uniform prior, `(matched + 1) / (compared + 2)`.
+    /// posterior mean under a uniform prior, `(matched + 1) / (checked + 2)`.
     pub fn conditional(&self, position: usize) -> f64 {
-        let compared = self.compared.get(position).copied().unwrap_or(0);
-        let matched = self.matched.get(position).copied().unwrap_or(0);
-        (matched as f64 + 1.0) / (compared as f64 + 2.0)
+        self.positions
+            .get(position)
+            .copied()
+            .unwrap_or_default()
+            .rate(2.0, 0.5)
     }
 
     /// Expected accepted tokens of a proposal of `len` tokens with no confidences.
@@ -53,18 +93,89 @@ impl PositionAcceptance {
     }
 }
 
-/// Expected accepted tokens of `proposal`: the sum of its confidences when it has them, else
-/// what `history` predicts for its length.
-pub fn expected_accepted(proposal: &Proposal, history: &PositionAcceptance) -> f64 {
-    if proposal.confidence.len() == proposal.tokens.len() && !proposal.tokens.is_empty() {
-        proposal
-            .confidence
-            .iter()
-            .map(|&c| f64::from(c).clamp(0.0, 1.0))
-            .sum()
-    } else {
-        history.expected_accepted(proposal.tokens.len())
+/// How often one source's drafts were accepted up to a token it gave a confidence `c`, by bins
+/// of `c`: a reliability table that turns stated confidences into measured ones.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ConfidenceCalibration {
+    /// `bins[b]`: tokens with a confidence in bin `b` whose fate is known, and how many of them
+    /// were accepted (with every token before them).
+    bins: [Tally; CONFIDENCE_BINS],
+}
+
+impl ConfidenceCalibration {
+    /// Records a proposal with `confidence` per token whose first `matched` tokens matched the
+    /// target, where the target's tokens were known for the first `known` positions. A token's
+    /// fate is known when it matched, or when an earlier or the same position was seen to
+    /// differ; the rest are censored and not counted.
+    pub fn record(&mut self, confidence: &[f32], matched: usize, known: usize) {
+        let mismatch_seen = matched < known.min(confidence.len());
+        for (position, &stated) in confidence.iter().enumerate() {
+            if position >= matched && !mismatch_seen {
+                break;
+            }
+            self.bins[bin(stated)].add(position < matched);
+        }
     }
+
+    /// The measured probability that a token stated at `confidence` is accepted, shrunk
+    /// towards the statement while its bin has few observations.
+    pub fn calibrated(&self, confidence: f32) -> f64 {
+        self.bins[bin(confidence)].rate(CONFIDENCE_PRIOR, stated(confidence))
+    }
+}
+
+/// A source's confidence as a probability: clamped to [0, 1], and 0 when it is not a number.
+fn stated(confidence: f32) -> f64 {
+    if confidence.is_finite() {
+        f64::from(confidence).clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
+/// The bin of a stated confidence.
+fn bin(confidence: f32) -> usize {
+    ((stated(confidence) * CONFIDENCE_BINS as f64) as usize).min(CONFIDENCE_BINS - 1)
+}
+
+/// What the cascade knows about one source's acceptance: by position for its proposals without
+/// confidences, by stated confidence for those with.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AcceptanceHistory {
+    by_position: PositionAcceptance,
+    by_confidence: ConfidenceCalibration,
+}
+
+impl AcceptanceHistory {
+    /// Records `proposal`, whose first `matched` tokens matched the target's tokens, known for
+    /// its first `known` positions.
+    pub fn record(&mut self, proposal: &Proposal, matched: usize, known: usize) {
+        let drafted = proposal.tokens.len();
+        self.by_position.record(drafted, matched, known);
+        if has_confidences(proposal) {
+            self.by_confidence
+                .record(&proposal.confidence, matched, known);
+        }
+    }
+
+    /// Expected accepted tokens of `proposal`: the sum of its calibrated confidences when it has
+    /// them, else what acceptance by position predicts for its length.
+    pub fn expected_accepted(&self, proposal: &Proposal) -> f64 {
+        if has_confidences(proposal) {
+            proposal
+                .confidence
+                .iter()
+                .map(|&c| self.by_confidence.calibrated(c))
+                .sum()
+        } else {
+            self.by_position.expected_accepted(proposal.tokens.len())
+        }
+    }
+}
+
+/// Whether `proposal` gives a confidence for each of its (one or more) tokens.
+fn has_confidences(proposal: &Proposal) -> bool {
+    proposal.confidence.len() == proposal.tokens.len() && !proposal.tokens.is_empty()
 }
 
 /// Leading tokens of `proposal` equal to `truth`.
@@ -80,6 +191,14 @@ pub fn matching_prefix(proposal: &[Token], truth: &[Token]) -> usize {
 mod tests {
     use super::*;
 
+    fn checked(history: &PositionAcceptance) -> Vec<(f64, f64)> {
+        history
+            .positions
+            .iter()
+            .map(|t| (t.checked, t.hits))
+            .collect()
+    }
+
     #[test]
     fn unseen_positions_are_even_odds() {
         let history = PositionAcceptance::default();
@@ -94,22 +213,72 @@ mod tests {
         history.record(4, 1, 10);
         // 4 drafted, all 2 known positions matched: censored after position 1.
         history.record(4, 2, 2);
-        assert_eq!(history.compared, vec![2, 2], "seen {history:?}");
-        assert_eq!(history.matched, vec![2, 1], "seen {history:?}");
+        assert_eq!(checked(&history), vec![(2.0, 2.0), (2.0, 1.0)]);
         assert!((history.conditional(0) - 3.0 / 4.0).abs() < 1e-12);
         assert!((history.conditional(1) - 2.0 / 4.0).abs() < 1e-12);
     }
 
     #[test]
-    fn confidences_win_over_history() {
+    fn old_observations_are_forgotten_geometrically() {
+        let mut history = PositionAcceptance::default();
+        for _ in 0..1000 {
+            history.record(1, 0, 1);
+        }
+        assert!(history.conditional(0) < 0.01, "{history:?}");
+        // After as many hits as the window holds, the early misses weigh half or less.
+        for _ in 0..FORGET_AFTER as usize {
+            history.record(1, 1, 1);
+        }
+        let rate = history.conditional(0);
+        assert!(rate > 0.5 && rate < 0.9, "rate {rate}: {history:?}");
+        assert!(history.positions[0].checked <= FORGET_AFTER + 1.0);
+    }
+
+    #[test]
+    fn calibration_counts_known_fates_only() {
+        let mut calibration = ConfidenceCalibration::default();
+        // A verified draft: 2 of 4 accepted, position 2 was seen to differ, so all 4 are known.
+        calibration.record(&[0.95, 0.85, 0.75, 0.65], 2, 4);
+        // A losing draft compared with 2 committed tokens, both matched: the rest are unknown.
+        calibration.record(&[0.95, 0.85, 0.75], 2, 2);
+        let tallies: Vec<(f64, f64)> = calibration
+            .bins
+            .iter()
+            .map(|t| (t.checked, t.hits))
+            .collect();
+        assert_eq!(tallies[9], (2.0, 2.0), "{tallies:?}");
+        assert_eq!(tallies[8], (2.0, 2.0), "{tallies:?}");
+        assert_eq!(tallies[7], (1.0, 0.0), "{tallies:?}");
+        assert_eq!(tallies[6], (1.0, 0.0), "{tallies:?}");
+    }
+
+    #[test]
+    fn an_overconfident_source_is_scored_by_what_it_achieves() {
         let proposal = Proposal {
-            tokens: vec![1, 2, 3],
-            confidence: vec![0.9, 0.8, 2.0],
+            tokens: vec![1, 2, 3, 4],
+            confidence: vec![0.9, 0.9, 0.9, 0.9],
         };
-        let expected = expected_accepted(&proposal, &PositionAcceptance::default());
+        let mut history = AcceptanceHistory::default();
+        assert!((history.expected_accepted(&proposal) - 3.6).abs() < 1e-6);
+        // Its 0.9s come true a quarter of the time: the first token always, the rest never.
+        for _ in 0..200 {
+            history.record(&proposal, 1, 4);
+        }
+        let expected = history.expected_accepted(&proposal);
+        assert!((expected - 1.0).abs() < 0.1, "got {expected}");
+    }
+
+    #[test]
+    fn confidences_win_over_history() {
+        let history = AcceptanceHistory::default();
+        let proposal = Proposal {
+            tokens: vec![1, 2, 3, 4],
+            confidence: vec![0.9, 0.8, 2.0, f32::NAN],
+        };
+        let expected = history.expected_accepted(&proposal);
         assert!((expected - 2.7).abs() < 1e-6, "clamped sum, got {expected}");
         let bare = Proposal::from_tokens(vec![1, 2]);
-        assert!((expected_accepted(&bare, &PositionAcceptance::default()) - 0.75).abs() < 1e-12);
+        assert!((history.expected_accepted(&bare) - 0.75).abs() < 1e-12);
     }
 
     #[test]

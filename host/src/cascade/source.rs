@@ -42,6 +42,12 @@ impl Proposal {
             confidence: Vec::new(),
         }
     }
+
+    /// Cuts the proposal, and its confidences, to at most `len` tokens.
+    pub fn truncate(&mut self, len: usize) {
+        self.tokens.truncate(len);
+        self.confidence.truncate(len);
+    }
 }
 
 /// How a source's last proposal fared in a round.
