@@ -61,45 +61,70 @@ fn stamp(path: &Path) -> Option<Stamp> {
     Some((metadata.modified().ok()?, metadata.len()))
 }
 
-/// Watches `dir` until the runtime shuts down.
-pub async fn run(dir: PathBuf, registry: Arc<Registry>, metrics: Arc<Metrics>) {
-    let dir = dir.canonicalize().unwrap_or(dir);
-    tracing::info!(dir = %dir.display(), "watching plugin files");
-    let mut files: BTreeMap<PathBuf, Debounce> = BTreeMap::new();
-    let mut ticks = tokio::time::interval(POLL_INTERVAL);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    loop {
-        ticks.tick().await;
+/// The watched directory and what was last seen of each loaded plugin's file in it.
+pub struct Watcher {
+    dir: PathBuf,
+    files: BTreeMap<PathBuf, Debounce>,
+}
+
+impl Watcher {
+    /// Starts watching `dir`. The loaded plugins' files there are stamped now, before the server
+    /// answers its first request, so a file replaced right after start-up counts as changed.
+    pub fn new(dir: PathBuf, registry: &Registry) -> Self {
+        let dir = dir.canonicalize().unwrap_or(dir);
+        tracing::info!(dir = %dir.display(), "watching plugin files");
+        let mut watcher = Self {
+            dir,
+            files: BTreeMap::new(),
+        };
+        watcher.poll(registry);
+        watcher
+    }
+
+    /// Stamps the loaded plugins' files in the directory; returns the plugins whose file
+    /// changed and has stayed the same since the last poll.
+    fn poll(&mut self, registry: &Registry) -> Vec<String> {
         let mut changed = Vec::new();
         for plugin in registry.snapshot().plugins() {
             let path = plugin.path.canonicalize().unwrap_or(plugin.path);
-            if path.parent() != Some(dir.as_path()) {
+            if path.parent() != Some(self.dir.as_path()) {
                 continue;
             }
             let now = stamp(&path);
-            let debounce = files.entry(path).or_insert_with(|| Debounce::new(now));
+            let debounce = self.files.entry(path).or_insert_with(|| Debounce::new(now));
             if debounce.observe(now) {
                 changed.push(plugin.name);
             }
         }
-        if changed.is_empty() {
-            continue;
-        }
-        let reloading = Arc::clone(&registry);
-        let names = changed.clone();
-        let result = tokio::task::spawn_blocking(move || reloading.reload(Some(&names))).await;
-        match result {
-            Ok(Ok(report)) => {
-                metrics.reload(ReloadOutcome::Published);
-                tracing::info!(plugins = %changed.join(","), reloaded = %report.reloaded.join(","), generation = report.generation, "reloaded changed plugin files");
+        changed
+    }
+
+    /// Polls every [`POLL_INTERVAL`] and reloads changed plugins, until the runtime shuts down.
+    pub async fn run(mut self, registry: Arc<Registry>, metrics: Arc<Metrics>) {
+        let mut ticks = tokio::time::interval(POLL_INTERVAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            ticks.tick().await;
+            let changed = self.poll(&registry);
+            if changed.is_empty() {
+                continue;
             }
-            Ok(Err(error)) => {
-                metrics.reload(ReloadOutcome::Rejected);
-                tracing::warn!(plugins = %changed.join(","), %error, "changed plugin file refused; the previous version stays in use");
-            }
-            Err(error) => {
-                metrics.reload(ReloadOutcome::Rejected);
-                tracing::error!(%error, "plugin reload panicked");
+            let reloading = Arc::clone(&registry);
+            let names = changed.clone();
+            let result = tokio::task::spawn_blocking(move || reloading.reload(Some(&names))).await;
+            match result {
+                Ok(Ok(report)) => {
+                    metrics.reload(ReloadOutcome::Published);
+                    tracing::info!(plugins = %changed.join(","), reloaded = %report.reloaded.join(","), generation = report.generation, "reloaded changed plugin files");
+                }
+                Ok(Err(error)) => {
+                    metrics.reload(ReloadOutcome::Rejected);
+                    tracing::warn!(plugins = %changed.join(","), %error, "changed plugin file refused; the previous version stays in use");
+                }
+                Err(error) => {
+                    metrics.reload(ReloadOutcome::Rejected);
+                    tracing::error!(%error, "plugin reload panicked");
+                }
             }
         }
     }
