@@ -29,9 +29,7 @@ pub use self::chain::{
     MAX_SHADOW_LEN, RoundTiming,
 };
 pub use self::draft_model::{DraftModel, DraftModelFactory, DraftedToken};
-pub use self::estimate::{
-    AcceptanceHistory, ConfidenceCalibration, FORGET_AFTER, PositionAcceptance, matching_prefix,
-};
+pub use self::estimate::{AcceptanceHistory, matching_prefix};
 pub use self::policy::{Decision, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound};
 pub use self::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 pub use self::stats::SourceStats;
