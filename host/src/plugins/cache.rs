@@ -178,6 +178,14 @@ pub(super) fn sha256(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
 }
 
+/// The sha256 of the file at `path`, in hex: what [`LoadedPlugin::sha256`] says of the file a
+/// plugin was loaded from, so a watcher can tell whether the file on disk is still that version.
+///
+/// [`LoadedPlugin::sha256`]: super::LoadedPlugin::sha256
+pub fn file_sha256(path: &std::path::Path) -> std::io::Result<String> {
+    Ok(hex(&sha256(&std::fs::read(path)?)))
+}
+
 /// Lower-case hex of `bytes`.
 pub(super) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;

@@ -70,6 +70,7 @@ mod source;
 mod state;
 
 pub use self::bridge::MAX_BRIDGE_DRAFT_LEN;
+pub use self::cache::file_sha256;
 pub use self::error::LoadError;
 pub use self::loader::{LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
 pub use self::log::{LOG_BURST, LOG_LINES_PER_SECOND, MAX_LOG_MESSAGE_CHARS};

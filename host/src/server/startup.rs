@@ -164,8 +164,11 @@ fn serve_http(
             .local_addr()
             .context("reading the listener's address")?;
         if let Some(dir) = &config.watch {
-            let watcher = watch::Watcher::new(dir.clone(), registry);
-            tokio::spawn(watcher.run(Arc::clone(registry), Arc::clone(metrics)));
+            tokio::spawn(watch::run(
+                dir.clone(),
+                Arc::clone(registry),
+                Arc::clone(metrics),
+            ));
         }
         tracing::info!(
             %address,
