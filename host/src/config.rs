@@ -237,6 +237,11 @@ pub struct TargetArgs {
     /// Read the model into memory instead of mapping it.
     #[arg(long)]
     pub no_mmap: bool,
+    /// Let llama.cpp compute every logit. By default the host computes the output layer of
+    /// verify batches itself when it is a Q8_0 matrix (Gemma 3's) and the CPU has AVX-512 VNNI,
+    /// after checking its logits bit-exact against llama.cpp's: the same output, faster.
+    #[arg(long)]
+    pub llama_output_layer: bool,
     /// Draft model for drafter plugins that use one: a .gguf path with the target's tokenizer,
     /// a default draft (smollm2-draft, gemma3-draft), or `auto` (the default target's draft).
     /// Default drafts are made from their target on first use.
@@ -264,6 +269,7 @@ impl TargetArgs {
             use_mmap: !self.no_mmap,
             use_mlock: self.mlock,
             numa: plan.numa,
+            host_output_layer: !self.llama_output_layer,
         }
     }
 

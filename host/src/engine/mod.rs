@@ -21,9 +21,12 @@
 
 mod budget;
 mod build_info;
+mod context;
 mod draft;
 mod error;
 mod model;
+#[cfg(target_arch = "x86_64")]
+mod output_layer;
 mod sample;
 mod stats;
 mod text;

@@ -1,16 +1,15 @@
 //! The target model: loading, facts, tokenization and detokenization.
 
 use std::io::Read;
-use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::llama_backend::{LlamaBackend, NumaStrategy};
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 
+use super::context::{ContextSettings, TargetContext};
 use super::error::EngineError;
 use super::verify::{Session, SessionParams};
 use crate::cascade::{ModelFacts, Token};
@@ -93,6 +92,10 @@ pub struct TargetParams {
     pub use_mlock: bool,
     /// llama.cpp's NUMA strategy; process-wide, so every target of a process must agree.
     pub numa: NumaMode,
+    /// Let the host compute the output layer of verify batches when the model's is a Q8_0
+    /// matrix and the host's logits check out bit-exact against llama.cpp's (the same output,
+    /// faster); `false` leaves every logit to llama.cpp.
+    pub host_output_layer: bool,
 }
 
 impl Default for TargetParams {
@@ -101,6 +104,7 @@ impl Default for TargetParams {
             use_mmap: true,
             use_mlock: false,
             numa: NumaMode::Off,
+            host_output_layer: true,
         }
     }
 }
@@ -111,6 +115,7 @@ pub struct Target {
     path: PathBuf,
     /// The NUMA strategy the backend was started with.
     numa: NumaMode,
+    host_output_layer: bool,
 }
 
 impl Target {
@@ -131,6 +136,7 @@ impl Target {
             model,
             path: path.to_owned(),
             numa: params.numa,
+            host_output_layer: params.host_output_layer,
         })
     }
 
@@ -276,29 +282,18 @@ impl Target {
             ctx_size: params.ctx_size,
             reason,
         };
-        let ctx_size = NonZeroU32::new(params.ctx_size)
-            .ok_or_else(|| context_error("--ctx-size must be at least 1".into()))?;
-        let context_params = LlamaContextParams::default()
-            .with_n_ctx(Some(ctx_size))
-            .with_n_batch(params.batch_size)
-            .with_n_ubatch(params.batch_size)
-            .with_n_threads(params.threads as i32)
-            .with_n_threads_batch(params.threads as i32)
-            // A sliding-window cache forgets positions a rolled-back draft may still need;
-            // the full cache keeps verification exact on models like Gemma 3.
-            .with_swa_full(true)
-            // Batch-invariant attention: verification decodes 1+K tokens at once and must give
-            // the logits that decoding them one by one gives. llama.cpp's CPU attention without
-            // flash attention, and its split-KV flash-attention path for single tokens over an
-            // F16/F32 cache of 512+ cells, both change with the batch size; flash attention
-            // over a Q8_0 cache computes every query row the same way at any batch size.
-            .with_flash_attention_policy(FLASH_ATTENTION_ON)
-            .with_type_k(KvCacheType::Q8_0)
-            .with_type_v(KvCacheType::Q8_0);
-        let context = self
-            .model
-            .new_context(backend(self.numa)?, context_params)
-            .map_err(|e| context_error(e.to_string()))?;
+        if params.ctx_size == 0 {
+            return Err(context_error("--ctx-size must be at least 1".into()));
+        }
+        // The backend must be started (with this target's NUMA strategy) before a context.
+        backend(self.numa)?;
+        let settings = ContextSettings {
+            ctx_size: params.ctx_size,
+            batch_size: params.batch_size,
+            threads: params.threads,
+            host_output_layer: self.host_output_layer,
+        };
+        let context = TargetContext::new(&self.model, &settings).map_err(context_error)?;
         Ok(Session::new(self, context))
     }
 }

@@ -1,7 +1,9 @@
 //! Choosing the target's token at a verified position: greedy or seeded sampling.
 
-use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use serde::Serialize;
 
 use super::model::from_llama;
@@ -48,8 +50,9 @@ impl SamplingParams {
 pub(super) enum TokenSampler {
     /// Arg-max of the logits.
     Greedy,
-    /// A llama.cpp sampler chain ending in a seeded draw.
-    Seeded(LlamaSampler),
+    /// A llama.cpp sampler chain ending in a seeded draw, and the candidate array it works on
+    /// (kept to reuse its allocation, a vocabulary's worth per sampled token).
+    Seeded(LlamaSampler, LlamaTokenDataArray),
 }
 
 impl TokenSampler {
@@ -69,14 +72,35 @@ impl TokenSampler {
         }
         chain.push(LlamaSampler::temp(params.temperature));
         chain.push(LlamaSampler::dist(params.seed));
-        Self::Seeded(LlamaSampler::chain_simple(chain))
+        Self::Seeded(
+            LlamaSampler::chain_simple(chain),
+            LlamaTokenDataArray::new(Vec::new(), false),
+        )
     }
 
-    /// The target's token at batch index `index` (a position whose logits were computed).
-    pub(super) fn sample(&mut self, context: &LlamaContext<'_>, index: i32) -> Token {
+    /// The target's token for the logits of one position. The seeded draw is
+    /// `llama_sampler_sample`'s: every token as a candidate, the chain applied, the selected
+    /// token accepted.
+    pub(super) fn sample(&mut self, logits: &[f32]) -> Token {
         match self {
-            Self::Greedy => argmax(context.get_logits_ith(index)),
-            Self::Seeded(chain) => from_llama(chain.sample(context, index)),
+            Self::Greedy => argmax(logits),
+            Self::Seeded(chain, candidates) => {
+                candidates.data.clear();
+                candidates.data.extend(
+                    logits
+                        .iter()
+                        .enumerate()
+                        .map(|(id, &logit)| LlamaTokenData::new(LlamaToken(id as i32), logit, 0.0)),
+                );
+                candidates.selected = None;
+                candidates.sorted = false;
+                candidates.apply_sampler(chain);
+                let token = candidates
+                    .selected_token()
+                    .expect("a sampler chain ending in a draw selects a token");
+                chain.accept(token);
+                from_llama(token)
+            }
         }
     }
 }

@@ -14,13 +14,12 @@ pub use self::cost::DEFAULT_COST_REPETITIONS;
 
 use std::time::Instant;
 
-use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::llama_batch::LlamaBatch;
 use serde::{Deserialize, Serialize};
 
 use super::budget::RoundLimits;
+use super::context::{Outputs, TargetContext};
 use super::error::EngineError;
-use super::model::{Target, to_llama};
+use super::model::Target;
 use super::sample::{SamplingParams, TokenSampler};
 use super::stats::GenerationStats;
 use super::text::{StopStrings, TextStream};
@@ -32,8 +31,6 @@ pub const DEFAULT_DRAFT_MAX: usize = 24;
 pub const DEFAULT_CTX_SIZE: u32 = 4096;
 /// Default llama.cpp batch size (also the largest verify batch).
 pub const DEFAULT_BATCH_SIZE: u32 = 512;
-/// The one sequence a session decodes.
-const SEQ: i32 = 0;
 
 /// Settings of a llama.cpp context.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,19 +143,17 @@ pub struct Outcome {
 /// A llama.cpp context of the target, reused across requests.
 pub struct Session<'a> {
     target: &'a Target,
-    context: LlamaContext<'a>,
-    batch: LlamaBatch<'static>,
+    context: TargetContext<'a>,
     batch_size: usize,
 }
 
 impl<'a> Session<'a> {
-    pub(super) fn new(target: &'a Target, context: LlamaContext<'a>) -> Self {
+    pub(super) fn new(target: &'a Target, context: TargetContext<'a>) -> Self {
         // llama.cpp may adjust the requested sizes (it caps the batch at the context size).
-        let batch_size = context.n_batch().max(1) as usize;
+        let batch_size = context.batch_capacity();
         Self {
             target,
             context,
-            batch: LlamaBatch::new(batch_size, 1),
             batch_size,
         }
     }
@@ -166,6 +161,11 @@ impl<'a> Session<'a> {
     /// Context size in tokens.
     pub fn ctx_size(&self) -> u32 {
         self.context.n_ctx()
+    }
+
+    /// Whether the host computes the output layer of verify batches (see `TargetParams`).
+    pub fn host_output_layer(&self) -> bool {
+        self.context.host_output_layer()
     }
 
     /// Most tokens one `llama_decode` takes (the largest verify batch).
@@ -207,9 +207,9 @@ impl<'a> Session<'a> {
         let mut output = Output::new(self.target, request, on_text);
 
         let started = Instant::now();
-        self.context.clear_kv_cache();
+        self.context.clear();
         let last_index = self.decode_prompt(prompt)?;
-        let mut last = sampler.sample(&self.context, last_index);
+        let mut last = sampler.sample(self.context.logits(last_index));
         stats.prompt_time = started.elapsed();
 
         let started = Instant::now();
@@ -278,7 +278,7 @@ impl<'a> Session<'a> {
             let mut committed = Vec::with_capacity(draft.tokens.len() + 1);
             let mut n_accepted = 0;
             for position in 0..=draft.tokens.len() {
-                let token = sampler.sample(&self.context, position as i32);
+                let token = sampler.sample(self.context.logits(position));
                 let matches = draft.tokens.get(position) == Some(&token);
                 n_accepted += usize::from(matches);
                 committed.push(token);
@@ -289,9 +289,9 @@ impl<'a> Session<'a> {
             }
             stats.accepted += n_accepted as u64;
             if n_accepted < draft.tokens.len() {
-                let first_rejected = (n_past + n_accepted + 1) as u32;
+                let first_rejected = n_past + n_accepted + 1;
                 self.context
-                    .kv_cache_seq_rm(SEQ, Some(first_rejected), None)
+                    .remove_from(first_rejected)
                     .map_err(|e| decode_error(draft.tokens.len() + 1, e))?;
             }
             n_past += n_accepted + 1;
@@ -348,22 +348,24 @@ impl<'a> Session<'a> {
     }
 
     /// Decodes the prompt in batches; returns the batch index of the last prompt token.
-    fn decode_prompt(&mut self, prompt: &[Token]) -> Result<i32, EngineError> {
+    fn decode_prompt(&mut self, prompt: &[Token]) -> Result<usize, EngineError> {
+        let chunks = prompt.chunks(self.batch_size);
+        let n_chunks = chunks.len();
         let mut position = 0;
-        for chunk in prompt.chunks(self.batch_size) {
-            self.batch.clear();
-            for (i, &token) in chunk.iter().enumerate() {
-                let is_last = position + i + 1 == prompt.len();
-                self.batch
-                    .add(to_llama(token), (position + i) as i32, &[SEQ], is_last)
-                    .map_err(|e| decode_error(chunk.len(), e))?;
-            }
+        let mut last_index = 0;
+        for (i, chunk) in chunks.enumerate() {
+            let outputs = if i + 1 == n_chunks {
+                Outputs::Last
+            } else {
+                Outputs::None
+            };
             self.context
-                .decode(&mut self.batch)
+                .decode(chunk, position, outputs)
                 .map_err(|e| decode_error(chunk.len(), e))?;
             position += chunk.len();
+            last_index = chunk.len() - 1;
         }
-        Ok(self.batch.n_tokens() - 1)
+        Ok(last_index)
     }
 
     /// Checks that this session can run `request`: a non-empty prompt that fits in the context
@@ -415,15 +417,13 @@ impl<'a> Session<'a> {
                 needed,
             });
         }
-        self.batch.clear();
-        for (i, &token) in tokens.iter().enumerate() {
-            let logits = all_logits || i + 1 == tokens.len();
-            self.batch
-                .add(to_llama(token), (position + i) as i32, &[SEQ], logits)
-                .map_err(|e| decode_error(tokens.len(), e))?;
-        }
+        let outputs = if all_logits {
+            Outputs::All
+        } else {
+            Outputs::Last
+        };
         self.context
-            .decode(&mut self.batch)
+            .decode(tokens, position, outputs)
             .map_err(|e| decode_error(tokens.len(), e))
     }
 }

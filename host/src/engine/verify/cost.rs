@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{SEQ, Session, decode_error};
+use super::{Session, decode_error};
 use crate::cascade::Token;
 use crate::engine::EngineError;
 
@@ -37,7 +37,7 @@ impl Session<'_> {
         self.check_cost_probe(context, max_tokens, repetitions)?;
         let n_past = context.len();
         let batch: Vec<Token> = context.iter().copied().cycle().take(max_tokens).collect();
-        self.context.clear_kv_cache();
+        self.context.clear();
         self.decode_prompt(context)?;
         let mut samples = vec![Vec::with_capacity(repetitions); max_tokens];
         for repetition in 0..=repetitions {
@@ -46,7 +46,7 @@ impl Session<'_> {
                 self.decode_round(batch[0], &batch[1..n_tokens], n_past)?;
                 let elapsed = started.elapsed();
                 self.context
-                    .kv_cache_seq_rm(SEQ, Some(n_past as u32), None)
+                    .remove_from(n_past)
                     .map_err(|e| decode_error(n_tokens, e))?;
                 // Repetition 0 warms caches and thread pools up; it is not measured.
                 if repetition > 0 {
@@ -54,7 +54,7 @@ impl Session<'_> {
                 }
             }
         }
-        self.context.clear_kv_cache();
+        self.context.clear();
         Ok(samples.iter_mut().map(|s| median(s)).collect())
     }
 
