@@ -3,7 +3,9 @@
 //! Order of operations for one request:
 //! 1. [`Target::load`] checks and loads the GGUF (once per process);
 //! 2. [`Target::tokenize_chat`] (or [`Target::tokenize_raw`]) builds the prompt tokens;
-//! 3. [`Target::session`] creates a llama.cpp context, reused across requests;
+//! 3. [`Target::session`] creates the target's llama.cpp context (`context`), reused across
+//!    requests; when the model's output layer is a Q8_0 matrix the context computes it for
+//!    verify batches on the host, bit for bit as llama.cpp would (`output_layer`);
 //! 4. [`Session::generate`] decodes the prompt, then runs rounds: draft from the cascade,
 //!    verify `[last, d1..dK]` in one batch, accept, roll the KV cache back, stream the text.
 //!    [`Session::generate_controlled`] also asks a [`RoundControl`] before each round whether
