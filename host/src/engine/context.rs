@@ -325,10 +325,14 @@ impl<'m> TargetContext<'m> {
             unreachable!("host logits without the host's output layer");
         };
         let (threads, n_vocab) = (self.threads, self.n_vocab);
-        let rows = self.capture().rows();
+        let needed = self.capture().rows() * n_vocab;
         let mut logits = std::mem::take(&mut self.host_logits);
-        logits.resize(rows * n_vocab, 0.0);
-        layer.compute(&self.capture().hidden, &mut logits, threads);
+        // The buffer only grows: zero-filling a megabyte per row for every larger batch than the
+        // last would cost a millisecond or two a round; rows past `needed` are never read.
+        if logits.len() < needed {
+            logits.resize(needed, 0.0);
+        }
+        layer.compute(&self.capture().hidden, &mut logits[..needed], threads);
         self.host_logits = logits;
     }
 
