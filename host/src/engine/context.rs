@@ -1,4 +1,5 @@
-//! The target's llama.cpp context, with the output layer of verify batches computed by the host.
+//! A llama.cpp context of the target or the draft model, with the batch-invariant settings, and
+//! the output layer of the target's verify batches computed by the host.
 //!
 //! llama.cpp, built batch-invariant, applies the output layer (hidden state → logits) with one
 //! dot product per vocabulary row and position, so a verify batch of `n` tokens reads the
@@ -27,7 +28,6 @@ use llama_cpp_2::context::params::KvCacheType;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_sys_2 as sys;
 
-use super::model::FLASH_ATTENTION_ON;
 #[cfg(target_arch = "x86_64")]
 use super::output_layer::{self, BlockQ8_0, Q8Matrix};
 use crate::cascade::Token;
@@ -36,10 +36,12 @@ use crate::cascade::Token;
 const FINAL_NORM: &CStr = c"result_norm";
 /// The node llama.cpp names the logits.
 const LOGITS: &CStr = c"result_output";
+/// `LLAMA_FLASH_ATTN_TYPE_ENABLED` in llama.cpp's `llama_flash_attn_type`.
+const FLASH_ATTENTION_ON: i32 = 1;
 /// Positions of the start-up check of the host's output layer.
 const CHECK_POSITIONS: usize = 3;
 
-/// Settings of the target's context.
+/// Settings of a context.
 pub(super) struct ContextSettings {
     /// Context size in tokens.
     pub(super) ctx_size: u32,
@@ -80,8 +82,8 @@ impl Outputs {
     }
 }
 
-/// A llama.cpp context of the target model, decoding one sequence.
-pub(super) struct TargetContext<'m> {
+/// A llama.cpp context of the target or the draft model, decoding one sequence.
+pub(super) struct ModelContext<'m> {
     raw: NonNull<sys::llama_context>,
     batch: sys::llama_batch,
     batch_capacity: usize,
@@ -102,7 +104,7 @@ pub(super) struct TargetContext<'m> {
 // SAFETY: a llama.cpp context is not tied to the thread that made it (llama-cpp-2's
 // `LlamaContext` is `Send` for the same reason); the callback's capture is only touched by the
 // thread that calls `llama_decode`, which holds `&mut self`.
-unsafe impl Send for TargetContext<'_> {}
+unsafe impl Send for ModelContext<'_> {}
 
 /// The last decode: which positions have logits, and where they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +129,7 @@ impl LastDecode {
     }
 }
 
-impl<'m> TargetContext<'m> {
+impl<'m> ModelContext<'m> {
     /// Creates the context: flash attention over a Q8_0 KV cache and a full sliding-window
     /// cache, as `docs/exactness.md` explains; then checks whether the host can compute the
     /// output layer of decodes with several outputs.
@@ -387,7 +389,7 @@ impl<'m> TargetContext<'m> {
     }
 }
 
-impl Drop for TargetContext<'_> {
+impl Drop for ModelContext<'_> {
     fn drop(&mut self) {
         // SAFETY: both were made in `new` and are freed once; the context goes before the
         // capture its callback writes to.

@@ -10,7 +10,7 @@
 //!
 //! # Ownership
 //!
-//! A llama.cpp context borrows its model (`LlamaContext<'model>`), but a context handed to a
+//! A llama.cpp context borrows its model (`ModelContext<'model>`), but a context handed to a
 //! plugin lives in a wasmtime store, so it must be `'static`. Each context therefore owns an
 //! `Arc` of the model next to the context that borrows it (a `self_cell`): the weights are
 //! loaded once, shared by every context, and freed when the last context and the host are
@@ -28,31 +28,24 @@
 //! reuses the draft cache's longest common prefix with the new context). Cache entries past the
 //! common prefix are removed with `seq_rm`.
 //!
-//! Exactness is not needed here (the target verifies every drafted token), but the context uses
-//! the target's settings (flash attention, Q8_0 KV cache, full sliding-window cache) so both
-//! models run the same kernels and the draft's cache can be rolled back on any architecture.
+//! Exactness is not needed here (the target verifies every drafted token), but the context is
+//! the target's kind (`ModelContext`: flash attention, Q8_0 KV
+//! cache, full sliding-window cache) so both models run the same kernels and the draft's cache
+//! can be rolled back on any architecture.
 
-use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
-use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::model::params::LlamaModelParams;
 
+use super::context::{ContextSettings, ModelContext, Outputs};
 use super::error::EngineError;
-use super::model::{
-    FLASH_ATTENTION_ON, Target, TargetParams, check_gguf, started_backend, to_llama,
-};
+use super::model::{Target, TargetParams, check_gguf, started_backend};
 use super::sample::argmax_with_probability;
 use super::verify::DEFAULT_BATCH_SIZE;
 use super::vocab::VocabFingerprint;
 use crate::cascade::{DraftModel, DraftModelFactory, DraftedToken, Token};
-
-/// The one sequence a draft context decodes.
-const SEQ: i32 = 0;
 
 /// Where the draft model comes from and how its contexts are sized.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,29 +120,28 @@ impl DraftModelHost {
     pub fn open_context(&self) -> Result<DraftModelContext, EngineError> {
         let ctx_size = self.config.ctx_size;
         let context_error = |reason: String| EngineError::Context { ctx_size, reason };
-        let n_ctx = NonZeroU32::new(ctx_size)
-            .ok_or_else(|| context_error("the draft context needs at least 1 token".into()))?;
-        // The prompt is fed in batches of this many tokens; a draft context decodes only one
-        // request's prompt, so the target's batch size is the right trade of memory for speed.
-        let batch_size = DEFAULT_BATCH_SIZE.min(ctx_size);
-        let threads = self.config.threads.max(1) as i32;
-        let params = LlamaContextParams::default()
-            .with_n_ctx(Some(n_ctx))
-            .with_n_batch(batch_size)
-            .with_n_ubatch(batch_size)
-            .with_n_threads(threads)
-            .with_n_threads_batch(threads)
-            .with_swa_full(true)
-            .with_flash_attention_policy(FLASH_ATTENTION_ON)
-            .with_type_k(KvCacheType::Q8_0)
-            .with_type_v(KvCacheType::Q8_0);
-        let backend = started_backend()?;
+        if ctx_size == 0 {
+            return Err(context_error(
+                "the draft context needs at least 1 token".into(),
+            ));
+        }
+        let settings = ContextSettings {
+            ctx_size,
+            // The prompt is fed in batches of this many tokens; a draft context decodes only
+            // one request's prompt, so the target's batch size is the right trade of memory
+            // for speed.
+            batch_size: DEFAULT_BATCH_SIZE.min(ctx_size),
+            threads: self.config.threads.max(1),
+            // It decodes one token at a time: the host's output layer would not run.
+            host_output_layer: false,
+        };
+        started_backend()?;
         let context = {
             let _one_at_a_time = self.opening.lock().unwrap_or_else(|e| e.into_inner());
             OwnedContext::try_new(Arc::clone(&self.model), |model| {
-                model.new_context(backend, params)
+                ModelContext::new(model, &settings)
             })
-            .map_err(|e| context_error(e.to_string()))?
+            .map_err(context_error)?
         };
         Ok(DraftModelContext::new(context, self.vocab_size()))
     }
@@ -182,8 +174,8 @@ pub fn check_vocab_compatible(target: &Target, draft: &DraftModelHost) -> Result
     }
 }
 
-/// `LlamaContext<'model>` by a name `self_cell` can take a lifetime into.
-type BorrowedContext<'model> = LlamaContext<'model>;
+/// `ModelContext<'model>` by a name `self_cell` can take a lifetime into.
+type BorrowedContext<'model> = ModelContext<'model>;
 
 self_cell::self_cell!(
     /// A llama.cpp context together with the model it borrows.
@@ -198,7 +190,6 @@ self_cell::self_cell!(
 /// of them (plus, after a proposal, the tokens drafted beyond them).
 pub struct DraftModelContext {
     context: OwnedContext,
-    batch: LlamaBatch<'static>,
     batch_size: usize,
     vocab_size: u32,
     /// The committed context, as fed.
@@ -211,10 +202,9 @@ pub struct DraftModelContext {
 
 impl DraftModelContext {
     fn new(context: OwnedContext, vocab_size: u32) -> Self {
-        let batch_size = context.borrow_dependent().n_batch().max(1) as usize;
+        let batch_size = context.borrow_dependent().batch_capacity();
         Self {
             context,
-            batch: LlamaBatch::new(batch_size, 1),
             batch_size,
             vocab_size,
             fed: Vec::new(),
@@ -250,7 +240,7 @@ impl DraftModelContext {
         let result = self.draft(max_len, p_min);
         if result.is_err() {
             self.context
-                .with_dependent_mut(|_, context| context.clear_kv_cache());
+                .with_dependent_mut(|_, context| context.clear());
             self.cached.clear();
         }
         result
@@ -269,9 +259,9 @@ impl DraftModelContext {
         }
         let mut drafted = Vec::new();
         loop {
-            let (token, prob) = self.context.with_dependent(|_, context| {
-                argmax_with_probability(context.get_logits_ith(logits_index))
-            });
+            let (token, prob) = self
+                .context
+                .with_dependent(|_, context| argmax_with_probability(context.logits(logits_index)));
             drafted.push(DraftedToken { token, prob });
             if drafted.len() == max_len || prob < p_min {
                 return Ok(drafted);
@@ -282,39 +272,23 @@ impl DraftModelContext {
 
     /// Decodes `fed[start..end]` at their positions, with logits at the last; returns its batch
     /// index.
-    fn decode(&mut self, start: usize, end: usize) -> Result<i32, EngineError> {
-        self.batch.clear();
-        for (position, &token) in self.fed.iter().enumerate().take(end).skip(start) {
-            self.batch
-                .add(
-                    to_llama(token),
-                    position as i32,
-                    &[SEQ],
-                    position + 1 == end,
-                )
-                .map_err(|e| decode_error(end - start, e))?;
-        }
-        self.run_batch(end - start)?;
+    fn decode(&mut self, start: usize, end: usize) -> Result<usize, EngineError> {
+        let tokens = &self.fed[start..end];
+        self.context
+            .with_dependent_mut(|_, context| context.decode(tokens, start, Outputs::Last))
+            .map_err(|e| decode_error(end - start, e))?;
         self.cached.extend(&self.fed[start..end]);
-        Ok(self.batch.n_tokens() - 1)
+        Ok(end - start - 1)
     }
 
     /// Decodes one drafted token after the cached ones; returns its batch index.
-    fn decode_drafted(&mut self, token: Token) -> Result<i32, EngineError> {
-        self.batch.clear();
-        self.batch
-            .add(to_llama(token), self.cached.len() as i32, &[SEQ], true)
+    fn decode_drafted(&mut self, token: Token) -> Result<usize, EngineError> {
+        let position = self.cached.len();
+        self.context
+            .with_dependent_mut(|_, context| context.decode(&[token], position, Outputs::Last))
             .map_err(|e| decode_error(1, e))?;
-        self.run_batch(1)?;
         self.cached.extend(&[token]);
         Ok(0)
-    }
-
-    fn run_batch(&mut self, n_tokens: usize) -> Result<(), EngineError> {
-        let batch = &mut self.batch;
-        self.context
-            .with_dependent_mut(|_, context| context.decode(batch))
-            .map_err(|e| decode_error(n_tokens, e))
     }
 
     /// Drops cache entries from position `keep` on.
@@ -323,7 +297,7 @@ impl DraftModelContext {
             return Ok(());
         }
         self.context
-            .with_dependent_mut(|_, context| context.kv_cache_seq_rm(SEQ, Some(keep as u32), None))
+            .with_dependent_mut(|_, context| context.remove_from(keep))
             .map_err(|e| EngineError::Decode {
                 n_tokens: 0,
                 reason: format!("cannot roll the draft cache back to {keep} tokens: {e}"),

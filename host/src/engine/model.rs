@@ -9,14 +9,11 @@ use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 
-use super::context::{ContextSettings, TargetContext};
+use super::context::{ContextSettings, ModelContext};
 use super::error::EngineError;
 use super::verify::{Session, SessionParams};
 use crate::cascade::{ModelFacts, Token};
 use crate::placement::NumaMode;
-
-/// `LLAMA_FLASH_ATTN_TYPE_ENABLED` in llama.cpp's `llama_flash_attn_type`.
-pub(super) const FLASH_ATTENTION_ON: i32 = 1;
 
 /// llama.cpp's backend is process-wide state that may be initialised only once; every model of
 /// the process shares it, and the NUMA strategy it was started with.
@@ -293,7 +290,7 @@ impl Target {
             threads: params.threads,
             host_output_layer: self.host_output_layer,
         };
-        let context = TargetContext::new(&self.model, &settings).map_err(context_error)?;
+        let context = ModelContext::new(&self.model, &settings).map_err(context_error)?;
         Ok(Session::new(self, context))
     }
 }

@@ -17,7 +17,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::budget::RoundLimits;
-use super::context::{Outputs, TargetContext};
+use super::context::{ModelContext, Outputs};
 use super::error::EngineError;
 use super::model::Target;
 use super::sample::{SamplingParams, TokenSampler};
@@ -143,12 +143,12 @@ pub struct Outcome {
 /// A llama.cpp context of the target, reused across requests.
 pub struct Session<'a> {
     target: &'a Target,
-    context: TargetContext<'a>,
+    context: ModelContext<'a>,
     batch_size: usize,
 }
 
 impl<'a> Session<'a> {
-    pub(super) fn new(target: &'a Target, context: TargetContext<'a>) -> Self {
+    pub(super) fn new(target: &'a Target, context: ModelContext<'a>) -> Self {
         // llama.cpp may adjust the requested sizes (it caps the batch at the context size).
         let batch_size = context.batch_capacity();
         Self {
