@@ -200,6 +200,71 @@ fn gemma3_verify_batches_use_the_host_output_layer_exactly() {
 }
 
 #[test]
+fn gemma3_batches_use_the_host_batched_products_exactly() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::Gemma3);
+    let vnni = cfg!(target_arch = "x86_64")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512vnni");
+    let host = plugin_host();
+    let message = &fixtures()[0].user_message;
+    let lookup = [SourceSpec::Builtin("lookup".into())];
+    let mut session = target.session(&session_params()).expect("session");
+    let checked = session.host_batch_products();
+    let by_host = generate_in(
+        &target,
+        &mut session,
+        message,
+        MAX_TOKENS,
+        SamplingParams::greedy(),
+        8,
+        &mut cascade(&host, &lookup),
+    );
+    // Gemma 3's Q5_0 and Q8_0 layers: every verify batch takes tens of products.
+    assert_eq!(
+        session.host_batch_products() > checked,
+        vnni,
+        "the host computes the batches' Q8_0/Q5_0 products exactly when the CPU has AVX-512 VNNI"
+    );
+    drop(session);
+    if !vnni {
+        return;
+    }
+    let llama_only = Target::load(
+        target.path(),
+        &TargetParams {
+            host_batch_products: false,
+            ..TargetParams::default()
+        },
+    )
+    .expect("the model loads again");
+    let mut session = llama_only.session(&session_params()).expect("session");
+    let by_llama = generate_in(
+        &llama_only,
+        &mut session,
+        message,
+        MAX_TOKENS,
+        SamplingParams::greedy(),
+        8,
+        &mut cascade(&host, &lookup),
+    );
+    assert_eq!(
+        session.host_batch_products(),
+        0,
+        "turned off, llama.cpp computes every product"
+    );
+    drop(session);
+    // Contexts made from here on use the host's products again, as other tests expect.
+    drop(load(DefaultModel::Gemma3));
+    assert_eq!(by_host.tokens, by_llama.tokens);
+    assert!(
+        by_host.stats.accepted > 0,
+        "no verify batch had an accepted draft"
+    );
+}
+
+#[test]
 fn replacing_the_cascade_between_rounds_keeps_greedy_output_and_stop_cancels() {
     let _guard = exclusive();
     let target = load(DefaultModel::SmolLm2);

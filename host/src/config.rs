@@ -242,6 +242,12 @@ pub struct TargetArgs {
     /// after checking its logits bit-exact against llama.cpp's: the same output, faster.
     #[arg(long)]
     pub llama_output_layer: bool,
+    /// Let llama.cpp compute every matrix product of batches. By default the host computes
+    /// those of Q8_0 and Q5_0 weights (most of Gemma 3's layers) in one pass over the weights
+    /// when the CPU has AVX-512 VNNI, after checking a short batch bit-exact against decoding
+    /// its tokens one by one: the same output, faster.
+    #[arg(long)]
+    pub llama_matmul: bool,
     /// Draft model for drafter plugins that use one: a .gguf path with the target's tokenizer,
     /// a default draft (smollm2-draft, gemma3-draft), or `auto` (the default target's draft).
     /// Default drafts are made from their target on first use.
@@ -270,6 +276,7 @@ impl TargetArgs {
             use_mlock: self.mlock,
             numa: plan.numa,
             host_output_layer: !self.llama_output_layer,
+            host_batch_products: !self.llama_matmul,
         }
     }
 

@@ -8,7 +8,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use spechost::cascade::{Cascade, CascadeSettings, DraftSource};
 use spechost::config::{SourceSpec, cache_dir};
-use spechost::engine::{Outcome, Request, SamplingParams, SessionParams, Target, TargetParams};
+use spechost::engine::{
+    Outcome, Request, SamplingParams, Session, SessionParams, Target, TargetParams,
+};
 use spechost::models::DefaultModel;
 use spechost::plugins::{PluginHost, PluginHostConfig, SandboxLimits};
 
@@ -131,6 +133,27 @@ pub fn generate(
     cascade: &mut Cascade,
 ) -> Outcome {
     let mut session = target.session(&session_params()).expect("session");
+    generate_in(
+        target,
+        &mut session,
+        user_message,
+        max_tokens,
+        sampling,
+        draft_max,
+        cascade,
+    )
+}
+
+/// [`generate`] in an existing session of `target`.
+pub fn generate_in(
+    target: &Target,
+    session: &mut Session<'_>,
+    user_message: &str,
+    max_tokens: usize,
+    sampling: SamplingParams,
+    draft_max: usize,
+    cascade: &mut Cascade,
+) -> Outcome {
     let prompt = target.tokenize_chat(user_message).expect("chat template");
     let mut request = Request::new(prompt, max_tokens, sampling);
     request.draft_max = draft_max;

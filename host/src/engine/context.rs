@@ -7,7 +7,7 @@
 //! plain Q8_0 matrix product, this context stops llama.cpp's graph at the final norm
 //! (`result_norm`, through the scheduler's eval callback, which llama-cpp-2 does not expose, so
 //! the context is made through llama.cpp's C API) and computes the logits of every position in
-//! one pass over the weights with [`output_layer`](super::output_layer), bit for bit what
+//! one pass over the weights with [`quant_matmul`](super::quant_matmul), bit for bit what
 //! llama.cpp computes. Decodes with one output (plain decoding, prompts) run llama.cpp's graph
 //! whole.
 //!
@@ -29,7 +29,9 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_sys_2 as sys;
 
 #[cfg(target_arch = "x86_64")]
-use super::output_layer::{self, BlockQ8_0, Q8Matrix};
+use super::batch_backend;
+#[cfg(target_arch = "x86_64")]
+use super::quant_matmul::{self, BlockQ8_0, QuantMatrix};
 use crate::cascade::Token;
 
 /// The node llama.cpp names the final, normed hidden state in every architecture's graph.
@@ -96,6 +98,8 @@ pub(super) struct ModelContext<'m> {
     last: LastDecode,
     /// Logits computed by the host for the last decode, a row of `n_vocab` per output.
     host_logits: Vec<f32>,
+    /// Matrix products of this context's decodes that the host's batched kernel computed.
+    host_products: u64,
     n_vocab: usize,
     threads: usize,
     _model: PhantomData<&'m LlamaModel>,
@@ -131,9 +135,38 @@ impl LastDecode {
 
 impl<'m> ModelContext<'m> {
     /// Creates the context: flash attention over a Q8_0 KV cache and a full sliding-window
-    /// cache, as `docs/exactness.md` explains; then checks whether the host can compute the
+    /// cache, as `docs/exactness.md` explains; then checks that batches decode bit for bit as
+    /// their tokens one by one with the host's kernels, and whether the host can compute the
     /// output layer of decodes with several outputs.
     pub(super) fn new(model: &'m LlamaModel, settings: &ContextSettings) -> Result<Self, String> {
+        let mut context = Self::create(model, settings)?;
+        let checked = context.check_batches(settings.host_output_layer);
+        context.clear();
+        if let Err(reason) = checked.products {
+            tracing::warn!(%reason, "batches: spechost's batched matrix products differ from llama.cpp's; llama.cpp computes them from now on");
+            disable_batch_backend();
+            // The context's graphs may already hold products placed on the backend.
+            drop(context);
+            return Self::new(model, settings);
+        }
+        context.output_layer = match checked.output_layer {
+            Ok(layer) => {
+                tracing::info!(
+                    vocab = context.n_vocab,
+                    "verify batches: the host computes the Q8_0 output layer (checked bit-exact against llama.cpp)"
+                );
+                Some(layer)
+            }
+            Err(reason) => {
+                tracing::info!(%reason, "verify batches: llama.cpp computes the output layer");
+                None
+            }
+        };
+        Ok(context)
+    }
+
+    /// The context as llama.cpp makes it, before any check.
+    fn create(model: &'m LlamaModel, settings: &ContextSettings) -> Result<Self, String> {
         let capture = NonNull::from(Box::leak(Box::new(Capture::default())));
         // SAFETY: llama.cpp fills in its defaults.
         let mut params = unsafe { sys::llama_context_default_params() };
@@ -164,7 +197,7 @@ impl<'m> ModelContext<'m> {
         let batch_capacity = unsafe { sys::llama_n_batch(raw.as_ptr()) }.max(1) as usize;
         // SAFETY: a batch of token ids (no embeddings), one sequence id per token.
         let batch = unsafe { sys::llama_batch_init(batch_capacity as i32, 0, 1) };
-        let mut context = Self {
+        Ok(Self {
             raw,
             batch,
             batch_capacity,
@@ -176,12 +209,11 @@ impl<'m> ModelContext<'m> {
                 by_host: false,
             },
             host_logits: Vec::new(),
+            host_products: 0,
             n_vocab: model.n_vocab().max(0) as usize,
             threads: settings.threads.max(1),
             _model: PhantomData,
-        };
-        context.output_layer = context.choose_output_layer(settings.host_output_layer);
-        Ok(context)
+        })
     }
 
     /// Context size in tokens.
@@ -198,6 +230,12 @@ impl<'m> ModelContext<'m> {
     /// Whether the host computes the logits of decodes with several outputs.
     pub(super) fn host_output_layer(&self) -> bool {
         self.output_layer.is_some()
+    }
+
+    /// How many matrix products of this context's decodes the host's batched kernel computed
+    /// (`engine::batch_backend`), the start-up check's included.
+    pub(super) fn host_products(&self) -> u64 {
+        self.host_products
     }
 
     /// Decodes `tokens` at positions `position..` in one batch, with logits at `outputs`.
@@ -285,8 +323,10 @@ impl<'m> ModelContext<'m> {
         }
         self.fill_batch(tokens, position, outputs);
         self.capture().begin(mode);
+        let products_before = host_products_on_this_thread();
         // SAFETY: `raw` is live and `batch` holds `n_tokens` initialised entries.
         let status = unsafe { sys::llama_decode(self.raw.as_ptr(), self.batch) };
+        self.host_products += host_products_on_this_thread() - products_before;
         self.capture().mode = Mode::Pass;
         match status {
             0 => Ok(()),
@@ -338,56 +378,142 @@ impl<'m> ModelContext<'m> {
         self.host_logits = logits;
     }
 
-    /// The host's output layer, if this model and CPU allow it and it gives llama.cpp's logits
-    /// bit for bit on a short decode; else `None`, with the reason in the log.
-    fn choose_output_layer(&mut self, allowed: bool) -> Option<HostOutputLayer<'m>> {
-        let chosen = if allowed {
-            self.check_output_layer()
+    /// Decodes the check's tokens one by one (llama.cpp's single-row kernels throughout), then
+    /// as one batch with every output, as verify batches decode, and compares the logits bit for
+    /// bit: those llama.cpp computes for the batch (with the host's batched matrix products, when
+    /// they are on) and those the host's output layer would compute (if allowed, and the graph
+    /// after the final norm is a plain Q8_0 product).
+    fn check_batches(&mut self, allow_output_layer: bool) -> BatchCheck<'m> {
+        let products_on = batch_backend_enabled();
+        if !products_on && !allow_output_layer {
+            return BatchCheck {
+                products: Ok(()),
+                output_layer: Err("--llama-output-layer".into()),
+            };
+        }
+        let reference = match self.decode_one_by_one() {
+            Ok(reference) => reference,
+            // A check that cannot run proves nothing against the kernels' unit tests.
+            Err(reason) => {
+                return BatchCheck {
+                    products: Ok(()),
+                    output_layer: Err(format!("the check could not run: {reason}")),
+                };
+            }
+        };
+        let tokens: Vec<Token> = (0..CHECK_POSITIONS as Token).collect();
+        if let Err(reason) = self.run(&tokens, 0, Outputs::All, Mode::Inspect) {
+            return BatchCheck {
+                products: Ok(()),
+                output_layer: Err(format!("the check could not run: {reason}")),
+            };
+        }
+        let n_vocab = self.n_vocab;
+        let products = if products_on {
+            (0..CHECK_POSITIONS).try_for_each(|index| {
+                let batch = self.llama_logits(index);
+                same_logits(
+                    index,
+                    batch,
+                    &reference[index * n_vocab..(index + 1) * n_vocab],
+                )
+            })
+        } else {
+            Ok(())
+        };
+        let output_layer = if allow_output_layer {
+            self.check_output_layer(&reference)
         } else {
             Err("--llama-output-layer".into())
         };
-        self.clear();
-        match chosen {
-            Ok(layer) => {
-                tracing::info!(
-                    vocab = self.n_vocab,
-                    "verify batches: the host computes the Q8_0 output layer (checked bit-exact against llama.cpp)"
-                );
-                Some(layer)
-            }
-            Err(reason) => {
-                tracing::info!(%reason, "verify batches: llama.cpp computes the output layer");
-                None
-            }
+        BatchCheck {
+            products,
+            output_layer,
         }
     }
 
-    fn check_output_layer(&mut self) -> Result<HostOutputLayer<'m>, String> {
-        if !HostOutputLayer::available() {
-            return Err("this CPU lacks AVX-512 VNNI".into());
-        }
+    /// The logits of the check's tokens decoded one at a time, a row of `n_vocab` per token.
+    fn decode_one_by_one(&mut self) -> Result<Vec<f32>, String> {
         if self.n_vocab < CHECK_POSITIONS {
             return Err("vocabulary too small to check".into());
         }
-        let tokens: Vec<Token> = (0..CHECK_POSITIONS as Token).collect();
-        self.run(&tokens, 0, Outputs::All, Mode::Inspect)?;
+        let mut logits = Vec::with_capacity(CHECK_POSITIONS * self.n_vocab);
+        for position in 0..CHECK_POSITIONS {
+            self.run(&[position as Token], position, Outputs::Last, Mode::Pass)?;
+            logits.extend_from_slice(self.llama_logits(0));
+        }
+        self.clear();
+        Ok(logits)
+    }
+
+    /// The host's output layer after the check's batch, if the graph allows it and its logits
+    /// equal the one-by-one `reference`.
+    fn check_output_layer(&mut self, reference: &[f32]) -> Result<HostOutputLayer<'m>, String> {
+        if !HostOutputLayer::available() {
+            return Err("this CPU lacks AVX-512 VNNI".into());
+        }
         let n_vocab = self.n_vocab;
         let layer = self.capture().output_layer(n_vocab)?;
         let threads = self.threads;
         let mut logits = vec![0.0; CHECK_POSITIONS * n_vocab];
         layer.compute(&self.capture().hidden, &mut logits, threads);
-        for (index, host) in logits.chunks_exact(n_vocab).enumerate() {
-            let llama = self.llama_logits(index);
-            if let Some(token) = (0..n_vocab).find(|&t| host[t].to_bits() != llama[t].to_bits()) {
-                return Err(format!(
-                    "position {index}, token {token}: host {} vs llama.cpp {}",
-                    host[token], llama[token]
-                ));
-            }
+        for (index, (host, reference)) in logits
+            .chunks_exact(n_vocab)
+            .zip(reference.chunks_exact(n_vocab))
+            .enumerate()
+        {
+            same_logits(index, host, reference)?;
         }
         Ok(layer)
     }
 }
+
+/// What [`ModelContext::check_batches`] found.
+struct BatchCheck<'m> {
+    /// Whether llama.cpp's batch, with the host's batched matrix products, matched.
+    products: Result<(), String>,
+    /// The host's output layer, or why not.
+    output_layer: Result<HostOutputLayer<'m>, String>,
+}
+
+/// `Ok` when the two rows of logits of batch index `index` are the same bits.
+fn same_logits(index: usize, batch: &[f32], one_by_one: &[f32]) -> Result<(), String> {
+    match (0..batch.len()).find(|&t| batch[t].to_bits() != one_by_one[t].to_bits()) {
+        None => Ok(()),
+        Some(token) => Err(format!(
+            "position {index}, token {token}: batch {} vs one by one {}",
+            batch[token], one_by_one[token]
+        )),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn batch_backend_enabled() -> bool {
+    batch_backend::enabled()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn batch_backend_enabled() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+fn host_products_on_this_thread() -> u64 {
+    batch_backend::computed_on_this_thread()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn host_products_on_this_thread() -> u64 {
+    0
+}
+
+#[cfg(target_arch = "x86_64")]
+fn disable_batch_backend() {
+    batch_backend::disable();
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn disable_batch_backend() {}
 
 impl Drop for ModelContext<'_> {
     fn drop(&mut self) {
@@ -549,7 +675,7 @@ fn name(node: &sys::ggml_tensor) -> &CStr {
 #[derive(Clone, Copy)]
 struct HostOutputLayer<'m> {
     #[cfg(target_arch = "x86_64")]
-    matrix: Q8Matrix<'m>,
+    matrix: QuantMatrix<'m, BlockQ8_0>,
     #[cfg(not(target_arch = "x86_64"))]
     _model: PhantomData<&'m ()>,
 }
@@ -557,7 +683,7 @@ struct HostOutputLayer<'m> {
 #[cfg(target_arch = "x86_64")]
 impl<'m> HostOutputLayer<'m> {
     fn available() -> bool {
-        output_layer::kernel_available()
+        quant_matmul::kernel_available()
     }
 
     fn from_weights(
@@ -567,11 +693,11 @@ impl<'m> HostOutputLayer<'m> {
     ) -> Result<Self, String> {
         let rows = weights.ne[1] as usize;
         let columns = weights.ne[0] as usize;
-        let row_bytes = columns / output_layer::BLOCK * size_of::<BlockQ8_0>();
+        let row_bytes = columns / quant_matmul::BLOCK * size_of::<BlockQ8_0>();
         let plain = weights.type_ == sys::GGML_TYPE_Q8_0
             && columns == width
             && rows == n_vocab
-            && columns.is_multiple_of(output_layer::BLOCK)
+            && columns.is_multiple_of(quant_matmul::BLOCK)
             && weights.ne[2] == 1
             && weights.ne[3] == 1
             && weights.nb[1] == row_bytes
@@ -589,16 +715,19 @@ impl<'m> HostOutputLayer<'m> {
         let blocks = unsafe {
             std::slice::from_raw_parts(
                 weights.data.cast::<BlockQ8_0>(),
-                rows * columns / output_layer::BLOCK,
+                rows * columns / quant_matmul::BLOCK,
             )
         };
         Ok(Self {
-            matrix: Q8Matrix::new(blocks, rows, columns),
+            matrix: QuantMatrix::new(blocks, rows, columns),
         })
     }
 
     fn compute(&self, hidden: &[f32], logits: &mut [f32], threads: usize) {
-        output_layer::compute_logits(&self.matrix, hidden, logits, threads);
+        let width = self.matrix.columns();
+        let inputs: Vec<&[f32]> = hidden.chunks_exact(width).collect();
+        let mut outputs: Vec<&mut [f32]> = logits.chunks_exact_mut(self.matrix.rows()).collect();
+        quant_matmul::multiply(&self.matrix, &inputs, &mut outputs, threads);
     }
 }
 

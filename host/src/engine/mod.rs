@@ -5,7 +5,8 @@
 //! 2. [`Target::tokenize_chat`] (or [`Target::tokenize_raw`]) builds the prompt tokens;
 //! 3. [`Target::session`] creates the target's llama.cpp context (`context`), reused across
 //!    requests; when the model's output layer is a Q8_0 matrix the context computes it for
-//!    verify batches on the host, bit for bit as llama.cpp would (`output_layer`);
+//!    verify batches on the host, and the Q8_0/Q5_0 matrix products of the layers go to the
+//!    host's batched kernel (`batch_backend`), bit for bit as llama.cpp would (`quant_matmul`);
 //! 4. [`Session::generate`] decodes the prompt, then runs rounds: draft from the cascade,
 //!    verify `[last, d1..dK]` in one batch, accept, roll the KV cache back, stream the text.
 //!    [`Session::generate_controlled`] also asks a [`RoundControl`] before each round whether
@@ -21,6 +22,8 @@
 //! Not here: where drafts come from (`cascade`, `plugins`) and how requests arrive (`main`,
 //! `server`).
 
+#[cfg(target_arch = "x86_64")]
+mod batch_backend;
 mod budget;
 mod build_info;
 mod context;
@@ -28,7 +31,7 @@ mod draft;
 mod error;
 mod model;
 #[cfg(target_arch = "x86_64")]
-mod output_layer;
+mod quant_matmul;
 mod sample;
 mod stats;
 mod text;

@@ -93,6 +93,11 @@ pub struct TargetParams {
     /// matrix and the host's logits check out bit-exact against llama.cpp's (the same output,
     /// faster); `false` leaves every logit to llama.cpp.
     pub host_output_layer: bool,
+    /// Let the host compute the Q8_0 and Q5_0 matrix products of batches (verify batches,
+    /// prompts) in one pass over the weights when the CPU has AVX-512 VNNI and a short decode
+    /// checks out bit-exact against decoding one token at a time (the same output, faster);
+    /// `false` leaves them to llama.cpp. Process-wide: the last target loaded decides.
+    pub host_batch_products: bool,
 }
 
 impl Default for TargetParams {
@@ -102,6 +107,7 @@ impl Default for TargetParams {
             use_mlock: false,
             numa: NumaMode::Off,
             host_output_layer: true,
+            host_batch_products: true,
         }
     }
 }
@@ -129,6 +135,7 @@ impl Target {
             }
         })?;
         tracing::info!(path = %path.display(), vocab = model.n_vocab(), params = model.n_params(), "loaded target");
+        use_batch_products(params.host_batch_products);
         Ok(Self {
             model,
             path: path.to_owned(),
@@ -294,6 +301,21 @@ impl Target {
         Ok(Session::new(self, context))
     }
 }
+
+/// Turns the host's batched matrix products on or off for contexts made from now on.
+#[cfg(target_arch = "x86_64")]
+fn use_batch_products(wanted: bool) {
+    if !wanted {
+        super::batch_backend::disable();
+    } else if !super::batch_backend::enable() {
+        tracing::info!(
+            "batches: llama.cpp computes every matrix product (this CPU lacks AVX-512 VNNI)"
+        );
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn use_batch_products(_: bool) {}
 
 /// Checks that `path` exists, is readable and starts with the GGUF magic.
 pub(super) fn check_gguf(path: &Path) -> Result<(), EngineError> {

@@ -168,6 +168,12 @@ impl<'a> Session<'a> {
         self.context.host_output_layer()
     }
 
+    /// How many matrix products of this session's batches the host's batched Q8_0/Q5_0 kernel
+    /// computed (see `TargetParams::host_batch_products`); 0 when llama.cpp computed them all.
+    pub fn host_batch_products(&self) -> u64 {
+        self.context.host_products()
+    }
+
     /// Most tokens one `llama_decode` takes (the largest verify batch).
     pub fn batch_size(&self) -> usize {
         self.batch_size

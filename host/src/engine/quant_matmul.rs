@@ -1,0 +1,629 @@
+//! Matrix products of Q8_0 and Q5_0 weights with a batch of `f32` rows, computed in one pass
+//! over the weights, bit for bit as llama.cpp's CPU backend computes them one row at a time.
+//!
+//! Why: llama.cpp, built batch-invariant (see `docs/exactness.md`), multiplies a weight matrix
+//! with a batch by one vector dot product per (weight row, batch row), unpacking every weight
+//! block again for every row of the batch: verifying `n` tokens costs close to `n` single-token
+//! passes. Here each weight block is loaded and unpacked once and used for up to 16 batch rows.
+//! Two users: the target's output layer (`engine::context`, Gemma 3's 262144 × 640 Q8_0 token
+//! embedding) and the matrix products inside the model's layers (`engine::batch_backend`).
+//!
+//! Exactness: ggml's CPU kernels for these types (`ggml_vec_dot_q8_0_q8_0` and
+//! `ggml_vec_dot_q5_0_q8_0`, their AVX2 form, which every x86 build with AVX2 uses) first
+//! quantize the batch row to Q8_0 (`quantize_row_q8_0`), then per 32-value block unpack the
+//! weights to 32 signed bytes, take eight lane sums of four int8 products, convert them to
+//! `f32`, and fused-multiply-add them, times (weight scale × row scale), into eight lane
+//! accumulators in block order; finally the lanes are summed as
+//! `((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7))`. Integer lane sums are exact whichever instruction
+//! computes them, so a kernel that keeps the lanes, the order of every float operation and the
+//! quantization gives the same bits. The one here computes the lane sums of two batch rows with
+//! one AVX-512 VNNI instruction (`vpdpbusd`, unsigned × signed bytes: the weight bytes are
+//! offset by 128 and the offset's contribution, `-128 ×` the sum of four activation bytes, is
+//! the accumulator's start). Sessions check the claim on the real model before using it.
+
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+use std::ffi::{c_int, c_uint, c_void};
+use std::ops::Range;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Values per Q8_0 and Q5_0 block.
+pub(super) const BLOCK: usize = 32;
+
+/// A block of quantized weights whose dot product with a Q8_0 block ggml computes as
+/// `scale × scale × (lane sums of int8 products)`.
+pub(super) trait WeightBlock: Copy + Sync {
+    /// The 32 weights as signed bytes, and the block's scale as `f16` bits.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 BW and VL ([`kernel_available`]).
+    unsafe fn unpack(&self) -> (__m256i, u16);
+}
+
+/// One Q8_0 block as ggml stores it (`block_q8_0`): an `f16` scale and 32 signed bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct BlockQ8_0 {
+    /// The block's scale, as `f16` bits.
+    pub(super) scale: u16,
+    /// The quantized values.
+    pub(super) values: [i8; BLOCK],
+}
+
+impl WeightBlock for BlockQ8_0 {
+    #[inline(always)]
+    unsafe fn unpack(&self) -> (__m256i, u16) {
+        // SAFETY: a block holds 32 bytes; `loadu` has no alignment requirement.
+        let values = unsafe { _mm256_loadu_si256(self.values.as_ptr().cast()) };
+        (values, self.scale)
+    }
+}
+
+/// One Q5_0 block as ggml stores it (`block_q5_0`): an `f16` scale, the fifth bit of each
+/// value, and their low four bits, two per byte; the weight is `(low | fifth << 4) - 16`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct BlockQ5_0 {
+    /// The block's scale, as `f16` bits.
+    pub(super) scale: u16,
+    /// Bit `i` is value `i`'s fifth bit.
+    pub(super) high_bits: [u8; 4],
+    /// Byte `i` holds value `i` in its low nibble and value `i + 16` in its high nibble.
+    pub(super) low_bits: [u8; BLOCK / 2],
+}
+
+impl WeightBlock for BlockQ5_0 {
+    #[inline(always)]
+    unsafe fn unpack(&self) -> (__m256i, u16) {
+        // SAFETY: the caller guarantees AVX-512 BW and VL; the loads read within the block.
+        unsafe {
+            let packed = _mm_loadu_si128(self.low_bits.as_ptr().cast());
+            let nibbles = _mm_set1_epi8(0x0f);
+            let low = _mm_and_si128(packed, nibbles);
+            let high = _mm_and_si128(_mm_srli_epi16::<4>(packed), nibbles);
+            let values = _mm256_set_m128i(high, low);
+            // `(low | fifth << 4) - 16` as a signed byte is `low` when the fifth bit is set,
+            // and `low | 0xf0` when it is clear (ggml's `bytes_from_bits_32` + `andnot`).
+            let clear = !u32::from_le_bytes(self.high_bits);
+            let values = _mm256_or_si256(values, _mm256_maskz_set1_epi8(clear, 0xf0u8 as i8));
+            (values, self.scale)
+        }
+    }
+}
+
+/// A weight matrix of `rows` rows of `blocks_per_row` blocks.
+#[derive(Clone, Copy)]
+pub(super) struct QuantMatrix<'w, B> {
+    blocks: &'w [B],
+    rows: usize,
+    blocks_per_row: usize,
+}
+
+impl<'w, B: WeightBlock> QuantMatrix<'w, B> {
+    /// The matrix over `blocks`, `rows` rows of `columns` values each.
+    ///
+    /// # Panics
+    /// When `columns` is not a multiple of [`BLOCK`] or `blocks` does not hold the matrix.
+    pub(super) fn new(blocks: &'w [B], rows: usize, columns: usize) -> Self {
+        assert!(columns.is_multiple_of(BLOCK), "rows are whole blocks");
+        let blocks_per_row = columns / BLOCK;
+        assert_eq!(blocks.len(), rows * blocks_per_row, "matrix size");
+        Self {
+            blocks,
+            rows,
+            blocks_per_row,
+        }
+    }
+
+    /// Number of rows (outputs per batch row).
+    pub(super) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Values per row (the width of a batch row).
+    pub(super) fn columns(&self) -> usize {
+        self.blocks_per_row * BLOCK
+    }
+
+    fn row(&self, row: usize) -> &'w [B] {
+        &self.blocks[row * self.blocks_per_row..(row + 1) * self.blocks_per_row]
+    }
+}
+
+/// Whether this CPU has the instructions of the batched kernel.
+pub(super) fn kernel_available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// Batch rows per kernel pass: eight AVX-512 accumulators of two rows each.
+const PAIRS_PER_PASS: usize = 8;
+
+/// The product of `matrix` with each batch row of `inputs` (`matrix.columns()` values each):
+/// `outputs[i]` gets `matrix.rows()` values for `inputs[i]`, exactly llama.cpp's. Runs on
+/// `threads` threads of llama.cpp's OpenMP team.
+///
+/// # Panics
+/// When [`kernel_available`] is false, or the sizes do not match.
+pub(super) fn multiply<B: WeightBlock>(
+    matrix: &QuantMatrix<'_, B>,
+    inputs: &[&[f32]],
+    outputs: &mut [&mut [f32]],
+    threads: usize,
+) {
+    assert!(kernel_available(), "the batched kernel needs AVX-512 VNNI");
+    assert_eq!(inputs.len(), outputs.len(), "one output per input");
+    assert!(
+        inputs.iter().all(|input| input.len() == matrix.columns()),
+        "inputs are rows of the matrix's width"
+    );
+    assert!(
+        outputs.iter().all(|output| output.len() == matrix.rows()),
+        "outputs are columns of the matrix's height"
+    );
+    let columns: Vec<QuantizedColumn> = inputs
+        .iter()
+        .map(|input| QuantizedColumn::new(input))
+        .collect();
+    for (pass_columns, pass_outputs) in columns
+        .chunks(2 * PAIRS_PER_PASS)
+        .zip(outputs.chunks_mut(2 * PAIRS_PER_PASS))
+    {
+        let pairs = PairBlocks::new(pass_columns, matrix.blocks_per_row);
+        run_pass(matrix, &pairs, pass_outputs, threads.max(1));
+    }
+}
+
+/// Splits the rows among the threads for one pass.
+fn run_pass<B: WeightBlock>(
+    matrix: &QuantMatrix<'_, B>,
+    pairs: &PairBlocks,
+    outputs: &mut [&mut [f32]],
+    threads: usize,
+) {
+    let rows = matrix.rows();
+    let threads = threads.min(rows.div_ceil(MIN_ROWS_PER_THREAD)).max(1);
+    let per_thread = rows.div_ceil(threads);
+    // Each thread gets, for every batch row, the slice of its rows; the locks are never
+    // contended (one per thread) and keep the hand-over safe.
+    let mut shares: Vec<Vec<&mut [f32]>> = (0..threads).map(|_| Vec::new()).collect();
+    for output in outputs.iter_mut() {
+        let mut rest: &mut [f32] = output;
+        for share in shares.iter_mut() {
+            let take = per_thread.min(rest.len());
+            let (mine, others) = rest.split_at_mut(take);
+            share.push(mine);
+            rest = others;
+        }
+    }
+    let shares: Vec<Mutex<Vec<&mut [f32]>>> = shares.into_iter().map(Mutex::new).collect();
+    parallel(threads, |thread, team| {
+        // A smaller team than asked for (OpenMP may give one) takes the shares in turn.
+        for share in (thread..shares.len()).step_by(team) {
+            let start = share * per_thread;
+            let range = start.min(rows)..(start + per_thread).min(rows);
+            let mut outputs = shares[share].lock().unwrap_or_else(|e| e.into_inner());
+            rows_kernel(matrix, pairs, range, &mut outputs);
+        }
+    });
+}
+
+/// Fewer rows than this per thread cost more in hand-over than they save.
+const MIN_ROWS_PER_THREAD: usize = 32;
+
+unsafe extern "C" {
+    /// libgomp's entry of `#pragma omp parallel` (llama.cpp links libgomp for its own threads).
+    fn GOMP_parallel(
+        work: unsafe extern "C" fn(*mut c_void),
+        data: *mut c_void,
+        num_threads: c_uint,
+        flags: c_uint,
+    );
+    fn omp_get_thread_num() -> c_int;
+    fn omp_get_num_threads() -> c_int;
+}
+
+/// Runs `work(thread, team)` on `threads` threads (the calling one included) of the OpenMP team
+/// llama.cpp computes its graphs with, so the host's kernels and llama.cpp's take turns on the
+/// same, already running threads instead of competing with them.
+fn parallel<F: Fn(usize, usize) + Sync>(threads: usize, work: F) {
+    if threads <= 1 {
+        work(0, 1);
+        return;
+    }
+    struct Job<F> {
+        work: F,
+        panicked: AtomicBool,
+    }
+    unsafe extern "C" fn run<F: Fn(usize, usize) + Sync>(data: *mut c_void) {
+        // SAFETY: `data` is the `Job` below, alive until `GOMP_parallel` returns.
+        let job = unsafe { &*data.cast::<Job<F>>() };
+        // SAFETY: called inside the parallel region.
+        let (thread, team) = unsafe { (omp_get_thread_num(), omp_get_num_threads()) };
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (job.work)(thread.max(0) as usize, team.max(1) as usize)
+        }));
+        if ran.is_err() {
+            job.panicked.store(true, Ordering::Relaxed);
+        }
+    }
+    let job = Job {
+        work,
+        panicked: AtomicBool::new(false),
+    };
+    // SAFETY: `run::<F>` only reads the job, which outlives the region; a panic does not
+    // unwind into libgomp (caught above, raised again below).
+    unsafe {
+        GOMP_parallel(
+            run::<F>,
+            std::ptr::from_ref(&job).cast_mut().cast(),
+            threads as c_uint,
+            0,
+        )
+    };
+    assert!(
+        !job.panicked.load(Ordering::Relaxed),
+        "a thread of the batched kernel panicked"
+    );
+}
+
+/// A batch row quantized as ggml's `quantize_row_q8_0` (x86 form) quantizes it.
+struct QuantizedColumn {
+    /// Per block: the scale, rounded to `f16` and back, as the dot product reads it.
+    scales: Vec<f32>,
+    values: Vec<i8>,
+}
+
+impl QuantizedColumn {
+    fn new(hidden: &[f32]) -> Self {
+        let mut scales = Vec::with_capacity(hidden.len() / BLOCK);
+        let mut values = Vec::with_capacity(hidden.len());
+        for block in hidden.chunks_exact(BLOCK) {
+            let max = block.iter().fold(0.0f32, |max, x| max.max(x.abs()));
+            let scale = max / 127.0;
+            let inverse = if max != 0.0 { 127.0 / max } else { 0.0 };
+            scales.push(f16_to_f32(f32_to_f16(scale)));
+            values.extend(
+                block
+                    .iter()
+                    .map(|&x| (x * inverse).round_ties_even().clamp(-128.0, 127.0) as i8),
+            );
+        }
+        Self { scales, values }
+    }
+}
+
+/// Two positions' data for one block, laid out for the kernel's 512-bit registers: the low
+/// half is the first position, the high half the second.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct PairBlock {
+    values: [i8; 2 * BLOCK],
+    /// Lane sums start here: `-128 ×` the sum of each lane's four activation bytes.
+    offsets: [i32; 16],
+    scales: [f32; 16],
+}
+
+/// The positions of one pass, as [`PairBlock`]s in block-major order.
+struct PairBlocks {
+    pairs: usize,
+    positions: usize,
+    blocks: Vec<PairBlock>,
+}
+
+impl PairBlocks {
+    fn new(columns: &[QuantizedColumn], blocks_per_row: usize) -> Self {
+        let pairs = columns.len().div_ceil(2);
+        let empty = PairBlock {
+            values: [0; 2 * BLOCK],
+            offsets: [0; 16],
+            scales: [0.0; 16],
+        };
+        let mut blocks = vec![empty; pairs * blocks_per_row];
+        for (position, column) in columns.iter().enumerate() {
+            let (pair, half) = (position / 2, position % 2);
+            for block in 0..blocks_per_row {
+                let target = &mut blocks[block * pairs + pair];
+                let values = &column.values[block * BLOCK..(block + 1) * BLOCK];
+                target.values[half * BLOCK..(half + 1) * BLOCK].copy_from_slice(values);
+                for lane in 0..8 {
+                    let sum: i32 = values[4 * lane..4 * lane + 4]
+                        .iter()
+                        .map(|&v| i32::from(v))
+                        .sum();
+                    target.offsets[half * 8 + lane] = -128 * sum;
+                    target.scales[half * 8 + lane] = column.scales[block];
+                }
+            }
+        }
+        Self {
+            pairs,
+            positions: columns.len(),
+            blocks,
+        }
+    }
+}
+
+/// Computes rows `range` for every batch row of `pairs`; `outputs[p]` holds batch row `p`'s
+/// values for those rows.
+fn rows_kernel<B: WeightBlock>(
+    matrix: &QuantMatrix<'_, B>,
+    pairs: &PairBlocks,
+    range: Range<usize>,
+    outputs: &mut [&mut [f32]],
+) {
+    // SAFETY: `multiply` checked that the CPU has the kernel's instructions.
+    unsafe {
+        match pairs.pairs {
+            1 => rows_avx512::<B, 1>(matrix, pairs, range, outputs),
+            2 => rows_avx512::<B, 2>(matrix, pairs, range, outputs),
+            3 => rows_avx512::<B, 3>(matrix, pairs, range, outputs),
+            4 => rows_avx512::<B, 4>(matrix, pairs, range, outputs),
+            5 => rows_avx512::<B, 5>(matrix, pairs, range, outputs),
+            6 => rows_avx512::<B, 6>(matrix, pairs, range, outputs),
+            7 => rows_avx512::<B, 7>(matrix, pairs, range, outputs),
+            8 => rows_avx512::<B, 8>(matrix, pairs, range, outputs),
+            other => unreachable!("{other} pairs in one pass"),
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+unsafe fn rows_avx512<B: WeightBlock, const PAIRS: usize>(
+    matrix: &QuantMatrix<'_, B>,
+    pairs: &PairBlocks,
+    range: Range<usize>,
+    outputs: &mut [&mut [f32]],
+) {
+    let offset_weights = _mm512_set1_epi8(-128);
+    let first_row = range.start;
+    for row in range {
+        let mut acc = [_mm512_setzero_ps(); PAIRS];
+        for (block, weights) in matrix.row(row).iter().enumerate() {
+            // SAFETY: this function's features include those `unpack` needs.
+            let (x, scale) = unsafe { weights.unpack() };
+            let x = _mm512_xor_si512(_mm512_broadcast_i64x4(x), offset_weights);
+            let row_scale = _mm512_set1_ps(f16_to_f32(scale));
+            let batch = &pairs.blocks[block * PAIRS..(block + 1) * PAIRS];
+            for (acc, pair) in acc.iter_mut().zip(batch) {
+                // SAFETY: `PairBlock` is 64-byte aligned and each field is 64 bytes long.
+                let (y, offsets, scales) = unsafe {
+                    (
+                        _mm512_load_si512(pair.values.as_ptr().cast()),
+                        _mm512_load_si512(pair.offsets.as_ptr().cast()),
+                        _mm512_load_ps(pair.scales.as_ptr()),
+                    )
+                };
+                let sums = _mm512_dpbusd_epi32(offsets, x, y);
+                let scale = _mm512_mul_ps(row_scale, scales);
+                *acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sums), *acc);
+            }
+        }
+        store_row(&acc, pairs, row - first_row, outputs);
+    }
+}
+
+/// Sums each batch row's lanes as ggml does and stores the sum at `index` of its output.
+#[target_feature(enable = "avx512f")]
+fn store_row<const PAIRS: usize>(
+    acc: &[__m512; PAIRS],
+    pairs: &PairBlocks,
+    index: usize,
+    outputs: &mut [&mut [f32]],
+) {
+    let mut lanes = [0.0f32; 16];
+    for (pair, acc) in acc.iter().enumerate() {
+        // ggml's horizontal sum, within each 256-bit half: (a_k + a_{k+4}), then
+        // (s0 + s2, s1 + s3), then their sum.
+        let s = _mm512_add_ps(*acc, _mm512_shuffle_f32x4::<0b10_11_00_01>(*acc, *acc));
+        let s = _mm512_add_ps(s, _mm512_permute_ps::<0b01_00_11_10>(s));
+        let s = _mm512_add_ps(s, _mm512_permute_ps::<0b10_11_00_01>(s));
+        // SAFETY: `lanes` holds 16 floats.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), s) };
+        let position = 2 * pair;
+        outputs[position][index] = lanes[0];
+        if position + 1 < pairs.positions {
+            outputs[position + 1][index] = lanes[8];
+        }
+    }
+}
+
+/// `f16` bits to `f32` (exact).
+fn f16_to_f32(bits: u16) -> f32 {
+    // SAFETY: F16C is checked by `kernel_available` before any caller runs.
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
+}
+
+/// `f32` to `f16` bits, rounding to nearest even, as ggml's `GGML_CPU_FP32_TO_FP16` on x86.
+fn f32_to_f16(value: f32) -> u16 {
+    // SAFETY: as in `f16_to_f32`.
+    unsafe {
+        _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(value))) as u16
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block's weights as signed bytes, written out in scalar code from ggml's layout.
+    trait ScalarWeights: WeightBlock {
+        fn weights(&self) -> [i32; BLOCK];
+        fn scale_bits(&self) -> u16;
+        fn random(state: &mut u64) -> Self;
+    }
+
+    impl ScalarWeights for BlockQ8_0 {
+        fn weights(&self) -> [i32; BLOCK] {
+            self.values.map(i32::from)
+        }
+        fn scale_bits(&self) -> u16 {
+            self.scale
+        }
+        fn random(state: &mut u64) -> Self {
+            let mut values = [0i8; BLOCK];
+            // The full byte range, -128 included (llama.cpp's quantizer stops at -127).
+            values.iter_mut().for_each(|v| *v = next(state) as i8);
+            Self {
+                scale: random_scale(state),
+                values,
+            }
+        }
+    }
+
+    impl ScalarWeights for BlockQ5_0 {
+        fn weights(&self) -> [i32; BLOCK] {
+            let fifth = u32::from_le_bytes(self.high_bits);
+            std::array::from_fn(|i| {
+                let low = if i < 16 {
+                    self.low_bits[i] & 0x0f
+                } else {
+                    self.low_bits[i - 16] >> 4
+                };
+                i32::from(low) + 16 * ((fifth >> i) & 1) as i32 - 16
+            })
+        }
+        fn scale_bits(&self) -> u16 {
+            self.scale
+        }
+        fn random(state: &mut u64) -> Self {
+            let mut low_bits = [0u8; BLOCK / 2];
+            low_bits.iter_mut().for_each(|v| *v = next(state) as u8);
+            Self {
+                scale: random_scale(state),
+                high_bits: (next(state) as u32).to_le_bytes(),
+                low_bits,
+            }
+        }
+    }
+
+    /// Positive and negative f16 scales between about 1e-4 and 1e-1.
+    fn random_scale(state: &mut u64) -> u16 {
+        (0x0c00 + (next(state) % 0x2000) as u16) | (((next(state) % 2) as u16) << 15)
+    }
+
+    /// One output as ggml's single-row kernel (AVX2 form) computes it, in scalar code.
+    fn reference_dot<B: ScalarWeights>(row: &[B], input: &[f32]) -> f32 {
+        let column = QuantizedColumn::new(input);
+        let mut acc = [0.0f32; 8];
+        for (block, weights) in row.iter().enumerate() {
+            let scale = f16_to_f32(weights.scale_bits()) * column.scales[block];
+            let values = weights.weights();
+            for (lane, acc) in acc.iter_mut().enumerate() {
+                let sum: i32 = (4 * lane..4 * lane + 4)
+                    .map(|i| values[i] * i32::from(column.values[block * BLOCK + i]))
+                    .sum();
+                *acc = scale.mul_add(sum as f32, *acc);
+            }
+        }
+        ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+    }
+
+    /// xorshift64: deterministic test data without a dependency.
+    fn next(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    fn random_inputs(positions: usize, columns: usize, state: &mut u64) -> Vec<f32> {
+        let mut inputs: Vec<f32> = (0..positions * columns)
+            .map(|_| (next(state) % 2_000_001) as f32 / 1000.0 - 1000.0)
+            .collect();
+        // An all-zero block (scale 0) and a block with a value at exactly .5 after scaling.
+        inputs[..BLOCK].fill(0.0);
+        if inputs.len() >= 2 * BLOCK {
+            inputs[BLOCK..2 * BLOCK].fill(1.0);
+            inputs[BLOCK] = 254.0;
+        }
+        inputs
+    }
+
+    fn batched_products_match_single_rows<B: ScalarWeights>() {
+        if !kernel_available() {
+            eprintln!("skipped: this CPU lacks AVX-512 VNNI");
+            return;
+        }
+        // Enough rows for two threads to share them, and a remainder.
+        let (rows, columns) = (301, 96);
+        let mut state = 0x9e37_79b9_7f4a_7c15;
+        let blocks: Vec<B> = (0..rows * columns / BLOCK)
+            .map(|_| B::random(&mut state))
+            .collect();
+        let matrix = QuantMatrix::new(&blocks, rows, columns);
+        // 1 to 18 batch rows: odd counts leave a half-empty pair, and 17+ take two passes.
+        for positions in 1..=18 {
+            let inputs = random_inputs(positions, columns, &mut state);
+            let inputs: Vec<&[f32]> = inputs.chunks_exact(columns).collect();
+            for threads in [1, 2, 3] {
+                let mut outputs = vec![f32::NAN; positions * rows];
+                let mut output_rows: Vec<&mut [f32]> = outputs.chunks_exact_mut(rows).collect();
+                multiply(&matrix, &inputs, &mut output_rows, threads);
+                for (position, input) in inputs.iter().enumerate() {
+                    for row in 0..rows {
+                        let want = reference_dot(matrix.row(row), input);
+                        let got = outputs[position * rows + row];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{positions} rows on {threads} threads: batch row {position}, weight row {row}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q8_0_products_are_bit_identical_to_ggml_single_row_arithmetic() {
+        batched_products_match_single_rows::<BlockQ8_0>();
+    }
+
+    #[test]
+    fn q5_0_products_are_bit_identical_to_ggml_single_row_arithmetic() {
+        batched_products_match_single_rows::<BlockQ5_0>();
+    }
+
+    #[test]
+    fn q5_0_weights_unpack_as_ggml_lays_them_out() {
+        if !kernel_available() {
+            eprintln!("skipped: this CPU lacks AVX-512 VNNI");
+            return;
+        }
+        let mut state = 0x1234_5678_9abc_def1;
+        for _ in 0..100 {
+            let block = BlockQ5_0::random(&mut state);
+            let mut unpacked = [0i8; BLOCK];
+            // SAFETY: checked above.
+            let (values, scale) = unsafe { block.unpack() };
+            // SAFETY: `unpacked` holds 32 bytes.
+            unsafe { _mm256_storeu_si256(unpacked.as_mut_ptr().cast(), values) };
+            assert_eq!(unpacked.map(i32::from), block.weights());
+            assert_eq!(scale, block.scale);
+        }
+    }
+
+    #[test]
+    fn hidden_states_are_quantized_as_ggml_does() {
+        let mut block = [0.5f32; BLOCK];
+        block[0] = -127.0;
+        block[1] = 63.5;
+        block[2] = -0.25;
+        let column = QuantizedColumn::new(&block);
+        // Scale 1: values round to nearest, ties to even (`_mm256_round_ps`).
+        assert_eq!(column.scales, vec![1.0]);
+        assert_eq!(&column.values[..4], &[-127, 64, 0, 0]);
+        let zeros = QuantizedColumn::new(&[0.0; BLOCK]);
+        assert_eq!((zeros.scales[0], zeros.values[5]), (0.0, 0));
+        // The scale is stored as f16: 1/3 rounds to 0.33325195.
+        let third = QuantizedColumn::new(&[127.0 / 3.0; BLOCK]);
+        assert_eq!(third.scales[0], 0.333_251_95);
+        assert!(third.values.iter().all(|&v| v == 127));
+    }
+}
