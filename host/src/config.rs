@@ -237,16 +237,12 @@ pub struct TargetArgs {
     /// Read the model into memory instead of mapping it.
     #[arg(long)]
     pub no_mmap: bool,
-    /// Let llama.cpp compute every logit. By default the host computes the output layer of
-    /// verify batches itself when it is a Q8_0 matrix (Gemma 3's) and the CPU has AVX-512 VNNI,
-    /// after checking its logits bit-exact against llama.cpp's: the same output, faster.
-    #[arg(long)]
-    pub llama_output_layer: bool,
     /// Let llama.cpp compute every matrix product of batches. By default the host computes
-    /// those of Q8_0 and Q5_0 weights (most of Gemma 3's layers) in one pass over the weights
-    /// when the CPU has AVX-512 VNNI, after checking a short batch bit-exact against decoding
-    /// its tokens one by one: the same output, faster.
-    #[arg(long)]
+    /// those of Q8_0 and Q5_0 weights (Gemma 3's output layer and most of its layers) in one
+    /// pass over the weights when the CPU has AVX-512 VNNI, after checking a short batch
+    /// bit-exact against decoding its tokens one by one: the same output, faster.
+    /// (`--llama-output-layer`, its name before it covered every product, still works.)
+    #[arg(long, alias = "llama-output-layer")]
     pub llama_matmul: bool,
     /// Draft model for drafter plugins that use one: a .gguf path with the target's tokenizer,
     /// a default draft (smollm2-draft, gemma3-draft), or `auto` (the default target's draft).
@@ -275,7 +271,6 @@ impl TargetArgs {
             use_mmap: !self.no_mmap,
             use_mlock: self.mlock,
             numa: plan.numa,
-            host_output_layer: !self.llama_output_layer,
             host_batch_products: !self.llama_matmul,
         }
     }

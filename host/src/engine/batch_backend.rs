@@ -38,8 +38,6 @@ const API_VERSION: c_int = 3;
 /// The device's name, as `spechost info` and llama.cpp's logs show it.
 const NAME: &CStr = c"spechost-batch";
 const DESCRIPTION: &CStr = c"spechost's batched Q8_0/Q5_0 matrix products (AVX-512 VNNI)";
-/// The node llama.cpp names the logits.
-const LOGITS: &CStr = c"result_output";
 /// The name under which llama.cpp looks up a backend's thread-count setter.
 const SET_THREADS: &CStr = c"ggml_backend_set_n_threads";
 
@@ -438,7 +436,7 @@ impl WeightKind {
 /// # Safety
 /// `node` and its sources must be live tensors.
 unsafe fn product_of(node: &sys::ggml_tensor) -> Option<Product> {
-    if node.op != sys::GGML_OP_MUL_MAT || node.type_ != sys::GGML_TYPE_F32 || is_logits(node) {
+    if node.op != sys::GGML_OP_MUL_MAT || node.type_ != sys::GGML_TYPE_F32 {
         return None;
     }
     // SAFETY: the caller guarantees live sources.
@@ -473,16 +471,6 @@ unsafe fn product_of(node: &sys::ggml_tensor) -> Option<Product> {
         output: node.data.cast(),
         output_stride: node.nb[1],
     })
-}
-
-/// Whether `node` is the logits' product, which stays on the CPU backend, in the split of the
-/// final norm: a context that computes the output layer itself stops llama.cpp's graph at the
-/// norm through the eval callback (`engine::context`), and that stops only the split the norm
-/// is in.
-fn is_logits(node: &sys::ggml_tensor) -> bool {
-    // SAFETY: ggml keeps names NUL-terminated within the array.
-    let name = unsafe { CStr::from_ptr(node.name.as_ptr()) };
-    name == LOGITS
 }
 
 impl Product {

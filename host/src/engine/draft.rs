@@ -29,9 +29,9 @@
 //! common prefix are removed with `seq_rm`.
 //!
 //! Exactness is not needed here (the target verifies every drafted token), but the context is
-//! the target's kind (`ModelContext`: flash attention, Q8_0 KV
-//! cache, full sliding-window cache) so both models run the same kernels and the draft's cache
-//! can be rolled back on any architecture.
+//! the target's kind (`ModelContext`: flash attention, Q8_0 KV cache, full sliding-window
+//! cache) so both models run the same kernels and the draft's cache can be rolled back on any
+//! architecture.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -132,14 +132,12 @@ impl DraftModelHost {
             // for speed.
             batch_size: DEFAULT_BATCH_SIZE.min(ctx_size),
             threads: self.config.threads.max(1),
-            // It decodes one token at a time: the host's output layer would not run.
-            host_output_layer: false,
         };
-        started_backend()?;
+        let backend = started_backend()?;
         let context = {
             let _one_at_a_time = self.opening.lock().unwrap_or_else(|e| e.into_inner());
             OwnedContext::try_new(Arc::clone(&self.model), |model| {
-                ModelContext::new(model, &settings)
+                ModelContext::new(backend, model, &settings)
             })
             .map_err(context_error)?
         };

@@ -89,10 +89,6 @@ pub struct TargetParams {
     pub use_mlock: bool,
     /// llama.cpp's NUMA strategy; process-wide, so every target of a process must agree.
     pub numa: NumaMode,
-    /// Let the host compute the output layer of verify batches when the model's is a Q8_0
-    /// matrix and the host's logits check out bit-exact against llama.cpp's (the same output,
-    /// faster); `false` leaves every logit to llama.cpp.
-    pub host_output_layer: bool,
     /// Let the host compute the Q8_0 and Q5_0 matrix products of batches (verify batches,
     /// prompts) in one pass over the weights when the CPU has AVX-512 VNNI and a short decode
     /// checks out bit-exact against decoding one token at a time (the same output, faster);
@@ -106,7 +102,6 @@ impl Default for TargetParams {
             use_mmap: true,
             use_mlock: false,
             numa: NumaMode::Off,
-            host_output_layer: true,
             host_batch_products: true,
         }
     }
@@ -118,7 +113,6 @@ pub struct Target {
     path: PathBuf,
     /// The NUMA strategy the backend was started with.
     numa: NumaMode,
-    host_output_layer: bool,
 }
 
 impl Target {
@@ -140,7 +134,6 @@ impl Target {
             model,
             path: path.to_owned(),
             numa: params.numa,
-            host_output_layer: params.host_output_layer,
         })
     }
 
@@ -289,15 +282,14 @@ impl Target {
         if params.ctx_size == 0 {
             return Err(context_error("--ctx-size must be at least 1".into()));
         }
-        // The backend must be started (with this target's NUMA strategy) before a context.
-        backend(self.numa)?;
         let settings = ContextSettings {
             ctx_size: params.ctx_size,
             batch_size: params.batch_size,
             threads: params.threads,
-            host_output_layer: self.host_output_layer,
         };
-        let context = ModelContext::new(&self.model, &settings).map_err(context_error)?;
+        // The backend must be started (with this target's NUMA strategy) before a context.
+        let context = ModelContext::new(backend(self.numa)?, &self.model, &settings)
+            .map_err(context_error)?;
         Ok(Session::new(self, context))
     }
 }

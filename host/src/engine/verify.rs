@@ -163,11 +163,6 @@ impl<'a> Session<'a> {
         self.context.n_ctx()
     }
 
-    /// Whether the host computes the output layer of verify batches (see `TargetParams`).
-    pub fn host_output_layer(&self) -> bool {
-        self.context.host_output_layer()
-    }
-
     /// How many matrix products of this session's batches the host's batched Q8_0/Q5_0 kernel
     /// computed (see `TargetParams::host_batch_products`); 0 when llama.cpp computed them all.
     pub fn host_batch_products(&self) -> u64 {
