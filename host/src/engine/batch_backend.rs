@@ -11,9 +11,9 @@
 //! rows (plain decoding) and everything else stay with llama.cpp's CPU backend. The weights stay
 //! where llama.cpp put them.
 //!
-//! Gemma 3's layers are mostly Q5_0 (their 640-wide rows do not fit Q4_K's 256-value blocks),
-//! and llama.cpp's Q5_0 kernel unpacks every block again for every batch row: a third of a
-//! verify batch's time before this backend. Sessions check, when their context is made, that a
+//! Gemma 3's output layer is Q8_0 and its layers mostly Q5_0 (their 640-wide rows do not fit
+//! Q4_K's 256-value blocks), and llama.cpp's kernels unpack every block again for every batch
+//! row: two thirds of a verify batch's time before. Sessions check, when their context is made, that a
 //! batch decoded with this backend gives the logits of decoding its tokens one by one, bit for
 //! bit, and turn the backend off for the process otherwise (`engine::context`).
 //!

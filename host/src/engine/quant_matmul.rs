@@ -5,8 +5,8 @@
 //! with a batch by one vector dot product per (weight row, batch row), unpacking every weight
 //! block again for every row of the batch: verifying `n` tokens costs close to `n` single-token
 //! passes. Here each weight block is loaded and unpacked once and used for up to 16 batch rows.
-//! Two users: the target's output layer (`engine::context`, Gemma 3's 262144 × 640 Q8_0 token
-//! embedding) and the matrix products inside the model's layers (`engine::batch_backend`).
+//! `engine::batch_backend` hands it llama.cpp's products: on Gemma 3, its output layer (the
+//! 262144 × 640 Q8_0 token embedding) and most of its layers (Q5_0).
 //!
 //! Exactness: ggml's CPU kernels for these types (`ggml_vec_dot_q8_0_q8_0` and
 //! `ggml_vec_dot_q5_0_q8_0`, their AVX2 form, which every x86 build with AVX2 uses) first
