@@ -117,7 +117,15 @@ fn greedy_proposals_equal_the_draft_models_plain_decoding() {
         let prompt = prompt(&reference, index);
         let plain = generate_tokens(&reference, &prompt, DRAFT_LEN);
         let mut context = fresh(&draft, &prompt);
+        let checked = context.host_batch_products();
         let proposed = context.propose(DRAFT_LEN, 0.0);
+        // The Q4_0 default draft's prompt catch-up is a batch whose products the host computes
+        // on such a CPU: the proposals below then compare them with llama.cpp's.
+        assert_eq!(
+            context.host_batch_products() > checked,
+            vnni(),
+            "fixture {index}: the host computes the draft's Q4_0 products exactly when the CPU has AVX-512 VNNI"
+        );
         assert_eq!(
             tokens(&proposed[..plain.len()]),
             plain,

@@ -146,10 +146,7 @@ fn gemma3_seeded_sampling_is_reproducible_and_speculation_keeps_the_draws() {
 fn gemma3_batches_use_the_host_batched_products_exactly() {
     let _guard = exclusive();
     let target = load(DefaultModel::Gemma3);
-    let vnni = cfg!(target_arch = "x86_64")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-        && std::arch::is_x86_feature_detected!("avx512vnni");
+    let vnni = vnni();
     let host = plugin_host();
     let message = &fixtures()[0].user_message;
     let lookup = [SourceSpec::Builtin("lookup".into())];

@@ -218,3 +218,12 @@ pub fn scratch_file(group: &str, name: &str) -> PathBuf {
 pub fn arg(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
+
+/// Whether this CPU runs the host's batched matrix products (AVX-512 VNNI,
+/// `engine::quant_matmul`); elsewhere llama.cpp computes every product.
+pub fn vnni() -> bool {
+    cfg!(target_arch = "x86_64")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+}

@@ -1,4 +1,4 @@
-//! A ggml backend that computes the Q8_0 and Q5_0 matrix products of batches (verify batches,
+//! A ggml backend that computes the Q8_0, Q5_0 and Q4_0 matrix products of batches (verify batches,
 //! prompts) with [`quant_matmul`](super::quant_matmul): one pass over each weight matrix per
 //! batch instead of llama.cpp's one vector dot product per (weight row, batch row), and the
 //! same bits.
@@ -6,16 +6,18 @@
 //! How it gets the work: llama.cpp gives every context one backend per registered
 //! "accelerator" device, ahead of the CPU backend, and ggml's scheduler hands a matrix product
 //! to the first backend that says it supports the product and the weights' buffer type (this is
-//! how llama.cpp's BLAS backend works). This device accepts matrix products of Q8_0 or Q5_0
-//! weights in host memory with two or more `f32` batch rows when the CPU has AVX-512 VNNI; single
-//! rows (plain decoding) and everything else stay with llama.cpp's CPU backend. The weights stay
-//! where llama.cpp put them.
+//! how llama.cpp's BLAS backend works). This device accepts matrix products of Q8_0, Q5_0 or
+//! Q4_0 weights in host memory with two or more `f32` batch rows when the CPU has AVX-512 VNNI;
+//! single rows (plain decoding) and everything else stay with llama.cpp's CPU backend. The
+//! weights stay where llama.cpp put them.
 //!
 //! Gemma 3's output layer is Q8_0 and its layers mostly Q5_0 (their 640-wide rows do not fit
 //! Q4_K's 256-value blocks), and llama.cpp's kernels unpack every block again for every batch
-//! row: two thirds of a verify batch's time before. Sessions check, when their context is made, that a
-//! batch decoded with this backend gives the logits of decoding its tokens one by one, bit for
-//! bit, and turn the backend off for the process otherwise (`engine::context`).
+//! row: two thirds of a verify batch's time before. Q4_0 models (the default draft models) are
+//! Q4_0 throughout, so a draft model's catch-up with a prompt is batched here too. Sessions
+//! check, when their context is made, that a batch decoded with this backend gives the logits
+//! of decoding its tokens one by one, bit for bit, and turn the backend off for the process
+//! otherwise (`engine::context`).
 //!
 //! The structures below mirror `ggml-backend-impl.h` (backend API version 3) of the
 //! llama.cpp that llama-cpp-sys-2 0.1.161 builds (pinned in the workspace); llama-cpp-sys-2 does
@@ -31,13 +33,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use llama_cpp_sys_2 as sys;
 
-use super::quant_matmul::{self, BLOCK, BlockQ5_0, BlockQ8_0, QuantMatrix, WeightBlock};
+use super::quant_matmul::{self, BLOCK, BlockQ4_0, BlockQ5_0, BlockQ8_0, QuantMatrix, WeightBlock};
 
 /// `GGML_BACKEND_API_VERSION` of the mirrored header.
 const API_VERSION: c_int = 3;
 /// The device's name, as `spechost info` and llama.cpp's logs show it.
 const NAME: &CStr = c"spechost-batch";
-const DESCRIPTION: &CStr = c"spechost's batched Q8_0/Q5_0 matrix products (AVX-512 VNNI)";
+const DESCRIPTION: &CStr = c"spechost's batched Q8_0/Q5_0/Q4_0 matrix products (AVX-512 VNNI)";
 /// The name under which llama.cpp looks up a backend's thread-count setter.
 const SET_THREADS: &CStr = c"ggml_backend_set_n_threads";
 
@@ -391,7 +393,7 @@ unsafe extern "C" fn backend_graph_compute(
     }
 }
 
-/// A matrix product this backend computes: `weights` (`rows` × `width`, Q8_0 or Q5_0) times
+/// A matrix product this backend computes: `weights` (`rows` × `width`, Q8_0, Q5_0 or Q4_0) times
 /// each of `batch` rows of `width` floats at `input`, into `batch` rows of `rows` floats at
 /// `output`.
 struct Product {
@@ -411,6 +413,7 @@ struct Product {
 enum WeightKind {
     Q8_0,
     Q5_0,
+    Q4_0,
 }
 
 impl WeightKind {
@@ -418,6 +421,7 @@ impl WeightKind {
         match ggml_type {
             sys::GGML_TYPE_Q8_0 => Some(Self::Q8_0),
             sys::GGML_TYPE_Q5_0 => Some(Self::Q5_0),
+            sys::GGML_TYPE_Q4_0 => Some(Self::Q4_0),
             _ => None,
         }
     }
@@ -426,12 +430,13 @@ impl WeightKind {
         match self {
             Self::Q8_0 => size_of::<BlockQ8_0>(),
             Self::Q5_0 => size_of::<BlockQ5_0>(),
+            Self::Q4_0 => size_of::<BlockQ4_0>(),
         }
     }
 }
 
 /// The product `node` asks for, if it is one this backend computes: a 2-D matrix product of
-/// Q8_0/Q5_0 weights with contiguous rows and two or more contiguous `f32` batch rows.
+/// Q8_0/Q5_0/Q4_0 weights with contiguous rows and two or more contiguous `f32` batch rows.
 ///
 /// # Safety
 /// `node` and its sources must be live tensors.
@@ -479,6 +484,7 @@ impl Product {
         match self.kind {
             WeightKind::Q8_0 => self.compute_with::<BlockQ8_0>(threads),
             WeightKind::Q5_0 => self.compute_with::<BlockQ5_0>(threads),
+            WeightKind::Q4_0 => self.compute_with::<BlockQ4_0>(threads),
         }
     }
 

@@ -3,7 +3,7 @@
 //!
 //! The settings (flash attention over a Q8_0 KV cache, a full sliding-window cache) make every
 //! query row of attention the same computation at any batch size; `docs/exactness.md` says why.
-//! The matrix products of batches with Q8_0 or Q5_0 weights go to the host's batched kernel
+//! The matrix products of batches with Q8_0, Q5_0 or Q4_0 weights go to the host's batched kernel
 //! (`engine::batch_backend`) when it is on. Its arithmetic is ggml's, checked by its unit tests
 //! against ggml's single-row kernels; the check here proves it again on the real model: three
 //! tokens decoded one at a time (llama.cpp's own kernels throughout) and as one batch must give
@@ -86,9 +86,9 @@ impl<'m> ModelContext<'m> {
         match checked {
             Ok(products) if products > 0 => tracing::info!(
                 products,
-                "batches: the host computes the Q8_0/Q5_0 matrix products (checked bit-exact against one-by-one decoding)"
+                "batches: the host computes the Q8_0/Q5_0/Q4_0 matrix products (checked bit-exact against one-by-one decoding)"
             ),
-            Ok(_) => tracing::debug!("batches: no Q8_0/Q5_0 matrix products for the host"),
+            Ok(_) => tracing::debug!("batches: no Q8_0/Q5_0/Q4_0 matrix products for the host"),
             Err(reason) => {
                 tracing::warn!(%reason, "batches: the host's batched matrix products differ from llama.cpp's; llama.cpp computes them from now on");
                 disable_batch_backend();

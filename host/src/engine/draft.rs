@@ -221,6 +221,12 @@ impl DraftModelContext {
         &self.fed
     }
 
+    /// How many matrix products of this context's batches (prompt catch-ups) the host's batched
+    /// kernel computed, as `Session::host_batch_products` for the target.
+    pub fn host_batch_products(&self) -> u64 {
+        self.context.borrow_dependent().host_products()
+    }
+
     /// Decodes what the cache lacks of the fed context, then drafts; any llama.cpp failure is
     /// returned, and leaves the cache empty so the next proposal starts over.
     fn try_propose(

@@ -4,8 +4,8 @@
 //! 1. [`Target::load`] checks and loads the GGUF (once per process);
 //! 2. [`Target::tokenize_chat`] (or [`Target::tokenize_raw`]) builds the prompt tokens;
 //! 3. [`Target::session`] creates the target's llama.cpp context (`context`), reused across
-//!    requests; in its batches the Q8_0/Q5_0 matrix products (Gemma 3's output layer and most
-//!    of its layers) go to the host's batched kernel (`batch_backend`, `quant_matmul`), bit for
+//!    requests; in its batches the Q8_0/Q5_0/Q4_0 matrix products (Gemma 3's output layer and
+//!    most of its layers) go to the host's batched kernel (`batch_backend`, `quant_matmul`), bit for
 //!    bit as llama.cpp would compute them;
 //! 4. [`Session::generate`] decodes the prompt, then runs rounds: draft from the cascade,
 //!    verify `[last, d1..dK]` in one batch, accept, roll the KV cache back, stream the text.

@@ -89,7 +89,7 @@ pub struct TargetParams {
     pub use_mlock: bool,
     /// llama.cpp's NUMA strategy; process-wide, so every target of a process must agree.
     pub numa: NumaMode,
-    /// Let the host compute the Q8_0 and Q5_0 matrix products of batches (verify batches,
+    /// Let the host compute the Q8_0, Q5_0 and Q4_0 matrix products of batches (verify batches,
     /// prompts) in one pass over the weights when the CPU has AVX-512 VNNI and a short decode
     /// checks out bit-exact against decoding one token at a time (the same output, faster);
     /// `false` leaves them to llama.cpp. Process-wide: the last target loaded decides.

@@ -1,4 +1,4 @@
-//! Matrix products of Q8_0 and Q5_0 weights with a batch of `f32` rows, computed in one pass
+//! Matrix products of Q8_0, Q5_0 and Q4_0 weights with a batch of `f32` rows, computed in one pass
 //! over the weights, bit for bit as llama.cpp's CPU backend computes them one row at a time.
 //!
 //! Why: llama.cpp, built batch-invariant (see `docs/exactness.md`), multiplies a weight matrix
@@ -6,10 +6,12 @@
 //! block again for every row of the batch: verifying `n` tokens costs close to `n` single-token
 //! passes. Here each weight block is loaded and unpacked once and used for up to 16 batch rows.
 //! `engine::batch_backend` hands it llama.cpp's products: on Gemma 3, its output layer (the
-//! 262144 × 640 Q8_0 token embedding) and most of its layers (Q5_0).
+//! 262144 × 640 Q8_0 token embedding) and most of its layers (Q5_0); on Q4_0 models (the
+//! default draft models, `spechost models quantize --type Q4_0`), every layer.
 //!
-//! Exactness: ggml's CPU kernels for these types (`ggml_vec_dot_q8_0_q8_0` and
-//! `ggml_vec_dot_q5_0_q8_0`, their AVX2 form, which every x86 build with AVX2 uses) first
+//! Exactness: ggml's CPU kernels for these types (`ggml_vec_dot_q8_0_q8_0`,
+//! `ggml_vec_dot_q5_0_q8_0` and `ggml_vec_dot_q4_0_q8_0`, their AVX2 form, which every x86 build
+//! with AVX2 uses) first
 //! quantize the batch row to Q8_0 (`quantize_row_q8_0`), then per 32-value block unpack the
 //! weights to 32 signed bytes, take eight lane sums of four int8 products, convert them to
 //! `f32`, and fused-multiply-add them, times (weight scale × row scale), into eight lane
@@ -29,7 +31,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Values per Q8_0 and Q5_0 block.
+/// Values per Q8_0, Q5_0 and Q4_0 block.
 pub(super) const BLOCK: usize = 32;
 
 /// A block of quantized weights whose dot product with a Q8_0 block ggml computes as
@@ -77,19 +79,54 @@ pub(super) struct BlockQ5_0 {
 impl WeightBlock for BlockQ5_0 {
     #[inline(always)]
     unsafe fn unpack(&self) -> (__m256i, u16) {
-        // SAFETY: the caller guarantees AVX-512 BW and VL; the loads read within the block.
+        // SAFETY: the caller guarantees AVX-512 BW and VL.
         unsafe {
-            let packed = _mm_loadu_si128(self.low_bits.as_ptr().cast());
-            let nibbles = _mm_set1_epi8(0x0f);
-            let low = _mm_and_si128(packed, nibbles);
-            let high = _mm_and_si128(_mm_srli_epi16::<4>(packed), nibbles);
-            let values = _mm256_set_m128i(high, low);
+            let values = spread_nibbles(&self.low_bits);
             // `(low | fifth << 4) - 16` as a signed byte is `low` when the fifth bit is set,
             // and `low | 0xf0` when it is clear (ggml's `bytes_from_bits_32` + `andnot`).
             let clear = !u32::from_le_bytes(self.high_bits);
             let values = _mm256_or_si256(values, _mm256_maskz_set1_epi8(clear, 0xf0u8 as i8));
             (values, self.scale)
         }
+    }
+}
+
+/// One Q4_0 block as ggml stores it (`block_q4_0`): an `f16` scale and the 32 values' four
+/// bits, two per byte; the weight is `bits - 8`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct BlockQ4_0 {
+    /// The block's scale, as `f16` bits.
+    pub(super) scale: u16,
+    /// Byte `i` holds value `i` in its low nibble and value `i + 16` in its high nibble.
+    pub(super) nibbles: [u8; BLOCK / 2],
+}
+
+impl WeightBlock for BlockQ4_0 {
+    #[inline(always)]
+    unsafe fn unpack(&self) -> (__m256i, u16) {
+        // SAFETY: the caller guarantees AVX-512 BW and VL.
+        unsafe {
+            let values = _mm256_sub_epi8(spread_nibbles(&self.nibbles), _mm256_set1_epi8(8));
+            (values, self.scale)
+        }
+    }
+}
+
+/// 32 four-bit values, two per byte (value `i` in byte `i`'s low nibble, value `i + 16` in its
+/// high nibble), one per byte in order: ggml's `bytes_from_nibbles_32`.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+unsafe fn spread_nibbles(packed: &[u8; BLOCK / 2]) -> __m256i {
+    // SAFETY: the caller guarantees AVX2; the load reads the 16 bytes of `packed`.
+    unsafe {
+        let packed = _mm_loadu_si128(packed.as_ptr().cast());
+        let mask = _mm_set1_epi8(0x0f);
+        let low = _mm_and_si128(packed, mask);
+        let high = _mm_and_si128(_mm_srli_epi16::<4>(packed), mask);
+        _mm256_set_m128i(high, low)
     }
 }
 
@@ -502,6 +539,30 @@ mod tests {
         }
     }
 
+    impl ScalarWeights for BlockQ4_0 {
+        fn weights(&self) -> [i32; BLOCK] {
+            std::array::from_fn(|i| {
+                let bits = if i < 16 {
+                    self.nibbles[i] & 0x0f
+                } else {
+                    self.nibbles[i - 16] >> 4
+                };
+                i32::from(bits) - 8
+            })
+        }
+        fn scale_bits(&self) -> u16 {
+            self.scale
+        }
+        fn random(state: &mut u64) -> Self {
+            let mut nibbles = [0u8; BLOCK / 2];
+            nibbles.iter_mut().for_each(|v| *v = next(state) as u8);
+            Self {
+                scale: random_scale(state),
+                nibbles,
+            }
+        }
+    }
+
     /// Positive and negative f16 scales between about 1e-4 and 1e-1.
     fn random_scale(state: &mut u64) -> u16 {
         (0x0c00 + (next(state) % 0x2000) as u16) | (((next(state) % 2) as u16) << 15)
@@ -591,22 +652,36 @@ mod tests {
     }
 
     #[test]
-    fn q5_0_weights_unpack_as_ggml_lays_them_out() {
+    fn q4_0_products_are_bit_identical_to_ggml_single_row_arithmetic() {
+        batched_products_match_single_rows::<BlockQ4_0>();
+    }
+
+    fn weights_unpack_as_ggml_lays_them_out<B: ScalarWeights>() {
         if !kernel_available() {
             eprintln!("skipped: this CPU lacks AVX-512 VNNI");
             return;
         }
         let mut state = 0x1234_5678_9abc_def1;
         for _ in 0..100 {
-            let block = BlockQ5_0::random(&mut state);
+            let block = B::random(&mut state);
             let mut unpacked = [0i8; BLOCK];
             // SAFETY: checked above.
             let (values, scale) = unsafe { block.unpack() };
             // SAFETY: `unpacked` holds 32 bytes.
             unsafe { _mm256_storeu_si256(unpacked.as_mut_ptr().cast(), values) };
             assert_eq!(unpacked.map(i32::from), block.weights());
-            assert_eq!(scale, block.scale);
+            assert_eq!(scale, block.scale_bits());
         }
+    }
+
+    #[test]
+    fn q5_0_weights_unpack_as_ggml_lays_them_out() {
+        weights_unpack_as_ggml_lays_them_out::<BlockQ5_0>();
+    }
+
+    #[test]
+    fn q4_0_weights_unpack_as_ggml_lays_them_out() {
+        weights_unpack_as_ggml_lays_them_out::<BlockQ4_0>();
     }
 
     #[test]

@@ -163,7 +163,7 @@ impl<'a> Session<'a> {
         self.context.n_ctx()
     }
 
-    /// How many matrix products of this session's batches the host's batched Q8_0/Q5_0 kernel
+    /// How many matrix products of this session's batches the host's batched Q8_0/Q5_0/Q4_0 kernel
     /// computed (see `TargetParams::host_batch_products`); 0 when llama.cpp computed them all.
     pub fn host_batch_products(&self) -> u64 {
         self.context.host_products()
