@@ -517,20 +517,14 @@ mod tests {
         fn weights(&self) -> [i32; BLOCK] {
             let fifth = u32::from_le_bytes(self.high_bits);
             std::array::from_fn(|i| {
-                let low = if i < 16 {
-                    self.low_bits[i] & 0x0f
-                } else {
-                    self.low_bits[i - 16] >> 4
-                };
-                i32::from(low) + 16 * ((fifth >> i) & 1) as i32 - 16
+                i32::from(nibble(&self.low_bits, i)) + 16 * ((fifth >> i) & 1) as i32 - 16
             })
         }
         fn scale_bits(&self) -> u16 {
             self.scale
         }
         fn random(state: &mut u64) -> Self {
-            let mut low_bits = [0u8; BLOCK / 2];
-            low_bits.iter_mut().for_each(|v| *v = next(state) as u8);
+            let low_bits = random_bytes(state);
             Self {
                 scale: random_scale(state),
                 high_bits: (next(state) as u32).to_le_bytes(),
@@ -541,26 +535,32 @@ mod tests {
 
     impl ScalarWeights for BlockQ4_0 {
         fn weights(&self) -> [i32; BLOCK] {
-            std::array::from_fn(|i| {
-                let bits = if i < 16 {
-                    self.nibbles[i] & 0x0f
-                } else {
-                    self.nibbles[i - 16] >> 4
-                };
-                i32::from(bits) - 8
-            })
+            std::array::from_fn(|i| i32::from(nibble(&self.nibbles, i)) - 8)
         }
         fn scale_bits(&self) -> u16 {
             self.scale
         }
         fn random(state: &mut u64) -> Self {
-            let mut nibbles = [0u8; BLOCK / 2];
-            nibbles.iter_mut().for_each(|v| *v = next(state) as u8);
             Self {
+                nibbles: random_bytes(state),
                 scale: random_scale(state),
-                nibbles,
             }
         }
+    }
+
+    /// Value `i` of 32 four-bit values packed as ggml packs them: the low nibbles of the 16
+    /// bytes, then their high nibbles.
+    fn nibble(packed: &[u8; BLOCK / 2], i: usize) -> u8 {
+        if i < BLOCK / 2 {
+            packed[i] & 0x0f
+        } else {
+            packed[i - BLOCK / 2] >> 4
+        }
+    }
+
+    /// `N` random bytes.
+    fn random_bytes<const N: usize>(state: &mut u64) -> [u8; N] {
+        std::array::from_fn(|_| next(state) as u8)
     }
 
     /// Positive and negative f16 scales between about 1e-4 and 1e-1.
