@@ -11,10 +11,15 @@ Steps, in order:
      each on its own client thread (at most --clients at once; a start that finds none free is
      counted as "not sent"), and run to their end (or --timeout);
   4. samples the server's RSS (VmRSS of /proc/PID/status) every --rss-interval throughout;
-  5. prints a markdown summary: offered and completed requests/s, counts by status (200, 429,
-     503, other, connection errors), p50/p99 latency of completed requests, RSS min/max, and
-     whether every completed output equals the plain-decoding answer; --json writes the same
-     as JSON.
+  5. meanwhile holds --idle connections that send nothing and --slowloris connections that send
+     a request's headers one byte every --slowloris-interval seconds, and records when the
+     server closed each (they must not outlast its --header-timeout); all are closed by this
+     script when the load ends;
+  6. prints a markdown summary: offered and completed requests/s, counts by status (200, 429,
+     503, other, connection errors), p50/p99 latency of completed requests, RSS min/max, how
+     many idle and slowloris connections the server closed and the longest one stayed open,
+     and whether every completed output equals the plain-decoding answer; --json writes the
+     same as JSON.
 
 The server's own cascade and policy draft the load requests (the request names none), so the
 last check is that speculation under overload still gives the plain-decoding text.
@@ -27,6 +32,7 @@ import argparse
 import http.client
 import json
 import math
+import socket
 import sys
 import threading
 import time
@@ -49,6 +55,12 @@ def parse_args():
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
     parser.add_argument("--rss-interval", type=float, default=0.1, help="seconds")
+    parser.add_argument("--idle", type=int, default=0,
+                        help="connections held open without sending anything")
+    parser.add_argument("--slowloris", type=int, default=0,
+                        help="connections that send their headers a byte at a time")
+    parser.add_argument("--slowloris-interval", type=float, default=0.5,
+                        help="seconds between two bytes of a slowloris connection")
     parser.add_argument("--json", help="also write the results as JSON to this file")
     return parser.parse_args()
 
@@ -125,6 +137,63 @@ class RssSampler(threading.Thread):
             self.stopped.wait(self.interval)
 
 
+class HeldConnection(threading.Thread):
+    """One connection that sends nothing (idle) or trickles a request's headers (slowloris)
+    until the server closes it or `stopped` is set; `held` is how long it stayed open and
+    `closed_by_server` whether the server ended it."""
+
+    def __init__(self, client, slow, interval, stopped):
+        super().__init__(daemon=True)
+        self.client = client
+        self.slow = slow
+        self.interval = interval
+        self.stopped = stopped
+        self.held = None
+        self.closed_by_server = False
+
+    def run(self):
+        started = time.monotonic()
+        headers = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: {self.client.host}\r\n"
+            "Content-Type: application/json\r\nX-Padding: " + "a" * 4096
+        ).encode()
+        try:
+            with socket.create_connection((self.client.host, self.client.port), timeout=5) as s:
+                s.settimeout(self.interval)
+                sent = 0
+                while not self.stopped.is_set():
+                    if self.slow and sent < len(headers):
+                        try:
+                            s.sendall(headers[sent:sent + 1])
+                        except OSError:
+                            self.closed_by_server = True
+                            break
+                        sent += 1
+                    try:
+                        if s.recv(4096) == b"":
+                            self.closed_by_server = True
+                            break
+                    except socket.timeout:
+                        continue
+                    except OSError:
+                        self.closed_by_server = True
+                        break
+        except OSError:
+            self.closed_by_server = True
+        self.held = time.monotonic() - started
+
+
+def hold_connections(client, args, stopped):
+    """Starts the idle and slowloris connections; returns their threads."""
+    held = [HeldConnection(client, False, args.slowloris_interval, stopped)
+            for _ in range(args.idle)]
+    held += [HeldConnection(client, True, args.slowloris_interval, stopped)
+             for _ in range(args.slowloris)]
+    for connection in held:
+        connection.start()
+    return held
+
+
 def calibrate(client, args, expected):
     """Completed requests/s of one slot, one request at a time."""
     started = time.monotonic()
@@ -199,7 +268,7 @@ def percentile(values, fraction):
     return ordered[rank - 1]
 
 
-def summarize(args, capacity, slots, load, offered_seconds, total_seconds, rss):
+def summarize(args, capacity, slots, load, offered_seconds, total_seconds, rss, held):
     counts = {"200": 0, "429": 0, "503": 0, "other": 0, "error": 0}
     for status, _, _ in load.results:
         key = str(status) if str(status) in counts else "other"
@@ -224,6 +293,11 @@ def summarize(args, capacity, slots, load, offered_seconds, total_seconds, rss):
         "wrong_outputs": sum(1 for _, _, correct in completed if not correct),
         "rss_min_bytes": min(rss) if rss else None,
         "rss_max_bytes": max(rss) if rss else None,
+        "idle": args.idle,
+        "idle_closed_by_server": sum(1 for c in held if not c.slow and c.closed_by_server),
+        "slowloris": args.slowloris,
+        "slowloris_closed_by_server": sum(1 for c in held if c.slow and c.closed_by_server),
+        "held_longest_s": max((c.held for c in held if c.held is not None), default=None),
     }
 
 
@@ -253,6 +327,10 @@ def markdown(summary):
          f"{secs(summary['latency_p50_s'])} / {secs(summary['latency_p99_s'])}"),
         ("server RSS, min / max",
          f"{mib(summary['rss_min_bytes'])} / {mib(summary['rss_max_bytes'])}"),
+        ("idle / slowloris connections closed by the server",
+         f"{summary['idle_closed_by_server']} of {summary['idle']} / "
+         f"{summary['slowloris_closed_by_server']} of {summary['slowloris']} "
+         f"(longest held {secs(summary['held_longest_s'])})"),
         ("completed outputs equal to plain decoding",
          f"{correct} / {summary['completed']}"),
     ]
@@ -282,14 +360,20 @@ def main():
     if status != 200 or expected is None:
         sys.exit(f"error: the plain-decoding request answered {status}: {body}")
     capacity = calibrate(client, args, expected) * slots
+    stop_holding = threading.Event()
+    held = hold_connections(client, args, stop_holding)
     load = Load(client, args, expected)
     offered_seconds, total_seconds = load.run(args.factor * capacity)
+    stop_holding.set()
+    for connection in held:
+        connection.join(5 + args.slowloris_interval)
     if rss:
         rss.stopped.set()
         rss.join()
 
     summary = summarize(
-        args, capacity, slots, load, offered_seconds, total_seconds, rss.samples if rss else []
+        args, capacity, slots, load, offered_seconds, total_seconds,
+        rss.samples if rss else [], held,
     )
     print(markdown(summary))
     if args.json:

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use spechost::bench::trace::Trace;
 use spechost::cascade::Cascade;
-use spechost::engine::{Request, SamplingParams, SessionParams};
+use spechost::engine::{MessageContents, Request, SamplingParams, SessionParams};
 use spechost::models::DefaultModel;
 
 /// Runs spechost and returns its stdout, failing with both streams when it fails.
@@ -239,7 +239,7 @@ fn prompts_are_the_exact_text_the_target_tokenizes() {
         let text = std::fs::read_to_string(&file).expect("prompt file");
         let content = message["messages"][0]["content"].as_str().expect("content");
         let expected = target
-            .tokenize_messages(&[("user", content)])
+            .tokenize_messages(&[("user", content)], MessageContents::Plain)
             .expect("chat template");
         let tokens = target.tokenize_raw(&text);
         assert_eq!(

@@ -7,18 +7,23 @@
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
 pub use crate::cascade::CascadeMode;
-use crate::engine::{DraftModelConfig, SamplingParams, SessionParams, StopStrings, TargetParams};
+use crate::engine::{
+    DRAFT_MAX_LIMIT, DraftModelConfig, MessageContents, SamplingParams, SessionParams, StopStrings,
+    StopStringsError, TargetParams,
+};
 use crate::models::{
     DefaultDraft, DefaultModel, EmbeddingsType, QuantType, QuantizeRequest, default_output,
 };
 use crate::placement::{
     CpuList, NumaMode, PlacementError, PlacementRequest, Plan, Topology, TopologyError,
 };
+use crate::server::{AllowedHosts, ConnectionLimits};
 
 /// Speculative decoding on CPU servers, with draft sources as sandboxed WebAssembly plugins.
 #[derive(Debug, Parser)]
@@ -394,6 +399,17 @@ pub enum ConfigError {
         "--draft-max must be at least 1 (got 0); use --cascade none to decode without speculation"
     )]
     ZeroDraftMax,
+    /// `--draft-max` above [`DRAFT_MAX_LIMIT`].
+    #[error(
+        "--draft-max {given} is above {DRAFT_MAX_LIMIT}; a verify batch that large costs far more than it can save, use at most {DRAFT_MAX_LIMIT}"
+    )]
+    DraftMaxTooLarge {
+        /// The value given.
+        given: usize,
+    },
+    /// Too many or too long `--stop` strings.
+    #[error("invalid --stop: {0}")]
+    Stop(#[from] StopStringsError),
     /// `--max-tokens 0`.
     #[error("--max-tokens must be at least 1")]
     ZeroMaxTokens,
@@ -516,11 +532,30 @@ pub enum ConfigError {
         /// The most a request may ask for.
         limit: usize,
     },
-    /// `--admin-token ""`.
+    /// An admin token shorter than [`MIN_ADMIN_TOKEN_LEN`].
     #[error(
-        "--admin-token (or SPECHOST_ADMIN_TOKEN) is empty; give a secret of at least {MIN_ADMIN_TOKEN_LEN} characters, or leave it unset to keep the admin endpoints off"
+        "the admin token (--admin-token-file, SPECHOST_ADMIN_TOKEN or --admin-token) has {length} characters; give a secret of at least {MIN_ADMIN_TOKEN_LEN} (e.g. `openssl rand -hex 24 > token`), or leave it unset to keep the admin endpoints off"
     )]
-    AdminTokenTooShort,
+    AdminTokenTooShort {
+        /// The length given, in characters.
+        length: usize,
+    },
+    /// `--admin-token-file` cannot be read.
+    #[error("cannot read --admin-token-file {path}: {source}; check the path and its permissions")]
+    AdminTokenFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Bad `--allowed-hosts`.
+    #[error("invalid --allowed-hosts `{list}`: {problem}")]
+    AllowedHosts {
+        /// The list as given.
+        list: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// `--watch` is not a directory.
     #[error("--watch {path}: {problem}; give the directory that holds the plugin .wasm files")]
     WatchDir {
@@ -893,13 +928,11 @@ impl RunArgs {
         if max_tokens == 0 {
             return Err(ConfigError::ZeroMaxTokens);
         }
-        let draft_max = self
-            .draft_max
-            .or(run.draft_max)
-            .unwrap_or(crate::engine::DEFAULT_DRAFT_MAX);
-        if draft_max == 0 {
-            return Err(ConfigError::ZeroDraftMax);
-        }
+        let draft_max = check_draft_max(
+            self.draft_max
+                .or(run.draft_max)
+                .unwrap_or(crate::engine::DEFAULT_DRAFT_MAX),
+        )?;
         let session = session_params(placement.threads, self.target.ctx_size.or(run.ctx_size))?;
         let draft = draft_settings(
             self.target.draft_model.clone().or(run.draft_model),
@@ -916,7 +949,7 @@ impl RunArgs {
             self.min_p.or(run.min_p),
             self.seed.or(run.seed),
         )?;
-        let stop = StopStrings::new(run.stop.into_iter().chain(self.stop));
+        let stop = StopStrings::new(run.stop.into_iter().chain(self.stop))?;
         let prompt = read_prompt(self.prompt, self.prompt_file.as_deref())?;
         Ok(RunConfig {
             model,
@@ -1126,10 +1159,12 @@ pub struct ServeArgs {
     /// Default way the cascade picks a draft: `first` or `scored`.
     #[arg(long, value_enum)]
     pub cascade_mode: Option<CascadeMode>,
-    /// Default policy plugin choosing the draft length of each round.
+    /// Default policy plugin choosing the draft length of each round, with its settings
+    /// (default: `cost`, as for `run`).
     #[arg(long)]
     pub policy: Option<String>,
-    /// Default most draft tokens verified per round (K).
+    /// Most draft tokens verified per round (K): the default of requests and the most one may
+    /// ask for. The verify cost curve is measured up to it at start-up.
     #[arg(long)]
     pub draft_max: Option<usize>,
     /// Tokens generated for a request that gives no `max_tokens`.
@@ -1169,9 +1204,42 @@ pub struct ServeArgs {
     /// Largest request body, in bytes; larger ones get 413.
     #[arg(long)]
     pub max_body_bytes: Option<usize>,
-    /// Bearer token of the /admin endpoints; without it they are off.
+    /// Bearer token of the /admin endpoints (and of /metrics unless --public-metrics), at
+    /// least 16 characters; without it they are off. Prefer --admin-token-file or the
+    /// environment variable: a flag's value is visible in the process list.
     #[arg(long, env = "SPECHOST_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Read the admin bearer token from this file (its first line).
+    #[arg(long, value_name = "FILE", conflicts_with = "admin_token")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Serve GET /metrics to anyone. By default it needs the admin token: its per-source draft
+    /// statistics tell something about other tenants' outputs.
+    #[arg(long)]
+    pub public_metrics: bool,
+    /// Host names the server answers to (the `Host` header, and a browser's `Origin`),
+    /// comma-separated, or `*` for any. Default: localhost, 127.0.0.1 and ::1 when listening
+    /// on a loopback address (a defence against DNS rebinding), any otherwise.
+    #[arg(long, value_name = "HOST,...")]
+    pub allowed_hosts: Option<String>,
+    /// Most open client connections; more are answered 503 and closed at once.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Seconds a client has to send a request's headers; also how long a kept-alive
+    /// connection may sit idle.
+    #[arg(long, value_name = "SECONDS")]
+    pub header_timeout: Option<u64>,
+    /// Seconds a client has to send a request's body once its headers arrived.
+    #[arg(long, value_name = "SECONDS")]
+    pub body_timeout: Option<u64>,
+    /// Seconds requests in flight may run on after SIGTERM or Ctrl-C; then they are
+    /// cancelled, plugin state is saved and the server exits.
+    #[arg(long, value_name = "SECONDS")]
+    pub shutdown_timeout: Option<u64>,
+    /// Read special-token text inside chat messages (`<|im_end|>`) as the tokens it names.
+    /// Only for trusted callers: by default it is plain text, so a message cannot close its
+    /// turn or forge system and assistant turns.
+    #[arg(long)]
+    pub message_special_tokens: bool,
     /// Reload a loaded plugin when its .wasm file in this directory changes.
     #[arg(long, value_name = "DIR")]
     pub watch: Option<PathBuf>,
@@ -1187,8 +1255,18 @@ pub const DEFAULT_MAX_QUEUE: usize = 64;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
 /// Default largest `max_tokens` of a request.
 pub const DEFAULT_MAX_TOKENS_LIMIT: usize = 4096;
-/// Shortest admin token accepted.
-pub const MIN_ADMIN_TOKEN_LEN: usize = 1;
+/// Shortest admin token accepted: 16 random characters are out of reach of guessing, all the
+/// more with failed logins rate-limited.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
+/// Default `--max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default `--header-timeout`, in seconds.
+pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 15;
+/// Default `--body-timeout`, in seconds.
+pub const DEFAULT_BODY_TIMEOUT_SECS: u64 = 30;
+/// Default `--shutdown-timeout`, in seconds: inside the 30 s a service manager usually waits
+/// before it kills.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 10;
 
 /// Everything `spechost serve` needs, validated.
 #[derive(Debug, Clone)]
@@ -1205,13 +1283,13 @@ pub struct ServeConfig {
     pub cascade: Vec<SourceSpec>,
     /// Default cascade mode.
     pub cascade_mode: CascadeMode,
-    /// Default policy plugin, if any.
-    pub policy: Option<String>,
+    /// Default policy plugin and its settings.
+    pub policy: String,
     /// Per-plugin configuration strings, by plugin name.
     pub plugin_configs: BTreeMap<String, String>,
     /// Extra directories searched for built-in plugins, before the default ones.
     pub plugin_dirs: Vec<PathBuf>,
-    /// Default most draft tokens per round.
+    /// Default most draft tokens per round, and the most a request may ask for.
     pub draft_max: usize,
     /// `max_tokens` of requests that give none.
     pub default_max_tokens: usize,
@@ -1235,6 +1313,14 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Bearer token of the admin endpoints; `None` turns them off.
     pub admin_token: Option<String>,
+    /// Whether `/metrics` is open to anyone.
+    pub public_metrics: bool,
+    /// The host names requests may address.
+    pub allowed_hosts: AllowedHosts,
+    /// Connection limits and timeouts.
+    pub connections: ConnectionLimits,
+    /// How special-token text inside chat messages is read.
+    pub message_contents: MessageContents,
     /// Directory watched for changed plugin files.
     pub watch: Option<PathBuf>,
     /// Directory for persisted plugin state.
@@ -1272,10 +1358,8 @@ impl ServeArgs {
         let mut plugin_configs = BTreeMap::new();
         merge_plugin_settings(&mut plugin_configs, &self.target.plugin_config)?;
 
-        let draft_max = self.draft_max.unwrap_or(crate::engine::DEFAULT_DRAFT_MAX);
-        if draft_max == 0 {
-            return Err(ConfigError::ZeroDraftMax);
-        }
+        let draft_max =
+            check_draft_max(self.draft_max.unwrap_or(crate::engine::DEFAULT_DRAFT_MAX))?;
         let max_tokens_limit = self.max_tokens_limit.unwrap_or(DEFAULT_MAX_TOKENS_LIMIT);
         let default_max_tokens = self
             .max_tokens
@@ -1320,16 +1404,41 @@ impl ServeArgs {
             &placement,
             cache_dir,
         )?;
-        if let Some(policy) = &self.policy {
-            parse_policy(policy)?;
-        }
+        let policy = self.policy.unwrap_or_else(|| DEFAULT_POLICY.to_owned());
+        parse_policy(&policy)?;
         let sampling = sampling_params(self.temp, self.top_k, self.top_p, self.min_p, Some(0))?;
-        if self
-            .admin_token
-            .as_ref()
-            .is_some_and(|token| token.trim().len() < MIN_ADMIN_TOKEN_LEN)
-        {
-            return Err(ConfigError::AdminTokenTooShort);
+        let admin_token = admin_token(self.admin_token, self.admin_token_file.as_deref())?;
+        let host = self.host.unwrap_or_else(|| DEFAULT_SERVE_HOST.to_owned());
+        let allowed_hosts = match &self.allowed_hosts {
+            Some(list) => {
+                AllowedHosts::parse(list).map_err(|problem| ConfigError::AllowedHosts {
+                    list: list.clone(),
+                    problem,
+                })?
+            }
+            None => AllowedHosts::for_listen_address(&host),
+        };
+        let connections = ConnectionLimits {
+            max_connections: self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
+            header_timeout: Duration::from_secs(
+                self.header_timeout.unwrap_or(DEFAULT_HEADER_TIMEOUT_SECS),
+            ),
+            body_timeout: Duration::from_secs(
+                self.body_timeout.unwrap_or(DEFAULT_BODY_TIMEOUT_SECS),
+            ),
+            shutdown_timeout: Duration::from_secs(
+                self.shutdown_timeout
+                    .unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
+            ),
+        };
+        for (flag, zero) in [
+            ("--max-connections", connections.max_connections == 0),
+            ("--header-timeout", connections.header_timeout.is_zero()),
+            ("--body-timeout", connections.body_timeout.is_zero()),
+        ] {
+            if zero {
+                return Err(ConfigError::ZeroCount { flag });
+            }
         }
         if let Some(dir) = &self.watch
             && !dir.is_dir()
@@ -1349,7 +1458,7 @@ impl ServeArgs {
             draft,
             cascade,
             cascade_mode: self.cascade_mode.unwrap_or_default(),
-            policy: self.policy,
+            policy,
             plugin_configs,
             plugin_dirs: self.target.plugin_dirs(),
             draft_max,
@@ -1359,15 +1468,47 @@ impl ServeArgs {
             session,
             target: self.target.target_params(&placement),
             placement,
-            host: self.host.unwrap_or_else(|| DEFAULT_SERVE_HOST.to_owned()),
+            host,
             port: self.port.unwrap_or(DEFAULT_SERVE_PORT),
             parallel,
             max_queue: self.max_queue.unwrap_or(DEFAULT_MAX_QUEUE),
             max_body_bytes,
-            admin_token: self.admin_token,
+            admin_token,
+            public_metrics: self.public_metrics,
+            allowed_hosts,
+            connections,
+            message_contents: if self.message_special_tokens {
+                MessageContents::Markup
+            } else {
+                MessageContents::Plain
+            },
             watch: self.watch,
             state_dir: self.target.state_dir.clone(),
         })
+    }
+}
+
+/// The admin token from the flag (or its environment variable) or from a file's first line,
+/// at least [`MIN_ADMIN_TOKEN_LEN`] characters.
+fn admin_token(flag: Option<String>, file: Option<&Path>) -> Result<Option<String>, ConfigError> {
+    let token = match file {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| ConfigError::AdminTokenFile {
+                    path: path.to_owned(),
+                    source,
+                })?;
+            Some(text.lines().next().unwrap_or_default().trim().to_owned())
+        }
+        None => flag,
+    };
+    match token {
+        Some(token) if token.trim().chars().count() < MIN_ADMIN_TOKEN_LEN => {
+            Err(ConfigError::AdminTokenTooShort {
+                length: token.trim().chars().count(),
+            })
+        }
+        token => Ok(token),
     }
 }
 
@@ -1424,13 +1565,22 @@ fn plugin_configs_for(
     Ok(plugin_configs)
 }
 
+/// Checks one `--draft-max`: at least 1, at most [`DRAFT_MAX_LIMIT`].
+fn check_draft_max(draft_max: usize) -> Result<usize, ConfigError> {
+    match draft_max {
+        0 => Err(ConfigError::ZeroDraftMax),
+        too_large if too_large > DRAFT_MAX_LIMIT => {
+            Err(ConfigError::DraftMaxTooLarge { given: too_large })
+        }
+        _ => Ok(draft_max),
+    }
+}
+
 /// Checks a `--draft-max K,K,...` list: each at least 1, none twice; the default when empty.
 fn check_draft_maxes(given: Vec<usize>) -> Result<Vec<usize>, ConfigError> {
     let mut draft_maxes = Vec::new();
     for draft_max in given {
-        if draft_max == 0 {
-            return Err(ConfigError::ZeroDraftMax);
-        }
+        check_draft_max(draft_max)?;
         if draft_maxes.contains(&draft_max) {
             return Err(ConfigError::Repeated {
                 flag: "--draft-max",
@@ -2156,6 +2306,33 @@ mod tests {
             "default sampling: {:?}",
             config.sampling
         );
+        let run = RunArgs {
+            prompt: Some("hi".into()),
+            ..RunArgs::default()
+        }
+        .into_config(Path::new("/tmp"))
+        .expect("run defaults are valid");
+        assert_eq!(
+            (config.policy.as_str(), config.draft_max),
+            (DEFAULT_POLICY, run.draft_max),
+            "serve and run share the default policy and draft length"
+        );
+        assert_eq!(run.policy, parse_policy(DEFAULT_POLICY).expect("valid"));
+        assert_eq!(
+            config.connections,
+            ConnectionLimits {
+                max_connections: DEFAULT_MAX_CONNECTIONS,
+                header_timeout: Duration::from_secs(DEFAULT_HEADER_TIMEOUT_SECS),
+                body_timeout: Duration::from_secs(DEFAULT_BODY_TIMEOUT_SECS),
+                shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
+            }
+        );
+        assert!(
+            config.allowed_hosts.allows("localhost")
+                && !config.allowed_hosts.allows("evil.example")
+        );
+        assert!(!config.public_metrics);
+        assert_eq!(config.message_contents, MessageContents::Plain);
         let named = ServeArgs {
             target: TargetArgs {
                 model: Some("/models/my-model.gguf".into()),
@@ -2186,7 +2363,42 @@ mod tests {
                     admin_token: Some("  ".into()),
                     ..ServeArgs::default()
                 },
-                "--admin-token",
+                "has 0 characters",
+            ),
+            (
+                ServeArgs {
+                    admin_token: Some("short-secret".into()),
+                    ..ServeArgs::default()
+                },
+                "at least 16",
+            ),
+            (
+                ServeArgs {
+                    admin_token_file: Some("/nonexistent/spechost-token".into()),
+                    ..ServeArgs::default()
+                },
+                "cannot read --admin-token-file",
+            ),
+            (
+                ServeArgs {
+                    draft_max: Some(DRAFT_MAX_LIMIT + 1),
+                    ..ServeArgs::default()
+                },
+                "use at most 256",
+            ),
+            (
+                ServeArgs {
+                    allowed_hosts: Some("example.com,".into()),
+                    ..ServeArgs::default()
+                },
+                "--allowed-hosts",
+            ),
+            (
+                ServeArgs {
+                    header_timeout: Some(0),
+                    ..ServeArgs::default()
+                },
+                "--header-timeout must be at least 1",
             ),
             (
                 ServeArgs {

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod server;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
@@ -217,6 +219,15 @@ pub fn scratch_file(group: &str, name: &str) -> PathBuf {
 /// `path` as a command-line argument.
 pub fn arg(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
+}
+
+/// Whether this CPU has AMX (Intel Sapphire Rapids and later): llama.cpp then keeps Q4_0,
+/// Q4_1, Q8_0 and K-quant weights in its AMX buffers and computes their products itself, so the
+/// host's batched kernel gets only the products of weights outside them (Gemma 3's tied output
+/// layer, Q5_0 layers).
+pub fn amx() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|info| info.split_whitespace().any(|flag| flag == "amx_int8"))
 }
 
 /// Whether this CPU runs the host's batched matrix products (AVX-512 VNNI,

@@ -164,8 +164,12 @@ impl Slot {
     }
 
     /// Asks for up to `max_len` tokens; the proposal is cut to `max_len` and kept for feedback.
-    /// Returns its length.
+    /// Returns its length. A source already asked this round is not asked again (its
+    /// proposal's length is returned), whatever order the policy gave.
     fn ask(&mut self, max_len: usize) -> usize {
+        if let Some(proposal) = &self.proposal {
+            return proposal.tokens.len();
+        }
         self.stats.asked += 1;
         let mut proposal = self
             .call("propose", |s| s.propose(max_len))
@@ -382,13 +386,18 @@ impl Cascade {
         }
     }
 
-    /// Puts the sources named in `names` first, in that order; the rest keep cascade order.
+    /// Puts the sources named in `names` first, in that order (a name given twice counts
+    /// once, where it first appears); the rest keep cascade order.
     fn reorder(&mut self, names: &[String]) {
-        let mut order: Vec<usize> = names
+        let mut order: Vec<usize> = Vec::with_capacity(self.slots.len());
+        for index in names
             .iter()
             .filter_map(|name| self.slots.iter().position(|s| &s.stats.name == name))
-            .collect();
-        order.dedup();
+        {
+            if !order.contains(&index) {
+                order.push(index);
+            }
+        }
         for index in 0..self.slots.len() {
             if !order.contains(&index) {
                 order.push(index);
@@ -492,6 +501,23 @@ impl Cascade {
     /// Statistics of every source, in cascade order.
     pub fn stats(&self) -> Vec<SourceStats> {
         self.slots.iter().map(|s| s.stats.clone()).collect()
+    }
+
+    /// What the cascade learnt of each source's acceptance (the scored mode's calibration), in
+    /// cascade order, to be handed to the next cascade over the same sources with
+    /// [`Self::with_calibration`]: a server that builds a cascade per request keeps it as a
+    /// benchmark pass that reuses one cascade does.
+    pub fn calibration(&self) -> Vec<AcceptanceHistory> {
+        self.slots.iter().map(|s| s.history.clone()).collect()
+    }
+
+    /// The same cascade starting from `calibration` (as [`Self::calibration`] returned it, one
+    /// entry per source in cascade order; missing entries start from scratch).
+    pub fn with_calibration(mut self, calibration: Vec<AcceptanceHistory>) -> Self {
+        for (slot, history) in self.slots.iter_mut().zip(calibration) {
+            slot.history = history;
+        }
+        self
     }
 }
 
@@ -904,6 +930,68 @@ mod tests {
             (draft.tokens.clone(), draft.source, draft.max_draft_len),
             (vec![5, 6], Some(1), 2),
             "draft {draft:?}"
+        );
+    }
+
+    #[test]
+    fn a_source_is_asked_at_most_once_per_round_whatever_the_order() {
+        let (a, a_asked) = constant("a", &[], &[], false);
+        let (b, b_asked) = constant("b", &[], &[], false);
+        let names = ["a", "b", "a", "b", "a"];
+        let policy = ScriptedPolicy {
+            decisions: vec![Decision {
+                max_draft_len: 4,
+                order: Some(names.iter().map(|n| n.to_string()).collect()),
+                ..Decision::default()
+            }],
+            observed: Arc::default(),
+        };
+        let mut cascade =
+            Cascade::new(vec![a, b], CascadeSettings::default()).with_policy(Box::new(policy));
+        cascade.begin(&facts(), &[1], 8, &[]);
+        assert_eq!(
+            cascade.propose(8),
+            Draft {
+                max_draft_len: 4,
+                ..Draft::default()
+            }
+        );
+        assert_eq!(
+            (
+                *a_asked.lock().expect("counter"),
+                *b_asked.lock().expect("counter")
+            ),
+            (1, 1),
+            "each source once, though the order named them {names:?}"
+        );
+        assert_eq!(cascade.stats()[0].asked, 1);
+    }
+
+    #[test]
+    fn calibration_carries_over_to_the_next_cascade() {
+        let build = || {
+            let (source, _) = constant("a", &[1, 2, 3, 4], &[], false);
+            Cascade::new(vec![source], scored())
+        };
+        let mut cascade = build();
+        cascade.begin(&facts(), &[1], 8, &[]);
+        for _ in 0..20 {
+            let draft = cascade.propose(8);
+            // The target never agrees.
+            cascade.accept(&draft, 0, &[9], RoundTiming::default(), "");
+        }
+        let learnt = cascade.calibration();
+        let proposal = Proposal {
+            tokens: vec![1, 2, 3, 4],
+            confidence: Vec::new(),
+        };
+        let fresh = build().calibration()[0].expected_accepted(&proposal);
+        let kept =
+            build().with_calibration(learnt.clone()).calibration()[0].expected_accepted(&proposal);
+        assert_eq!(kept, learnt[0].expected_accepted(&proposal));
+        assert!(
+            kept < fresh,
+            "20 rounds accepting none of four tokens should lower the estimate: {kept} vs {fresh}"
         );
     }
 

@@ -196,6 +196,9 @@ pub struct DraftModelContext {
     cached: CachedPrefix,
     /// A fed token outside the vocabulary: proposals are empty until the next reset.
     invalid_token: Option<Token>,
+    /// More was fed than the context holds: the excess was dropped, and proposals are empty
+    /// until the next reset (a plugin that never resets cannot grow the host's memory).
+    overflowed: bool,
 }
 
 impl DraftModelContext {
@@ -208,6 +211,7 @@ impl DraftModelContext {
             fed: Vec::new(),
             cached: CachedPrefix::default(),
             invalid_token: None,
+            overflowed: false,
         }
     }
 
@@ -216,7 +220,7 @@ impl DraftModelContext {
         self.context.borrow_dependent().n_ctx()
     }
 
-    /// The tokens fed since the last reset.
+    /// The tokens fed since the last reset, at most a context's worth.
     pub fn context_tokens(&self) -> &[Token] {
         &self.fed
     }
@@ -315,6 +319,7 @@ impl DraftModel for DraftModelContext {
     fn reset(&mut self) {
         self.fed.clear();
         self.invalid_token = None;
+        self.overflowed = false;
         // The cache is kept: a new request that starts like the last one (a shared system
         // prompt) reuses it, and `propose` trims what differs.
     }
@@ -330,11 +335,20 @@ impl DraftModel for DraftModelContext {
             );
             self.invalid_token = Some(bad);
         }
-        self.fed.extend_from_slice(tokens);
+        let room = (self.ctx_size() as usize).saturating_sub(self.fed.len());
+        if tokens.len() > room && !self.overflowed {
+            tracing::warn!(
+                ctx_size = self.ctx_size(),
+                "more tokens fed to the draft model than its context holds; no proposals until the next reset"
+            );
+            self.overflowed = true;
+        }
+        self.fed
+            .extend_from_slice(&tokens[..tokens.len().min(room)]);
     }
 
     fn propose(&mut self, max_len: usize, p_min: f32) -> Vec<DraftedToken> {
-        if self.invalid_token.is_some() {
+        if self.invalid_token.is_some() || self.overflowed {
             return Vec::new();
         }
         self.try_propose(max_len, p_min).unwrap_or_else(|error| {

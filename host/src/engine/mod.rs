@@ -45,11 +45,11 @@ pub use self::draft::{
 };
 pub use self::error::EngineError;
 pub(crate) use self::model::started_backend;
-pub use self::model::{Target, TargetParams};
-pub use self::sample::SamplingParams;
+pub use self::model::{MessageContents, Target, TargetParams};
+pub use self::sample::{MIN_TEMPERATURE, SamplingParams};
 pub use self::stats::GenerationStats;
-pub use self::text::StopStrings;
+pub use self::text::{MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS, StopStrings, StopStringsError};
 pub use self::verify::{
-    DEFAULT_COST_REPETITIONS, DEFAULT_DRAFT_MAX, Outcome, Request, RoundControl, RoundDecision,
-    Session, SessionParams, StopReason,
+    DEFAULT_COST_REPETITIONS, DEFAULT_DRAFT_MAX, DRAFT_MAX_LIMIT, Outcome, Request, RoundControl,
+    RoundDecision, Session, SessionParams, StopReason, VerifyCurve,
 };

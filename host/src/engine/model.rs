@@ -80,6 +80,25 @@ fn disable_tiled_matmul() {
     }
 }
 
+/// Marks a message's place in a template rendered with stand-ins (private-use characters no
+/// template adds or trims).
+const CONTENT_SENTINEL_OPEN: char = '\u{E000}';
+/// Closes [`CONTENT_SENTINEL_OPEN`].
+const CONTENT_SENTINEL_CLOSE: char = '\u{E001}';
+
+/// How special-token text written inside chat messages is tokenized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MessageContents {
+    /// As ordinary text (the default): `<|im_end|>` in a message is those characters, not the
+    /// end-of-turn token, so a message cannot close its turn or forge system and assistant
+    /// turns. Messages without such text tokenize exactly as with [`Self::Markup`].
+    #[default]
+    Plain,
+    /// As the special tokens it spells, for trusted callers that write template markup on
+    /// purpose (what llama.cpp's server does for everyone).
+    Markup,
+}
+
 /// How the model file is mapped into memory, and llama.cpp's NUMA strategy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetParams {
@@ -186,9 +205,96 @@ impl Target {
     }
 
     /// Tokenizes a conversation with the model's chat template, ready for the assistant's turn.
-    /// `messages` are `(role, content)` pairs.
-    pub fn tokenize_messages(&self, messages: &[(&str, &str)]) -> Result<Vec<Token>, EngineError> {
-        Ok(self.tokenize_raw(&self.template_messages(messages)?))
+    /// `messages` are `(role, content)` pairs; `contents` says whether special-token text inside
+    /// them is plain text (the default) or markup.
+    pub fn tokenize_messages(
+        &self,
+        messages: &[(&str, &str)],
+        contents: MessageContents,
+    ) -> Result<Vec<Token>, EngineError> {
+        let text = self.template_messages(messages)?;
+        let plain_needed = contents == MessageContents::Plain
+            && messages
+                .iter()
+                .any(|(_, content)| self.has_special_text(content));
+        if !plain_needed {
+            return Ok(self.tokenize_raw(&text));
+        }
+        self.tokenize_with_plain_contents(messages, &text)
+    }
+
+    /// Whether `text` holds special-token markup (`<|im_end|>`): it tokenizes differently with
+    /// special tokens parsed.
+    fn has_special_text(&self, text: &str) -> bool {
+        let vocab = self.model.vocab();
+        vocab.tokenize(text.as_bytes(), false, true)
+            != vocab.tokenize(text.as_bytes(), false, false)
+    }
+
+    /// `rendered` (the conversation through the template) tokenized with the template's own
+    /// markup parsed and each message's content as plain text. The template is rendered once
+    /// more with a sentinel for each content, which tells the template's text from the
+    /// contents'; a template that rewrites contents beyond trimming whitespace is refused.
+    fn tokenize_with_plain_contents(
+        &self,
+        messages: &[(&str, &str)],
+        rendered: &str,
+    ) -> Result<Vec<Token>, EngineError> {
+        let sentinels: Vec<String> = (0..messages.len())
+            .map(|i| format!("{CONTENT_SENTINEL_OPEN}{i}{CONTENT_SENTINEL_CLOSE}"))
+            .collect();
+        let stand_ins: Vec<(&str, &str)> = messages
+            .iter()
+            .zip(&sentinels)
+            .map(|((role, _), sentinel)| (*role, sentinel.as_str()))
+            .collect();
+        let skeleton = self.template_messages(&stand_ins)?;
+        let rewritten = || {
+            EngineError::ChatTemplate(
+            "a message contains special-token text (such as an end-of-turn marker) and this model's chat template rewrites message text, so it cannot be kept as plain text; remove the markup from the message, or let trusted callers write markup (`spechost serve --message-special-tokens`)".into(),
+        )
+        };
+        let mut template_parts = Vec::with_capacity(messages.len() + 1);
+        let mut rest = skeleton.as_str();
+        for sentinel in &sentinels {
+            let (before, after) = rest.split_once(sentinel.as_str()).ok_or_else(rewritten)?;
+            template_parts.push(before);
+            rest = after;
+        }
+        template_parts.push(rest);
+
+        let vocab = self.model.vocab();
+        let mut tokens = Vec::new();
+        let mut at = 0;
+        for (index, part) in template_parts.iter().enumerate() {
+            if !rendered[at..].starts_with(part) {
+                return Err(rewritten());
+            }
+            // BOS (when the model adds one) goes before the first part, even an empty one.
+            tokens.extend(vocab.tokenize(part.as_bytes(), index == 0, true));
+            at += part.len();
+            let Some((_, content)) = messages.get(index) else {
+                break;
+            };
+            let next = template_parts[index + 1];
+            let shown = [
+                *content,
+                content.trim(),
+                content.trim_end(),
+                content.trim_start(),
+            ]
+            .into_iter()
+            .find(|shown| {
+                rendered[at..].starts_with(shown) && rendered[at + shown.len()..].starts_with(next)
+            })
+            .ok_or_else(rewritten)?;
+            tokens.extend(vocab.tokenize(shown.as_bytes(), false, false));
+            at += shown.len();
+        }
+        if at != rendered.len() {
+            return Err(rewritten());
+        }
+        Ok(tokens.into_iter().map(from_llama).collect())
     }
 
     /// The text [`tokenize_messages`](Self::tokenize_messages) tokenizes: the conversation in
@@ -224,9 +330,10 @@ impl Target {
         LlamaChatTemplate::new(fallback).map_err(|e| EngineError::ChatTemplate(e.to_string()))
     }
 
-    /// Tokenizes one user message with the chat template.
+    /// Tokenizes one user message with the chat template; special-token text in it is plain
+    /// text.
     pub fn tokenize_chat(&self, user_message: &str) -> Result<Vec<Token>, EngineError> {
-        self.tokenize_messages(&[("user", user_message)])
+        self.tokenize_messages(&[("user", user_message)], MessageContents::Plain)
     }
 
     /// Tokenizes `text` as-is (special tokens written in the text are recognised; BOS is added

@@ -9,10 +9,16 @@ use serde::Serialize;
 use super::model::from_llama;
 use crate::cascade::Token;
 
-/// Sampling settings of a request. `temperature == 0` is greedy decoding.
+/// Temperatures below this are greedy decoding, as in vLLM (`_SAMPLING_EPS`): dividing logits
+/// by a smaller temperature overflows `f32` (1e-37 turns every logit into ±inf and the draw
+/// into garbage), and the distribution it stands for is already the arg-max.
+pub const MIN_TEMPERATURE: f32 = 1e-5;
+
+/// Sampling settings of a request. A `temperature` below [`MIN_TEMPERATURE`] (0 included) is
+/// greedy decoding.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SamplingParams {
-    /// Softmax temperature; 0 picks the most likely token.
+    /// Softmax temperature; below [`MIN_TEMPERATURE`] (0 included) picks the most likely token.
     pub temperature: f32,
     /// Keep only the `top_k` most likely tokens (0 = off).
     pub top_k: i32,
@@ -36,9 +42,9 @@ impl SamplingParams {
         }
     }
 
-    /// Whether this is greedy decoding.
+    /// Whether this is greedy decoding: a temperature below [`MIN_TEMPERATURE`].
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0
+        self.temperature < MIN_TEMPERATURE
     }
 }
 
@@ -177,6 +183,24 @@ fn exp_non_positive(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn temperatures_too_small_to_divide_by_are_greedy() {
+        let at = |temperature| SamplingParams {
+            temperature,
+            seed: 7,
+            ..SamplingParams::greedy()
+        };
+        for temperature in [0.0, 1e-37, f32::MIN_POSITIVE, 9e-6] {
+            assert!(at(temperature).is_greedy(), "temperature {temperature:e}");
+        }
+        assert!(!at(MIN_TEMPERATURE).is_greedy());
+        // A draw at the smallest sampled temperature is still a real token: the arg-max of
+        // logits this far apart.
+        let logits: Vec<f32> = (0..1000).map(|i| 30.0 - i as f32 * 0.01).collect();
+        let mut sampler = TokenSampler::new(&at(MIN_TEMPERATURE));
+        assert_eq!(sampler.sample(&logits), argmax(&logits));
+    }
 
     #[test]
     fn argmax_takes_first_of_ties() {

@@ -10,7 +10,7 @@
 
 mod cost;
 
-pub use self::cost::DEFAULT_COST_REPETITIONS;
+pub use self::cost::{DEFAULT_COST_REPETITIONS, VerifyCurve};
 
 use std::time::Instant;
 
@@ -27,6 +27,11 @@ use crate::cascade::{Cascade, Draft, RoundTiming, SourceStats, Token};
 
 /// Default maximum draft length per round.
 pub const DEFAULT_DRAFT_MAX: usize = 24;
+/// The largest draft length any command or request may ask for. A verify batch this long
+/// already costs many single-token steps on a CPU, and a server measures its verify cost curve
+/// once, at start-up, up to its `--draft-max`: the bound keeps that measurement (and the
+/// `draft_max + 1` of a batch) small.
+pub const DRAFT_MAX_LIMIT: usize = 256;
 /// Default context size, in tokens.
 pub const DEFAULT_CTX_SIZE: u32 = 4096;
 /// Default llama.cpp batch size (also the largest verify batch).
@@ -119,6 +124,13 @@ pub enum RoundDecision {
 pub trait RoundControl {
     /// Decides the next round; [`RoundDecision::Continue`] keeps going as before.
     fn before_round(&mut self) -> RoundDecision;
+
+    /// Asked before each chunk of the prompt after the first (a long prompt is read in chunks
+    /// of the batch size): `true` ends the request now, with [`StopReason::Cancelled`] and no
+    /// output. Default: never.
+    fn stop_prefill(&mut self) -> bool {
+        false
+    }
 }
 
 impl<F: FnMut() -> RoundDecision> RoundControl for F {
@@ -161,6 +173,11 @@ impl<'a> Session<'a> {
     /// Context size in tokens.
     pub fn ctx_size(&self) -> u32 {
         self.context.n_ctx()
+    }
+
+    /// The target this session decodes.
+    pub fn target(&self) -> &'a Target {
+        self.target
     }
 
     /// How many matrix products of this session's batches the host's batched Q8_0/Q5_0/Q4_0 kernel
@@ -209,7 +226,24 @@ impl<'a> Session<'a> {
 
         let started = Instant::now();
         self.context.clear();
-        let last_index = self.decode_prompt(prompt)?;
+        let last_index = match self.decode_prompt(prompt, &mut || control.stop_prefill())? {
+            Prefill::Done { last_index } => last_index,
+            Prefill::Stopped { decoded } => {
+                stats.prompt_tokens = decoded;
+                stats.prompt_time = started.elapsed();
+                tracing::debug!(
+                    decoded,
+                    prompt = prompt.len(),
+                    "request stopped while reading its prompt"
+                );
+                return Ok(Outcome {
+                    tokens: Vec::new(),
+                    text: String::new(),
+                    stop_reason: StopReason::Cancelled,
+                    stats,
+                });
+            }
+        };
         let mut last = sampler.sample(self.context.logits(last_index));
         stats.prompt_time = started.elapsed();
 
@@ -348,13 +382,20 @@ impl<'a> Session<'a> {
         ok
     }
 
-    /// Decodes the prompt in batches; returns the batch index of the last prompt token.
-    fn decode_prompt(&mut self, prompt: &[Token]) -> Result<usize, EngineError> {
+    /// Decodes the prompt in batches, asking `stop` before every batch after the first.
+    fn decode_prompt(
+        &mut self,
+        prompt: &[Token],
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Prefill, EngineError> {
         let chunks = prompt.chunks(self.batch_size);
         let n_chunks = chunks.len();
         let mut position = 0;
         let mut last_index = 0;
         for (i, chunk) in chunks.enumerate() {
+            if i > 0 && stop() {
+                return Ok(Prefill::Stopped { decoded: position });
+            }
             let outputs = if i + 1 == n_chunks {
                 Outputs::Last
             } else {
@@ -366,7 +407,7 @@ impl<'a> Session<'a> {
             position += chunk.len();
             last_index = chunk.len() - 1;
         }
-        Ok(last_index)
+        Ok(Prefill::Done { last_index })
     }
 
     /// Checks that this session can run `request`: a non-empty prompt that fits in the context
@@ -427,6 +468,14 @@ impl<'a> Session<'a> {
             .decode(tokens, position, outputs)
             .map_err(|e| decode_error(tokens.len(), e))
     }
+}
+
+/// How reading a prompt ended.
+enum Prefill {
+    /// Every token was decoded; the last one's logits are at this batch index.
+    Done { last_index: usize },
+    /// Stopped before the end, after decoding this many tokens.
+    Stopped { decoded: usize },
 }
 
 /// Adds the counters of a finished cascade to a request's per-source stats: a source already

@@ -12,18 +12,25 @@
 //!
 //! Updates compile and smoke-test plugins on a blocking thread, then publish atomically
 //! (`hotswap.rs`); a refused update answers 422 and changes nothing.
+//!
+//! Wrong tokens are rate-limited per client address ([`AuthFailures`]): an address may fail
+//! [`AUTH_FAILURE_BURST`] times, then once per [`AUTH_FAILURE_REFILL`]; past that its attempts
+//! are answered 429 without looking at the token. `GET /metrics` needs the same token unless
+//! the server runs with `--public-metrics` ([`MetricsReader`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::{FromRequestParts, State};
+use axum::extract::{ConnectInfo, FromRequestParts, State};
 use axum::http::header;
 use axum::http::request::Parts;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::error::ApiError;
-use super::extract::ApiJson;
+use super::extract::{ApiBytes, ApiJson};
 use super::hotswap::{
     DefaultsUpdate, PluginInfo, PolicyInfo, ReloadReport, Snapshot, Speculation, UpdateError,
 };
@@ -32,7 +39,91 @@ use super::plugin_dirs::PluginDirs;
 use super::state::AppState;
 use crate::config::{CascadeMode, SourceSpec, parse_cascade};
 
-/// Proof that a request carries the admin token. Extracting it fails with 401 otherwise.
+/// Wrong admin tokens an address may send in a burst.
+pub const AUTH_FAILURE_BURST: f64 = 10.0;
+/// Time after which an address may send one more wrong token.
+pub const AUTH_FAILURE_REFILL: Duration = Duration::from_secs(6);
+/// Addresses whose failures are remembered; past it, fully forgiven ones are forgotten first.
+const MAX_TRACKED_ADDRESSES: usize = 4096;
+
+/// Wrong admin tokens by client address, as token buckets.
+#[derive(Debug, Default)]
+pub struct AuthFailures {
+    buckets: Mutex<HashMap<IpAddr, Allowance>>,
+}
+
+/// How many more wrong tokens an address may send, as of `updated`.
+#[derive(Debug, Clone, Copy)]
+struct Allowance {
+    left: f64,
+    updated: Instant,
+}
+
+impl Allowance {
+    fn refilled(self, now: Instant) -> f64 {
+        let earned = now.saturating_duration_since(self.updated).as_secs_f64()
+            / AUTH_FAILURE_REFILL.as_secs_f64();
+        (self.left + earned).min(AUTH_FAILURE_BURST)
+    }
+}
+
+impl AuthFailures {
+    fn buckets(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Allowance>> {
+        // Each entry is written whole: a panic elsewhere cannot leave one half-updated.
+        self.buckets.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `Err(seconds to wait)` while `client` has used up its wrong tokens.
+    pub fn check(&self, client: IpAddr, now: Instant) -> Result<(), u64> {
+        match self.buckets().get(&client) {
+            Some(allowance) if allowance.refilled(now) < 1.0 => {
+                let missing = 1.0 - allowance.refilled(now);
+                Err((missing * AUTH_FAILURE_REFILL.as_secs_f64())
+                    .ceil()
+                    .max(1.0) as u64)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts a wrong token from `client`.
+    pub fn record_failure(&self, client: IpAddr, now: Instant) {
+        let mut buckets = self.buckets();
+        if buckets.len() >= MAX_TRACKED_ADDRESSES && !buckets.contains_key(&client) {
+            buckets.retain(|_, allowance| allowance.refilled(now) < AUTH_FAILURE_BURST);
+            if buckets.len() >= MAX_TRACKED_ADDRESSES
+                && let Some(&oldest) = buckets
+                    .iter()
+                    .min_by_key(|(_, allowance)| allowance.updated)
+                    .map(|(address, _)| address)
+            {
+                buckets.remove(&oldest);
+            }
+        }
+        let left = buckets
+            .get(&client)
+            .map_or(AUTH_FAILURE_BURST, |allowance| allowance.refilled(now));
+        buckets.insert(
+            client,
+            Allowance {
+                left: left - 1.0,
+                updated: now,
+            },
+        );
+    }
+}
+
+/// The client's address, or the unspecified address for a request without a connection
+/// (a router driven in tests).
+fn client_address(parts: &Parts) -> IpAddr {
+    parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |info| info.0.ip())
+}
+
+/// Proof that a request carries the admin token. Extracting it fails with 401 otherwise, and
+/// with 429 for an address that sent too many wrong tokens.
 #[derive(Debug, Clone, Copy)]
 pub struct Admin;
 
@@ -43,9 +134,19 @@ impl FromRequestParts<AppState> for Admin {
         let Some(expected) = &state.admin_token else {
             return Err(ApiError::not_found(
                 "unknown_route",
-                "the admin endpoints are off; start the server with --admin-token",
+                "the admin endpoints are off; start the server with --admin-token-file",
             ));
         };
+        let client = client_address(parts);
+        let now = Instant::now();
+        if let Err(retry_after_secs) = state.auth_failures.check(client, now) {
+            return Err(ApiError::rate_limited(
+                format!(
+                    "too many wrong admin tokens from {client}; retry after {retry_after_secs} s"
+                ),
+                retry_after_secs,
+            ));
+        }
         let given = parts
             .headers
             .get(header::AUTHORIZATION)
@@ -53,13 +154,38 @@ impl FromRequestParts<AppState> for Admin {
             .and_then(|value| value.strip_prefix("Bearer "));
         match given {
             Some(token) if same_secret(token.as_bytes(), expected.as_bytes()) => Ok(Admin),
-            Some(_) => Err(ApiError::unauthorized(
-                "wrong admin token; send the server's --admin-token as `Authorization: Bearer <token>`",
-            )),
+            Some(_) => {
+                state.auth_failures.record_failure(client, now);
+                Err(ApiError::unauthorized(
+                    "wrong admin token; send the server's admin token as `Authorization: Bearer <token>`",
+                ))
+            }
             None => Err(ApiError::unauthorized(
-                "missing admin token; send the server's --admin-token as `Authorization: Bearer <token>`",
+                "missing admin token; send the server's admin token as `Authorization: Bearer <token>`",
             )),
         }
+    }
+}
+
+/// Proof that a request may read `/metrics`: anyone with `--public-metrics`, else holders of
+/// the admin token.
+#[derive(Debug, Clone, Copy)]
+pub struct MetricsReader;
+
+impl FromRequestParts<AppState> for MetricsReader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        if state.public_metrics {
+            return Ok(Self);
+        }
+        if state.admin_token.is_none() {
+            return Err(ApiError::not_found(
+                "unknown_route",
+                "GET /metrics is off: its per-source statistics say something about every tenant's outputs; start the server with --public-metrics, or with --admin-token-file and send the token",
+            ));
+        }
+        Admin::from_request_parts(parts, state).await.map(|_| Self)
     }
 }
 
@@ -218,7 +344,7 @@ fn refused(state: &AppState, error: ApiError) -> ApiError {
 pub async fn reload(
     _: Admin,
     State(state): State<AppState>,
-    body: Bytes,
+    ApiBytes(body): ApiBytes,
 ) -> Result<Json<ReloadReport>, ApiError> {
     let body: ReloadBody = if body.iter().all(u8::is_ascii_whitespace) {
         ReloadBody::default()
@@ -258,6 +384,43 @@ async fn run_update<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wrong_tokens_are_limited_per_address_and_forgiven_over_time() {
+        let failures = AuthFailures::default();
+        let start = Instant::now();
+        let attacker = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        let operator = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+        for attempt in 0..AUTH_FAILURE_BURST as usize {
+            assert_eq!(failures.check(attacker, start), Ok(()), "attempt {attempt}");
+            failures.record_failure(attacker, start);
+        }
+        let wait = failures.check(attacker, start).expect_err("burst used up");
+        assert_eq!(wait, AUTH_FAILURE_REFILL.as_secs());
+        assert_eq!(
+            failures.check(operator, start),
+            Ok(()),
+            "other addresses are not held up"
+        );
+        let later = start + AUTH_FAILURE_REFILL;
+        assert_eq!(
+            failures.check(attacker, later),
+            Ok(()),
+            "one more try per refill"
+        );
+        failures.record_failure(attacker, later);
+        assert!(failures.check(attacker, later).is_err());
+    }
+
+    #[test]
+    fn remembered_addresses_are_bounded() {
+        let failures = AuthFailures::default();
+        let now = Instant::now();
+        for i in 0..(MAX_TRACKED_ADDRESSES as u32 + 100) {
+            failures.record_failure(IpAddr::V4(Ipv4Addr::from(i)), now);
+        }
+        assert!(failures.buckets().len() <= MAX_TRACKED_ADDRESSES);
+    }
 
     #[test]
     fn secrets_compare_whole() {

@@ -1,14 +1,15 @@
 //! `POST /v1/chat/completions`: the conversation goes through the model's chat template (from
 //! the GGUF), then generation continues the assistant's turn.
 
-use axum::Json;
+use axum::Extension;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
+use super::connections::ClientConnection;
 use super::error::ApiError;
 use super::extract::ApiJson;
 use super::generation::{
-    self, Piece, Plan, collect, count_invalid, finish_reason, speculative_report,
+    self, Piece, Plan, count_invalid, finish_reason, speculative_report, whole_response,
 };
 use super::metrics::Endpoint;
 use super::state::AppState;
@@ -28,6 +29,7 @@ const ASSISTANT: &str = "assistant";
 /// `POST /v1/chat/completions`.
 pub async fn create(
     State(state): State<AppState>,
+    client: Option<Extension<ClientConnection>>,
     body: Result<ApiJson<ChatRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     let invalid = |error| count_invalid(&state, ENDPOINT, error);
@@ -35,7 +37,10 @@ pub async fn create(
     refuse_unsupported(&body).map_err(invalid)?;
     let messages = conversation(&body.messages).map_err(invalid)?;
     let max_tokens = body.max_completion_tokens.or(body.common.max_tokens);
-    let plan = Plan::from_params(&state, ENDPOINT, body.common, max_tokens).map_err(invalid)?;
+    let plan = Plan::from_params(&state, ENDPOINT, body.common, max_tokens)
+        .await
+        .map_err(invalid)?;
+    let client = client.map(|Extension(client)| client);
     let prompt = tokenize(&state, messages).await.map_err(invalid)?;
     let submitted = plan.submit(&state, "chatcmpl", prompt)?;
 
@@ -60,67 +65,73 @@ pub async fn create(
     if plan.stream {
         let include_usage = plan.include_usage;
         let mut role_sent = false;
-        return Ok(generation::event_stream(submitted.events, move |piece| {
-            let mut chunks = Vec::new();
-            if !std::mem::replace(&mut role_sent, true) {
-                chunks.push(chunk(
-                    AssistantMessage {
-                        role: Some(ASSISTANT.to_owned()),
-                        content: Some(String::new()),
-                    },
-                    None,
-                ));
-            }
-            match piece {
-                Piece::Text(text) => chunks.push(chunk(
-                    AssistantMessage {
-                        role: None,
-                        content: Some(text),
-                    },
-                    None,
-                )),
-                Piece::Done(finished) => {
-                    chunks.push(ChatCompletion {
-                        speculative: Some(speculative_report(&finished)),
-                        ..chunk(
-                            AssistantMessage::default(),
-                            Some(finish_reason(finished.outcome.stop_reason)),
-                        )
-                    });
-                    if include_usage {
+        return Ok(generation::event_stream(
+            submitted.events,
+            client,
+            move |piece| {
+                let mut chunks = Vec::new();
+                if !std::mem::replace(&mut role_sent, true) {
+                    chunks.push(chunk(
+                        AssistantMessage {
+                            role: Some(ASSISTANT.to_owned()),
+                            content: Some(String::new()),
+                        },
+                        None,
+                    ));
+                }
+                match piece {
+                    Piece::Text(text) => chunks.push(chunk(
+                        AssistantMessage {
+                            role: None,
+                            content: Some(text),
+                        },
+                        None,
+                    )),
+                    Piece::Done(finished) => {
                         chunks.push(ChatCompletion {
-                            choices: Vec::new(),
-                            usage: Some(Usage::of(&finished.outcome.stats)),
-                            ..chunk(AssistantMessage::default(), None)
+                            speculative: Some(speculative_report(&finished)),
+                            ..chunk(
+                                AssistantMessage::default(),
+                                Some(finish_reason(finished.outcome.stop_reason)),
+                            )
                         });
+                        if include_usage {
+                            chunks.push(ChatCompletion {
+                                choices: Vec::new(),
+                                usage: Some(Usage::of(&finished.outcome.stats)),
+                                ..chunk(AssistantMessage::default(), None)
+                            });
+                        }
                     }
                 }
-            }
-            chunks
-                .iter()
-                .map(|chunk| serde_json::to_value(chunk).unwrap_or_default())
-                .collect()
-        }));
+                chunks
+                    .iter()
+                    .map(|chunk| serde_json::to_value(chunk).unwrap_or_default())
+                    .collect()
+            },
+        ));
     }
-    let finished = collect(submitted.events).await?;
     let template = chunk(AssistantMessage::default(), None);
-    let response = ChatCompletion {
-        object: OBJECT.to_owned(),
-        choices: vec![ChatChoice {
-            index: 0,
-            message: Some(AssistantMessage {
-                role: Some(ASSISTANT.to_owned()),
-                content: Some(finished.outcome.text.clone()),
-            }),
-            delta: None,
-            logprobs: None,
-            finish_reason: Some(finish_reason(finished.outcome.stop_reason)),
-        }],
-        usage: Some(Usage::of(&finished.outcome.stats)),
-        speculative: Some(speculative_report(&finished)),
-        ..template
-    };
-    Ok(Json(response).into_response())
+    whole_response(submitted.events, client, move |finished| {
+        let response = ChatCompletion {
+            object: OBJECT.to_owned(),
+            choices: vec![ChatChoice {
+                index: 0,
+                message: Some(AssistantMessage {
+                    role: Some(ASSISTANT.to_owned()),
+                    content: Some(finished.outcome.text.clone()),
+                }),
+                delta: None,
+                logprobs: None,
+                finish_reason: Some(finish_reason(finished.outcome.stop_reason)),
+            }],
+            usage: Some(Usage::of(&finished.outcome.stats)),
+            speculative: Some(speculative_report(&finished)),
+            ..template
+        };
+        serde_json::to_value(response).unwrap_or_default()
+    })
+    .await
 }
 
 /// Refuses chat parameters the server cannot honour.
@@ -201,12 +212,13 @@ async fn tokenize(
     messages: Vec<(String, String)>,
 ) -> Result<Vec<Token>, ApiError> {
     let target = std::sync::Arc::clone(&state.target);
+    let contents = state.message_contents;
     let tokenized = tokio::task::spawn_blocking(move || {
         let pairs: Vec<(&str, &str)> = messages
             .iter()
             .map(|(role, content)| (role.as_str(), content.as_str()))
             .collect();
-        target.tokenize_messages(&pairs)
+        target.tokenize_messages(&pairs, contents)
     })
     .await
     .map_err(|e| ApiError::internal(format!("tokenizing the conversation failed: {e}")))?;

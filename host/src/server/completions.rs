@@ -1,13 +1,14 @@
 //! `POST /v1/completions`: text completion of a raw prompt (no chat template).
 
-use axum::Json;
+use axum::Extension;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
+use super::connections::ClientConnection;
 use super::error::ApiError;
 use super::extract::ApiJson;
 use super::generation::{
-    self, Piece, Plan, collect, count_invalid, finish_reason, speculative_report,
+    self, Piece, Plan, count_invalid, finish_reason, speculative_report, whole_response,
 };
 use super::metrics::Endpoint;
 use super::state::AppState;
@@ -21,13 +22,17 @@ const OBJECT: &str = "text_completion";
 /// `POST /v1/completions`.
 pub async fn create(
     State(state): State<AppState>,
+    client: Option<Extension<ClientConnection>>,
     body: Result<ApiJson<CompletionRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
     let invalid = |error| count_invalid(&state, ENDPOINT, error);
     let ApiJson(body) = body.map_err(invalid)?;
     refuse_unsupported(&body).map_err(invalid)?;
     let max_tokens = body.common.max_tokens;
-    let plan = Plan::from_params(&state, ENDPOINT, body.common, max_tokens).map_err(invalid)?;
+    let plan = Plan::from_params(&state, ENDPOINT, body.common, max_tokens)
+        .await
+        .map_err(invalid)?;
+    let client = client.map(|Extension(client)| client);
     let prompt = tokenize(&state, body.prompt).await.map_err(invalid)?;
     let submitted = plan.submit(&state, "cmpl", prompt)?;
 
@@ -50,42 +55,47 @@ pub async fn create(
     };
     if plan.stream {
         let include_usage = plan.include_usage;
-        return Ok(generation::event_stream(submitted.events, move |piece| {
-            let chunks = match piece {
-                Piece::Text(text) => vec![completion(text, None)],
-                Piece::Done(finished) => {
-                    let last = Completion {
-                        speculative: Some(speculative_report(&finished)),
-                        ..completion(
-                            String::new(),
-                            Some(finish_reason(finished.outcome.stop_reason)),
-                        )
-                    };
-                    let usage = Completion {
-                        choices: Vec::new(),
-                        usage: Some(Usage::of(&finished.outcome.stats)),
-                        ..completion(String::new(), None)
-                    };
-                    if include_usage {
-                        vec![last, usage]
-                    } else {
-                        vec![last]
+        return Ok(generation::event_stream(
+            submitted.events,
+            client,
+            move |piece| {
+                let chunks = match piece {
+                    Piece::Text(text) => vec![completion(text, None)],
+                    Piece::Done(finished) => {
+                        let last = Completion {
+                            speculative: Some(speculative_report(&finished)),
+                            ..completion(
+                                String::new(),
+                                Some(finish_reason(finished.outcome.stop_reason)),
+                            )
+                        };
+                        let usage = Completion {
+                            choices: Vec::new(),
+                            usage: Some(Usage::of(&finished.outcome.stats)),
+                            ..completion(String::new(), None)
+                        };
+                        if include_usage {
+                            vec![last, usage]
+                        } else {
+                            vec![last]
+                        }
                     }
-                }
-            };
-            chunks.iter().map(to_json).collect()
-        }));
+                };
+                chunks.iter().map(to_json).collect()
+            },
+        ));
     }
-    let finished = collect(submitted.events).await?;
-    let response = Completion {
-        usage: Some(Usage::of(&finished.outcome.stats)),
-        speculative: Some(speculative_report(&finished)),
-        ..completion(
-            finished.outcome.text.clone(),
-            Some(finish_reason(finished.outcome.stop_reason)),
-        )
-    };
-    Ok(Json(response).into_response())
+    whole_response(submitted.events, client, move |finished| {
+        to_json(&Completion {
+            usage: Some(Usage::of(&finished.outcome.stats)),
+            speculative: Some(speculative_report(&finished)),
+            ..completion(
+                finished.outcome.text.clone(),
+                Some(finish_reason(finished.outcome.stop_reason)),
+            )
+        })
+    })
+    .await
 }
 
 fn to_json(completion: &Completion) -> serde_json::Value {

@@ -84,6 +84,14 @@ impl ApiError {
         }
     }
 
+    /// 403: the request may not be served here (a host name the server does not answer to).
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code: Some(code),
+            ..Self::new(StatusCode::FORBIDDEN, "invalid_request_error", message)
+        }
+    }
+
     /// 404: no such route or model.
     pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
         Self {
@@ -119,7 +127,25 @@ impl ApiError {
         }
     }
 
-    /// 503: the server is shutting down.
+    /// 429: a client sent too many wrong admin tokens; retry after `retry_after_secs`.
+    pub fn rate_limited(message: impl Into<String>, retry_after_secs: u64) -> Self {
+        Self {
+            code: Some("rate_limited"),
+            retry_after_secs: Some(retry_after_secs),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+        }
+    }
+
+    /// 408: the client did not send its request body in time.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            message,
+        )
+    }
+
+    /// 503: the server is shutting down, or has all the connections it keeps.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self {
             retry_after_secs: Some(1),

@@ -2,18 +2,30 @@
 //! request, queueing it, and reading its result back, whole or as server-sent events.
 //!
 //! Order for one request: [`Plan::from_params`] validates everything that does not depend on
-//! the prompt (and refuses parameters the server cannot honour, naming them);
-//! [`Plan::submit`] checks that prompt plus `max_tokens` fit the context and queues the job;
-//! the handler then [`collect`]s the result or turns the events into a stream with
-//! [`event_stream`].
+//! the prompt (and refuses parameters the server cannot honour, naming them); a policy's
+//! settings are tried in a throw-away instance on a blocking thread, once per distinct
+//! settings; [`Plan::submit`] checks that prompt plus `max_tokens` fit the context and queues
+//! the job; the handler then answers with [`whole_response`] or streams with [`event_stream`].
+//!
+//! Both answers watch the client ([`ClientConnection`]): once it closes its sending side they
+//! write to it every [`PROBE_INTERVAL`] (whitespace before a JSON answer, an SSE comment in a
+//! stream) while the request waits or generates. A client that only half-closed reads its
+//! answer; a client that went away makes a write fail, which drops the answer and cancels the
+//! request.
 
-use std::time::Instant;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt as _};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::connections::ClientConnection;
 use super::error::ApiError;
 use super::hotswap::{CascadeChoice, ResolvedPolicy};
 use super::metrics::{Endpoint, RequestOutcome};
@@ -24,8 +36,9 @@ use crate::cascade::Token;
 use crate::config::{CascadeMode, parse_cascade};
 use crate::engine::{Request, SamplingParams, StopReason, StopStrings};
 
-/// Most stop strings a request may give.
-const MAX_STOP_STRINGS: usize = 16;
+/// How often a client that closed its sending side is written to while its answer is not
+/// ready: a client that went away is noticed (and its request cancelled) within about this.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A checked request, waiting for its prompt.
 #[derive(Debug)]
@@ -58,7 +71,7 @@ pub struct Submitted {
 impl Plan {
     /// Checks the parameters shared by both endpoints against the server's limits, defaults
     /// and loaded plugins.
-    pub fn from_params(
+    pub async fn from_params(
         state: &AppState,
         endpoint: Endpoint,
         params: CommonParams,
@@ -87,16 +100,8 @@ impl Plan {
             ));
         }
         let sampling = sampling(&state.sampling, &params)?;
-        let stop = params.stop.map(|stop| stop.into_vec()).unwrap_or_default();
-        if stop.len() > MAX_STOP_STRINGS {
-            return Err(ApiError::invalid_param(
-                "stop",
-                format!(
-                    "at most {MAX_STOP_STRINGS} stop strings, got {}",
-                    stop.len()
-                ),
-            ));
-        }
+        let stop = StopStrings::new(params.stop.map(|stop| stop.into_vec()).unwrap_or_default())
+            .map_err(|error| ApiError::invalid_param("stop", error.to_string()))?;
 
         let speculative = params.speculative.unwrap_or_default();
         let snapshot = state.registry.snapshot();
@@ -106,11 +111,14 @@ impl Plan {
         };
         let sources = snapshot.resolve(&cascade)?;
         state.registry.check_draft_model(&sources)?;
+        let limit = state.limits.draft_max;
         let draft_max = speculative.draft_max.unwrap_or(snapshot.defaults.draft_max);
-        if draft_max == 0 {
+        if draft_max == 0 || draft_max > limit {
             return Err(ApiError::invalid_param(
                 "speculative.draft_max",
-                "speculative.draft_max must be at least 1; use speculative.cascade `none` to decode without speculation",
+                format!(
+                    "speculative.draft_max must be between 1 and {limit} (the server's --draft-max), got {draft_max}; use speculative.cascade `none` to decode without speculation"
+                ),
             ));
         }
         let policy = match speculative
@@ -119,12 +127,21 @@ impl Plan {
         {
             // Plain decoding has no rounds to choose a draft length for.
             Some(spec) if !sources.is_empty() => {
-                let names = sources.iter().map(|s| s.plugin.name().to_owned()).collect();
-                Some(
-                    state
-                        .registry
-                        .check_policy(&snapshot, &spec, names, draft_max)?,
-                )
+                let names: Vec<String> =
+                    sources.iter().map(|s| s.plugin.name().to_owned()).collect();
+                let registry = Arc::clone(&state.registry);
+                let resolved = snapshot.policy(&spec)?;
+                if registry.policy_checked(&resolved, &names, draft_max) {
+                    Some(resolved)
+                } else {
+                    // Opening the policy runs its code: never on the async threads.
+                    let checked = tokio::task::spawn_blocking(move || {
+                        registry.check_policy(resolved, names, draft_max)
+                    })
+                    .await
+                    .map_err(|e| ApiError::internal(format!("checking the policy failed: {e}")))?;
+                    Some(checked?)
+                }
             }
             _ => None,
         };
@@ -132,7 +149,7 @@ impl Plan {
             endpoint,
             max_tokens,
             sampling,
-            stop: StopStrings::new(stop),
+            stop,
             cascade,
             draft_max,
             mode: speculative.mode.unwrap_or(snapshot.defaults.mode),
@@ -197,7 +214,7 @@ impl Plan {
             span,
             queued_at: Instant::now(),
         };
-        if let Err(rejected) = state.queue.submit(job, state.metrics.mean_request_time()) {
+        if let Err(rejected) = state.queue.submit(job, state.metrics.recent_request_time()) {
             state
                 .metrics
                 .request(self.endpoint, RequestOutcome::Rejected);
@@ -340,7 +357,7 @@ fn sampling(defaults: &SamplingParams, params: &CommonParams) -> Result<Sampling
 }
 
 /// Waits for the end of a request; the text comes with the result.
-pub async fn collect(mut events: UnboundedReceiver<Event>) -> Result<Box<Finished>, ApiError> {
+async fn collect(events: &mut UnboundedReceiver<Event>) -> Result<Box<Finished>, ApiError> {
     while let Some(event) = events.recv().await {
         match event {
             Event::Text(_) => {}
@@ -351,6 +368,62 @@ pub async fn collect(mut events: UnboundedReceiver<Event>) -> Result<Box<Finishe
     Err(ApiError::internal(
         "the request ended without a result; see the server log",
     ))
+}
+
+/// The whole answer of a request, `answer` made from its result, once it is done. If the
+/// client closes its sending side first, the answer turns into a probing one: status 200 at
+/// once, whitespace every [`PROBE_INTERVAL`], then the JSON (an error's JSON if generation
+/// fails after that, since the status is already sent).
+pub async fn whole_response<A>(
+    mut events: UnboundedReceiver<Event>,
+    client: Option<ClientConnection>,
+    answer: A,
+) -> Result<Response, ApiError>
+where
+    A: FnOnce(Box<Finished>) -> serde_json::Value + Send + 'static,
+{
+    let Some(mut client) = client else {
+        return collect(&mut events)
+            .await
+            .map(|finished| Json(answer(finished)).into_response());
+    };
+    let finished = tokio::select! {
+        finished = collect(&mut events) => Some(finished),
+        () = client.stopped_sending() => None,
+    };
+    if let Some(finished) = finished {
+        return finished.map(|finished| Json(answer(finished)).into_response());
+    }
+    let body = futures_util::stream::unfold(
+        (
+            Some((events, answer)),
+            tokio::time::interval(PROBE_INTERVAL),
+        ),
+        |(state, mut probes)| async move {
+            let (mut events, answer) = state?;
+            tokio::select! {
+                finished = collect(&mut events) => {
+                    let json = match finished {
+                        Ok(finished) => answer(finished),
+                        Err(error) => error.to_json(),
+                    };
+                    Some((Ok::<_, Infallible>(Bytes::from(json.to_string())), (None, probes)))
+                }
+                _ = probes.tick() => {
+                    Some((Ok(Bytes::from_static(b" ")), (Some((events, answer)), probes)))
+                }
+            }
+        },
+    );
+    let mut response = Response::new(Body::from_stream(body));
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    Ok(response)
 }
 
 /// `finish_reason` of a stop reason.
@@ -393,32 +466,81 @@ pub enum Piece {
 
 /// An SSE response over a request's events: each [`Piece`] becomes the chunks `format` makes,
 /// a failure becomes an `{"error": ...}` event, and the stream ends with `data: [DONE]`.
-/// Dropping the response (the client went away) drops the receiver, which cancels the request.
-pub fn event_stream<F>(events: UnboundedReceiver<Event>, format: F) -> Response
+/// Dropping the response (the client went away) drops the receiver, which cancels the request;
+/// once the client closes its sending side, an SSE comment every [`PROBE_INTERVAL`] finds out
+/// whether it is still reading.
+pub fn event_stream<F>(
+    events: UnboundedReceiver<Event>,
+    client: Option<ClientConnection>,
+    format: F,
+) -> Response
 where
     F: FnMut(Piece) -> Vec<serde_json::Value> + Send + 'static,
 {
-    Sse::new(sse_events(events, format))
+    Sse::new(sse_events(events, client, format))
         .keep_alive(KeepAlive::default())
         .into_response()
 }
 
-fn sse_events<F>(
+/// The stream's state between two events.
+struct SseState<F> {
     events: UnboundedReceiver<Event>,
     format: F,
-) -> impl Stream<Item = Result<SseEvent, std::convert::Infallible>> + Send + 'static
+    client: Option<ClientConnection>,
+    /// Probes of a client that stopped sending; `None` while it has not.
+    probes: Option<tokio::time::Interval>,
+}
+
+/// What the stream does next.
+enum Next {
+    Event(Option<Event>),
+    ClientStoppedSending,
+    Probe,
+}
+
+fn sse_events<F>(
+    events: UnboundedReceiver<Event>,
+    client: Option<ClientConnection>,
+    format: F,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static
 where
     F: FnMut(Piece) -> Vec<serde_json::Value> + Send + 'static,
 {
-    /// `None` once the stream has sent its end.
-    type State<F> = Option<(UnboundedReceiver<Event>, F)>;
-    futures_util::stream::unfold(Some((events, format)), |state: State<F>| async move {
-        let (mut events, mut format) = state?;
-        let (values, ended) = match events.recv().await {
-            Some(Event::Text(text)) => (format(Piece::Text(text)), false),
-            Some(Event::Done(finished)) => (format(Piece::Done(finished)), true),
-            Some(Event::Failed(message)) => (vec![ApiError::internal(message).to_json()], true),
-            None => (
+    let start = SseState {
+        events,
+        format,
+        client,
+        probes: None,
+    };
+    futures_util::stream::unfold(Some(start), |state: Option<SseState<F>>| async move {
+        let mut state = state?;
+        let next = match (&mut state.client, &mut state.probes) {
+            (_, Some(probes)) => tokio::select! {
+                event = state.events.recv() => Next::Event(event),
+                _ = probes.tick() => Next::Probe,
+            },
+            (Some(client), None) => tokio::select! {
+                event = state.events.recv() => Next::Event(event),
+                () = client.stopped_sending() => Next::ClientStoppedSending,
+            },
+            (None, None) => Next::Event(state.events.recv().await),
+        };
+        let (values, ended) = match next {
+            Next::ClientStoppedSending => {
+                state.probes = Some(tokio::time::interval(PROBE_INTERVAL));
+                return Some((Vec::new(), Some(state)));
+            }
+            Next::Probe => {
+                return Some((vec![SseEvent::default().comment("")], Some(state)));
+            }
+            Next::Event(Some(Event::Text(text))) => ((state.format)(Piece::Text(text)), false),
+            Next::Event(Some(Event::Done(finished))) => {
+                ((state.format)(Piece::Done(finished)), true)
+            }
+            Next::Event(Some(Event::Failed(message))) => {
+                (vec![ApiError::internal(message).to_json()], true)
+            }
+            Next::Event(None) => (
                 vec![
                     ApiError::internal("the request ended without a result; see the server log")
                         .to_json(),
@@ -431,7 +553,7 @@ where
             out.push(SseEvent::default().data("[DONE]"));
             Some((out, None))
         } else {
-            Some((out, Some((events, format))))
+            Some((out, Some(state)))
         }
     })
     .flat_map(|events| futures_util::stream::iter(events.into_iter().map(Ok)))

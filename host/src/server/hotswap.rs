@@ -19,7 +19,7 @@
 //! policy is loaded at start-up, a policy file when `--policy` or `PUT /admin/cascade` names
 //! it, and a request may choose any loaded policy with its own settings (`window,raise=0.9`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -71,6 +71,9 @@ pub enum CascadeChoice {
 struct Plugin {
     spec: SourceSpec,
     loaded: LoadedPlugin,
+    /// Times it was reloaded, changed or not: a slot's instances of an earlier incarnation
+    /// (quarantined ones included) are replaced by fresh ones.
+    incarnation: u64,
 }
 
 /// One source of a resolved cascade: a plugin version and its config.
@@ -80,15 +83,18 @@ pub struct ResolvedSource {
     pub plugin: LoadedPlugin,
     /// Its config string.
     pub config: String,
+    /// The plugin's incarnation (see [`SourceKey::incarnation`]).
+    pub incarnation: u64,
 }
 
 impl ResolvedSource {
-    /// What tells two sources apart: name, version (sha256) and config.
+    /// What tells two sources apart: name, version (sha256), config and incarnation.
     pub fn key(&self) -> SourceKey {
         SourceKey {
             name: self.plugin.name().to_owned(),
             sha256: self.plugin.sha256().to_owned(),
             config: self.config.clone(),
+            incarnation: self.incarnation,
         }
     }
 }
@@ -109,6 +115,7 @@ impl ResolvedPolicy {
             name: self.policy.name().to_owned(),
             sha256: self.policy.sha256().to_owned(),
             config: self.config.clone(),
+            incarnation: 0,
         }
     }
 
@@ -131,6 +138,9 @@ pub struct SourceKey {
     pub sha256: String,
     /// The plugin's config string.
     pub config: String,
+    /// How many times the plugin was reloaded before this instance was made (0 for
+    /// policies): a reload replaces every instance, which ends their quarantine.
+    pub incarnation: u64,
 }
 
 /// The loaded plugins and the defaults, as published at one generation.
@@ -156,6 +166,8 @@ pub struct PluginInfo {
     pub sha256: String,
     /// Its config string.
     pub config: String,
+    /// Times it was reloaded; each reload starts every slot's instance afresh.
+    pub incarnation: u64,
 }
 
 /// A loaded policy as `GET /admin/cascade` shows it.
@@ -183,6 +195,7 @@ impl Snapshot {
                 Ok(ResolvedSource {
                     plugin: plugin.loaded.clone(),
                     config: self.config_of(name),
+                    incarnation: plugin.incarnation,
                 })
             })
             .collect()
@@ -248,15 +261,18 @@ impl Snapshot {
                 path: plugin.loaded.path().to_owned(),
                 sha256: plugin.loaded.sha256().to_owned(),
                 config: self.config_of(name),
+                incarnation: plugin.incarnation,
             })
             .collect()
     }
 
-    /// Whether a slot's cached source of `key` may still be used: it is the current version
-    /// and config of a loaded plugin.
+    /// Whether a slot's cached source of `key` may still be used: it is the current version,
+    /// config and incarnation of a loaded plugin.
     pub fn is_current(&self, key: &SourceKey) -> bool {
         self.plugins.get(&key.name).is_some_and(|plugin| {
-            plugin.loaded.sha256() == key.sha256 && self.config_of(&key.name) == key.config
+            plugin.loaded.sha256() == key.sha256
+                && plugin.incarnation == key.incarnation
+                && self.config_of(&key.name) == key.config
         })
     }
 
@@ -328,9 +344,16 @@ pub enum UpdateError {
         /// The path given.
         new: String,
     },
-    /// `draft_max: 0`.
-    #[error("draft_max must be at least 1; use the cascade `none` to decode without speculation")]
-    ZeroDraftMax,
+    /// A default `draft_max` of 0 or above the server's `--draft-max`.
+    #[error(
+        "draft_max must be between 1 and {limit} (the server's --draft-max, up to which it measured the verify cost), got {given}; use the cascade `none` to decode without speculation"
+    )]
+    DraftMax {
+        /// The value given.
+        given: usize,
+        /// The server's `--draft-max`.
+        limit: usize,
+    },
     /// A policy that is not loaded.
     #[error(
         "policy `{name}` is not loaded (loaded: {loaded}); name a loaded policy, or load a policy file as an admin with PUT /admin/cascade"
@@ -380,6 +403,13 @@ pub struct ReloadReport {
     pub unchanged: Vec<String>,
 }
 
+/// Distinct policy settings remembered as checked ([`Registry::policy_checked`]).
+const CHECKED_POLICIES: usize = 256;
+
+/// Policy settings that opened in a throw-away instance: a policy version, its settings, the
+/// sources and draft length of the requests they were checked for.
+type CheckedPolicy = (SourceKey, Vec<String>, usize);
+
 /// The registry: the plugin host and the published [`Snapshot`].
 pub struct Registry {
     host: PluginHost,
@@ -387,6 +417,10 @@ pub struct Registry {
     current: ArcSwap<Snapshot>,
     /// One update at a time: each reads the current snapshot and publishes the next.
     updates: Mutex<()>,
+    /// The most a default or a request's `draft_max` may be (`--draft-max`).
+    draft_max_limit: usize,
+    /// The last [`CHECKED_POLICIES`] policy settings that passed their check, oldest first.
+    checked_policies: Mutex<VecDeque<CheckedPolicy>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -458,7 +492,8 @@ pub fn load_startup_plugins(
 impl Registry {
     /// A registry over `plugins` (from [`load_startup_plugins`]) and `policies` (from
     /// [`load_startup_policies`]) with `defaults`, after checking that every plugin accepts its
-    /// config from `plugin_configs` and the default policy its settings.
+    /// config from `plugin_configs` and the default policy its settings. `defaults.draft_max`
+    /// is also the most any later default or request may ask for.
     pub fn start(
         host: PluginHost,
         facts: ModelFacts,
@@ -477,8 +512,16 @@ impl Registry {
                     plugin: name.clone(),
                     source,
                 })?;
-            by_name.insert(name, Plugin { spec, loaded });
+            by_name.insert(
+                name,
+                Plugin {
+                    spec,
+                    loaded,
+                    incarnation: 0,
+                },
+            );
         }
+        let draft_max_limit = defaults.draft_max;
         let snapshot = Snapshot {
             generation: 0,
             defaults,
@@ -494,31 +537,65 @@ impl Registry {
             facts,
             current: ArcSwap::from_pointee(snapshot),
             updates: Mutex::new(()),
+            draft_max_limit,
+            checked_policies: Mutex::new(VecDeque::new()),
         };
         registry.check_defaults(&registry.snapshot())?;
         Ok(registry)
     }
 
-    /// The policy `spec` of a request drafting with `sources` up to `draft_max` tokens, after
-    /// checking in a throw-away instance that the policy accepts its settings.
+    /// Whether `policy` already opened with its settings for requests drafting with `sources`
+    /// up to `draft_max` tokens (recently: the last [`CHECKED_POLICIES`] are remembered), so a
+    /// request need not try it again. Runs no plugin code.
+    pub fn policy_checked(
+        &self,
+        policy: &ResolvedPolicy,
+        sources: &[String],
+        draft_max: usize,
+    ) -> bool {
+        let checked = self
+            .checked_policies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        checked
+            .iter()
+            .any(|(key, checked_sources, checked_draft_max)| {
+                *key == policy.key()
+                    && checked_sources == sources
+                    && *checked_draft_max == draft_max
+            })
+    }
+
+    /// `policy` for requests drafting with `sources` up to `draft_max` tokens, after checking
+    /// in a throw-away instance that the policy accepts its settings. Runs plugin code: call it
+    /// off the async runtime.
     pub fn check_policy(
         &self,
-        snapshot: &Snapshot,
-        spec: &str,
+        policy: ResolvedPolicy,
         sources: Vec<String>,
         draft_max: usize,
     ) -> Result<ResolvedPolicy, UpdateError> {
-        let resolved = snapshot.policy(spec)?;
+        if self.policy_checked(&policy, &sources, draft_max) {
+            return Ok(policy);
+        }
         let setup = PolicySetup {
-            sources,
+            sources: sources.clone(),
             max_draft_len: draft_max,
             verify_costs: Vec::new(),
         };
-        resolved
+        policy
             .policy
-            .check_config(&resolved.config, &self.facts, &setup)
+            .check_config(&policy.config, &self.facts, &setup)
             .map_err(|error| UpdateError::Policy(error.to_string()))?;
-        Ok(resolved)
+        let mut checked = self
+            .checked_policies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if checked.len() == CHECKED_POLICIES {
+            checked.pop_front();
+        }
+        checked.push_back((policy.key(), sources, draft_max));
+        Ok(policy)
     }
 
     /// Checks that each of `sources` that drafts with the draft model has one to draft with.
@@ -536,10 +613,15 @@ impl Registry {
     fn check_defaults(&self, snapshot: &Snapshot) -> Result<(), UpdateError> {
         let defaults = &snapshot.defaults;
         self.check_draft_model(&snapshot.resolve(&CascadeChoice::Default)?)?;
+        if defaults.draft_max == 0 || defaults.draft_max > self.draft_max_limit {
+            return Err(UpdateError::DraftMax {
+                given: defaults.draft_max,
+                limit: self.draft_max_limit,
+            });
+        }
         if let Some(policy) = &defaults.policy {
             self.check_policy(
-                snapshot,
-                policy,
+                snapshot.policy(policy)?,
                 defaults.cascade.clone(),
                 defaults.draft_max,
             )?;
@@ -579,6 +661,7 @@ impl Registry {
                             Plugin {
                                 spec: spec.clone(),
                                 loaded,
+                                incarnation: 0,
                             },
                         );
                         to_test.push(name.clone());
@@ -596,9 +679,6 @@ impl Registry {
             }
         }
         if let Some(draft_max) = update.draft_max {
-            if draft_max == 0 {
-                return Err(UpdateError::ZeroDraftMax);
-            }
             next.defaults.draft_max = draft_max;
         }
         if let Some(mode) = update.mode {
@@ -622,8 +702,9 @@ impl Registry {
     }
 
     /// Loads `names` (all plugins when `None`) again from their files; those whose file changed
-    /// are smoke-tested and, if all pass, published together. Blocks: call it off the async
-    /// runtime.
+    /// are smoke-tested and, if all pass, published together. Every named plugin starts a new
+    /// incarnation, changed or not, so slots replace their instances and quarantines end.
+    /// Blocks: call it off the async runtime.
     pub fn reload(&self, names: Option<&[String]>) -> Result<ReloadReport, UpdateError> {
         let _one_at_a_time = self.updates.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.snapshot();
@@ -637,8 +718,16 @@ impl Registry {
         for name in &names {
             let plugin = next.plugin(name)?.clone();
             let loaded = self.load(&plugin.spec)?;
+            let incarnation = plugin.incarnation + 1;
             if loaded.sha256() == plugin.loaded.sha256() {
                 report.unchanged.push(name.clone());
+                next.plugins.insert(
+                    name.clone(),
+                    Plugin {
+                        incarnation,
+                        ..plugin
+                    },
+                );
                 continue;
             }
             smoke_test(&loaded, &next.config_of(name), &self.facts)?;
@@ -647,6 +736,7 @@ impl Registry {
                 Plugin {
                     spec: plugin.spec,
                     loaded,
+                    incarnation,
                 },
             );
             report.reloaded.push(name.clone());

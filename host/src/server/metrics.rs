@@ -15,9 +15,14 @@
 //!   rounds whose draft position was accepted; divide by rounds won for acceptance by position);
 //! - per plugin: `plugin_faults_total`, `plugin_restarts_total`, `plugin_quarantines_total`;
 //!   `plugin_reloads_total{outcome}` (published, rejected);
-//! - `queue_waiting`, `queue_running`, `queue_slots`, `queue_max`.
+//! - `queue_waiting`, `queue_running`, `queue_slots`, `queue_max`;
+//! - `plugin_instances{kind}`: live drafter and policy instances in all slots (bounded: a
+//!   slot keeps one per loaded source and at most `pool::MAX_LIVE_POLICIES` policies).
+//!
+//! The page needs the admin token unless the server runs with `--public-metrics`: per-source
+//! acceptance tells something about what other tenants generate.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -26,10 +31,15 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 
+use super::admin::MetricsReader;
 use super::scheduler::QueueGauges;
 use super::state::AppState;
 use crate::cascade::SourceStats;
 use crate::engine::GenerationStats;
+
+/// Requests whose times make the `Retry-After` estimate: recent enough to follow a change of
+/// load within a burst, enough to smooth one odd request.
+const RECENT_REQUESTS: usize = 16;
 
 /// Content type of the Prometheus text format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -129,6 +139,19 @@ struct Counters {
     sources: BTreeMap<String, SourceStats>,
     plugins: BTreeMap<String, PluginCounters>,
     reloads: BTreeMap<ReloadOutcome, u64>,
+    /// Times (prompt plus generation) of the last [`RECENT_REQUESTS`] generated requests.
+    recent: VecDeque<Duration>,
+    /// Live plugin instances by slot.
+    instances: BTreeMap<usize, PluginInstances>,
+}
+
+/// Live plugin instances of one slot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PluginInstances {
+    /// Drafter instances.
+    pub drafters: usize,
+    /// Policy instances.
+    pub policies: usize,
 }
 
 /// The server's counters.
@@ -167,6 +190,12 @@ impl Metrics {
         counters.drafted += stats.drafted;
         counters.accepted += stats.accepted;
         counters.swaps += u64::from(swaps);
+        if counters.recent.len() == RECENT_REQUESTS {
+            counters.recent.pop_front();
+        }
+        counters
+            .recent
+            .push_back(stats.prompt_time + stats.generation_time);
         for source in &stats.sources {
             counters
                 .sources
@@ -190,24 +219,19 @@ impl Metrics {
         *self.lock().reloads.entry(outcome).or_default() += 1;
     }
 
-    /// Mean time of a generated request so far (prompt plus generation); zero before the first.
-    pub fn mean_request_time(&self) -> Duration {
+    /// Mean time of the last few generated requests (prompt plus generation); zero before the
+    /// first. Recent rather than lifetime, so a `Retry-After` follows the load of the moment.
+    pub fn recent_request_time(&self) -> Duration {
         let counters = self.lock();
-        let generated: u64 = counters
-            .requests
-            .iter()
-            .filter(|((_, outcome), _)| {
-                matches!(
-                    outcome,
-                    RequestOutcome::Completed | RequestOutcome::Cancelled
-                )
-            })
-            .map(|(_, count)| count)
-            .sum();
-        match u32::try_from(generated) {
-            Ok(n) if n > 0 => (counters.prompt_time + counters.generation_time) / n,
+        match u32::try_from(counters.recent.len()) {
+            Ok(n) if n > 0 => counters.recent.iter().sum::<Duration>() / n,
             _ => Duration::ZERO,
         }
+    }
+
+    /// Records the live plugin instances of slot `slot`.
+    pub fn plugin_instances(&self, slot: usize, instances: PluginInstances) {
+        self.lock().instances.insert(slot, instances);
     }
 
     /// The metrics page.
@@ -367,6 +391,24 @@ impl Metrics {
             );
         }
 
+        page.family(
+            "plugin_instances",
+            "gauge",
+            "Live plugin instances in all slots, by kind.",
+        );
+        let drafters = counters
+            .instances
+            .values()
+            .map(|i| i.drafters)
+            .sum::<usize>();
+        let policies = counters
+            .instances
+            .values()
+            .map(|i| i.policies)
+            .sum::<usize>();
+        page.sample("plugin_instances", &[("kind", "drafter")], drafters);
+        page.sample("plugin_instances", &[("kind", "policy")], policies);
+
         for (name, help, value) in [
             (
                 "queue_waiting",
@@ -422,7 +464,7 @@ fn escape_label(value: &str) -> String {
 }
 
 /// `GET /metrics`.
-pub async fn page(State(state): State<AppState>) -> impl IntoResponse {
+pub async fn page(_: MetricsReader, State(state): State<AppState>) -> impl IntoResponse {
     let text = state.metrics.render(state.queue.gauges());
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], text)
 }
@@ -489,16 +531,37 @@ mod tests {
     }
 
     #[test]
-    fn mean_request_time_counts_generated_requests_only() {
+    fn request_time_follows_recent_requests_only() {
         let metrics = Metrics::default();
-        assert_eq!(metrics.mean_request_time(), Duration::ZERO);
-        let stats = GenerationStats {
+        assert_eq!(metrics.recent_request_time(), Duration::ZERO);
+        let took = |secs| GenerationStats {
             prompt_time: Duration::from_secs(1),
-            generation_time: Duration::from_secs(3),
+            generation_time: Duration::from_secs(secs),
             ..GenerationStats::default()
         };
-        metrics.generation(Endpoint::Completions, RequestOutcome::Completed, &stats, 0);
+        metrics.generation(
+            Endpoint::Completions,
+            RequestOutcome::Completed,
+            &took(3),
+            0,
+        );
         metrics.request(Endpoint::Completions, RequestOutcome::Rejected);
-        assert_eq!(metrics.mean_request_time(), Duration::from_secs(4));
+        assert_eq!(metrics.recent_request_time(), Duration::from_secs(4));
+        // A long request early on, then a burst of short ones: the estimate is the burst's.
+        metrics.generation(
+            Endpoint::Completions,
+            RequestOutcome::Completed,
+            &took(59),
+            0,
+        );
+        for _ in 0..RECENT_REQUESTS {
+            metrics.generation(
+                Endpoint::Completions,
+                RequestOutcome::Completed,
+                &took(0),
+                0,
+            );
+        }
+        assert_eq!(metrics.recent_request_time(), Duration::from_secs(1));
     }
 }

@@ -3,16 +3,19 @@
 //!
 //! # How a request flows
 //!
+//! 0. `connections` accepts the TCP connection (within `--max-connections`) and serves it with
+//!    hyper, timing out slow headers, idle connections and slow bodies; `hosts` refuses
+//!    requests addressed to names the server does not answer to.
 //! 1. `router::router` (axum on tokio) routes `POST /v1/completions` or `/v1/chat/completions` to its
 //!    handler, which checks the body (`generation::Plan`), tokenizes the prompt (chat template
-//!    from the GGUF) and queues a job.
+//!    from the GGUF, messages as plain text) and queues a job.
 //! 2. The queue (`scheduler`) is bounded and first-come-first-served; a full queue answers 429
 //!    with `Retry-After`.
 //! 3. A slot (`slot`) takes the job: one std thread per slot owns one llama.cpp context and the
 //!    plugin instances it keeps across requests (`pool`), and runs the engine's round loop.
-//! 4. Before every round the slot checks whether the client went away (stop) and whether the
-//!    plugin registry (`hotswap`) published new sources for this request (swap the cascade,
-//!    begun again with the context so far).
+//! 4. Between prompt chunks and before every round the slot checks whether the client went away
+//!    (stop), and before every round whether the plugin registry (`hotswap`) published new
+//!    sources for this request (swap the cascade, begun again with the context so far).
 //! 5. Text flows back over a channel and is returned whole or as server-sent events, with
 //!    `usage` and a `speculative` block (per-source drafted, accepted, rounds won, acceptance,
 //!    mean accepted length).
@@ -38,12 +41,18 @@
 //!
 //! # Policies, the draft model, state
 //!
-//! A request may choose any loaded policy with its own settings (`speculative.policy`); each
-//! slot keeps one instance per policy version and settings, like its plugin instances, and
-//! measures the target's verify cost curve once for them. With `--draft-model`, every plugin
-//! instance that drafts with it opens its own draft context (one per slot). With
-//! `--state-dir`, each slot saves the plugins' cross-request state at most once a minute and
-//! when the server stops; with several slots the last save of a plugin's state wins.
+//! The default policy is `cost`, as for `spechost run`. A request may choose any loaded policy
+//! with its own settings (`speculative.policy`); each slot keeps a bounded number of policy
+//! instances (`pool`), and measured the target's verify cost curve once, at start-up, up to
+//! `--draft-max`, the most a request may draft. With `--draft-model`, every plugin instance
+//! that drafts with it opens its own draft context (one per slot). With `--state-dir`, each
+//! slot saves the plugins' cross-request state at most once a minute and when the server stops;
+//! with several slots the last save of a plugin's state wins.
+//!
+//! # Limits
+//!
+//! Clients are untrusted: every parameter, connection and timing a client controls is bounded
+//! (`docs/security.md`, Server, lists each with its default and its test).
 //!
 //! Not here: the round loop and verification (`engine`), the cascade (`cascade`), the sandbox
 //! (`plugins`), and parsing flags (`config`).
@@ -51,9 +60,11 @@
 mod admin;
 mod chat;
 mod completions;
+mod connections;
 mod error;
 mod extract;
 mod generation;
+mod hosts;
 mod hotswap;
 mod metrics;
 mod models;
@@ -67,4 +78,6 @@ mod state;
 mod watch;
 pub mod wire;
 
+pub use self::connections::ConnectionLimits;
+pub use self::hosts::AllowedHosts;
 pub use self::startup::serve;

@@ -2,22 +2,35 @@
 //!
 //! A plugin may keep state outside its sessions (the `suffix` plugin's cross-request cache, the
 //! `cost` policy's acceptance estimates), which pays off only if the same instance serves
-//! request after request. So a slot keeps one instance per (name, version, config) and builds
-//! each request's cascade from them, whichever cascade and policy the request chose. Instances
-//! of versions or configs the registry no longer publishes, and quarantined instances, are
-//! dropped when the slot sees a new registry generation; a request still drafting with one
-//! keeps it until it ends.
+//! request after request. So a slot keeps one drafter instance per (name, version, config,
+//! incarnation) and builds each request's cascade from them, whichever cascade the request
+//! chose; the scored mode's calibration of each source (what it learnt of the source's
+//! acceptance) is kept beside it, as a benchmark pass keeps its cascade.
+//!
+//! Policies are chosen per request with settings of the client's choosing, so their instances
+//! are bounded: at most [`MAX_LIVE_POLICIES`] live ones per slot, the least recently used
+//! dropped first. A quarantined instance (drafter or policy) holds no WebAssembly instance and
+//! stays quarantined: a drafter until its plugin is reloaded (a new incarnation) or replaced,
+//! a policy until its version changes (at most [`MAX_QUARANTINED_POLICIES`] are remembered).
+//! Instances of versions, configs or incarnations the registry no longer publishes are dropped
+//! when the slot sees a new registry generation; a request still drafting with one keeps it
+//! until it ends.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::hotswap::{ResolvedPolicy, ResolvedSource, Snapshot, SourceKey};
-use super::metrics::{Metrics, PluginHealthDelta};
+use super::metrics::{Metrics, PluginHealthDelta, PluginInstances};
 use crate::cascade::{
-    Cascade, CascadeSettings, Decision, DraftSource, Feedback, ModelFacts, PolicySetup, Proposal,
-    RoundPolicy, RoundRecord, SourceFault, Token,
+    AcceptanceHistory, Cascade, CascadeSettings, Decision, DraftSource, Feedback, ModelFacts,
+    PolicySetup, Proposal, RoundPolicy, RoundRecord, SourceFault, Token,
 };
 use crate::plugins::{PluginPolicy, PluginSource};
+
+/// Most live policy instances a slot keeps (each reserves a WebAssembly instance's memory).
+pub const MAX_LIVE_POLICIES: usize = 4;
+/// Most quarantined policy instances a slot remembers (they hold no WebAssembly instance).
+pub const MAX_QUARANTINED_POLICIES: usize = 64;
 
 /// What a slot last reported to the metrics about one instance.
 #[derive(Debug, Clone, Copy, Default)]
@@ -46,12 +59,16 @@ impl Reported {
 struct Entry {
     source: Arc<Mutex<PluginSource>>,
     reported: Reported,
+    /// What the scored cascade learnt of this source's acceptance.
+    calibration: AcceptanceHistory,
 }
 
 #[derive(Debug)]
 struct PolicyEntry {
     policy: Arc<Mutex<PluginPolicy>>,
     reported: Reported,
+    /// When it was last used, in the pool's use count.
+    last_used: u64,
 }
 
 /// The plugin and policy instances of one slot.
@@ -59,45 +76,96 @@ struct PolicyEntry {
 pub struct SourcePool {
     entries: BTreeMap<SourceKey, Entry>,
     policies: BTreeMap<SourceKey, PolicyEntry>,
+    /// Cascades built so far: the clock of [`PolicyEntry::last_used`].
+    uses: u64,
 }
 
 impl SourcePool {
     /// A cascade over `sources`, in order, each backed by this pool's instance of that source
-    /// (made now if the pool has none), with this pool's instance of `policy`, if any.
+    /// (made now if the pool has none) and starting from its kept calibration, with this
+    /// pool's instance of `policy`, if any.
     pub fn cascade(
         &mut self,
         sources: &[ResolvedSource],
         policy: Option<&ResolvedPolicy>,
         settings: CascadeSettings,
     ) -> Cascade {
+        self.uses += 1;
+        let mut calibration = Vec::with_capacity(sources.len());
         let slots: Vec<Box<dyn DraftSource>> = sources
             .iter()
             .map(|resolved| {
                 let entry = self.entries.entry(resolved.key()).or_insert_with(|| Entry {
                     source: Arc::new(Mutex::new(resolved.plugin.source(resolved.config.clone()))),
                     reported: Reported::default(),
+                    calibration: AcceptanceHistory::default(),
                 });
+                calibration.push(entry.calibration.clone());
                 Box::new(Shared {
                     name: resolved.plugin.name().to_owned(),
                     source: Arc::clone(&entry.source),
                 }) as Box<dyn DraftSource>
             })
             .collect();
-        let cascade = Cascade::new(slots, settings);
+        let cascade = Cascade::new(slots, settings).with_calibration(calibration);
         let Some(resolved) = policy else {
             return cascade;
         };
-        let entry = self
-            .policies
-            .entry(resolved.key())
-            .or_insert_with(|| PolicyEntry {
-                policy: Arc::new(Mutex::new(resolved.policy.policy(resolved.config.clone()))),
-                reported: Reported::default(),
-            });
+        let key = resolved.key();
+        if !self.policies.contains_key(&key) {
+            self.make_room_for_a_policy();
+        }
+        let uses = self.uses;
+        let entry = self.policies.entry(key).or_insert_with(|| PolicyEntry {
+            policy: Arc::new(Mutex::new(resolved.policy.policy(resolved.config.clone()))),
+            reported: Reported::default(),
+            last_used: uses,
+        });
+        entry.last_used = uses;
         cascade.with_policy(Box::new(SharedPolicy {
             name: resolved.policy.name().to_owned(),
             policy: Arc::clone(&entry.policy),
         }))
+    }
+
+    /// Drops the least recently used live policy instance when there are
+    /// [`MAX_LIVE_POLICIES`], and the oldest quarantined one when there are
+    /// [`MAX_QUARANTINED_POLICIES`].
+    fn make_room_for_a_policy(&mut self) {
+        for quarantined in [false, true] {
+            let limit = if quarantined {
+                MAX_QUARANTINED_POLICIES
+            } else {
+                MAX_LIVE_POLICIES
+            };
+            let of_kind = self
+                .policies
+                .iter()
+                .filter(|(_, entry)| is_quarantined(&entry.policy) == quarantined);
+            if of_kind.clone().count() < limit {
+                continue;
+            }
+            let oldest = of_kind
+                .min_by_key(|(_, entry)| entry.last_used)
+                .map(|(key, _)| key.clone());
+            if let Some(oldest) = oldest {
+                self.policies.remove(&oldest);
+            }
+        }
+    }
+
+    /// Keeps what a finished request's cascade over `sources` learnt of their acceptance
+    /// (`calibration`, in the same order, from [`Cascade::calibration`]).
+    pub fn keep_calibration(
+        &mut self,
+        sources: &[ResolvedSource],
+        calibration: Vec<AcceptanceHistory>,
+    ) {
+        for (resolved, learnt) in sources.iter().zip(calibration) {
+            if let Some(entry) = self.entries.get_mut(&resolved.key()) {
+                entry.calibration = learnt;
+            }
+        }
     }
 
     /// Asks every drafter instance to save its cross-request state (into its plugin's state
@@ -110,14 +178,13 @@ impl SourcePool {
         }
     }
 
-    /// Reports health changes, then drops instances `snapshot` no longer publishes and
-    /// quarantined ones.
+    /// Reports health changes, then drops instances of versions, configs or incarnations
+    /// `snapshot` no longer publishes.
     pub fn prune(&mut self, snapshot: &Snapshot, metrics: &Metrics) {
         self.report(metrics);
-        self.entries
-            .retain(|key, entry| snapshot.is_current(key) && !entry.reported.quarantined);
+        self.entries.retain(|key, _| snapshot.is_current(key));
         self.policies
-            .retain(|key, entry| snapshot.is_current_policy(key) && !entry.reported.quarantined);
+            .retain(|key, _| snapshot.is_current_policy(key));
     }
 
     /// Adds the faults, restarts and quarantines of every instance since the last report to
@@ -146,6 +213,26 @@ impl SourcePool {
             entry.reported.advance(now, &key.name, metrics);
         }
     }
+
+    /// The live (not quarantined) instances this pool keeps.
+    pub fn instances(&self) -> PluginInstances {
+        PluginInstances {
+            drafters: self
+                .entries
+                .values()
+                .filter(|entry| !lock(&entry.source).is_quarantined())
+                .count(),
+            policies: self
+                .policies
+                .values()
+                .filter(|entry| !is_quarantined(&entry.policy))
+                .count(),
+        }
+    }
+}
+
+fn is_quarantined(policy: &Mutex<PluginPolicy>) -> bool {
+    lock(policy).is_quarantined()
 }
 
 fn lock<T>(instance: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -8,11 +8,12 @@ use axum::routing::{get, post};
 
 use super::error::ApiError;
 use super::state::AppState;
-use super::{admin, chat, completions, metrics, models};
+use super::{admin, chat, completions, hosts, metrics, models};
 
-/// The API: OpenAI-compatible generation, models, health, metrics, and the admin endpoints
-/// (which answer 404 unless the state has an admin token). Bodies larger than the state's
-/// `max_body_bytes` get 413.
+/// The API: OpenAI-compatible generation, models, health, metrics (which need the admin token
+/// unless the state says they are public), and the admin endpoints (which answer 404 unless
+/// the state has an admin token). Requests addressing a host name the server does not answer
+/// to get 403; bodies larger than the state's `max_body_bytes` get 413.
 pub fn router(state: AppState) -> Router {
     let max_body_bytes = state.limits.max_body_bytes;
     Router::new()
@@ -25,6 +26,10 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/plugins/reload", post(admin::reload))
         .fallback(unknown_route)
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            hosts::check,
+        ))
         .with_state(state)
 }
 

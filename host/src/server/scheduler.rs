@@ -80,13 +80,17 @@ pub struct Finished {
 pub enum Rejected {
     /// Every slot is busy and the queue is full.
     #[error(
-        "the server is busy: {running} requests running and {waiting} waiting, the most it queues (--max-queue); retry after {retry_after_secs} s"
+        "the server is busy: {running} requests running and {waiting} waiting, as many as it holds ({slots} slots plus {max_queue} waiting, --parallel and --max-queue); retry after {retry_after_secs} s"
     )]
     Full {
         /// Requests being generated.
         running: usize,
-        /// Requests waiting.
+        /// Requests waiting (more than `max_queue` while slots have yet to take theirs).
         waiting: usize,
+        /// Slots.
+        slots: usize,
+        /// Most requests that wait while every slot is busy.
+        max_queue: usize,
         /// Suggested wait before retrying, in seconds.
         retry_after_secs: u64,
     },
@@ -142,8 +146,8 @@ impl Queue {
     }
 
     /// Queues `job`, or refuses it when `slots + max_queue` requests are already in. The
-    /// `Retry-After` of a refusal assumes requests take `mean_request_time`.
-    pub fn submit(&self, job: Job, mean_request_time: Duration) -> Result<(), Rejected> {
+    /// `Retry-After` of a refusal assumes requests take `request_time` (recent ones' mean).
+    pub fn submit(&self, job: Job, request_time: Duration) -> Result<(), Rejected> {
         let mut state = self.lock();
         if state.closed {
             return Err(Rejected::ShuttingDown);
@@ -152,11 +156,9 @@ impl Queue {
             return Err(Rejected::Full {
                 running: state.running,
                 waiting: state.waiting.len(),
-                retry_after_secs: retry_after_secs(
-                    state.waiting.len(),
-                    self.slots,
-                    mean_request_time,
-                ),
+                slots: self.slots,
+                max_queue: self.max_queue,
+                retry_after_secs: retry_after_secs(state.waiting.len(), self.slots, request_time),
             });
         }
         state.waiting.push_back(job);
@@ -207,10 +209,10 @@ impl Queue {
 }
 
 /// Seconds until a slot is likely free for a new request: the waiting requests plus one, spread
-/// over the slots, at `mean_request_time` each; at least 1, at most [`MAX_RETRY_AFTER_SECS`].
-fn retry_after_secs(waiting: usize, slots: usize, mean_request_time: Duration) -> u64 {
+/// over the slots, at `request_time` each; at least 1, at most [`MAX_RETRY_AFTER_SECS`].
+fn retry_after_secs(waiting: usize, slots: usize, request_time: Duration) -> u64 {
     let rounds = (waiting + 1).div_ceil(slots.max(1)) as f64;
-    let secs = (rounds * mean_request_time.as_secs_f64()).ceil() as u64;
+    let secs = (rounds * request_time.as_secs_f64()).ceil() as u64;
     secs.clamp(1, MAX_RETRY_AFTER_SECS)
 }
 
@@ -254,8 +256,16 @@ mod tests {
             Rejected::Full {
                 running: 0,
                 waiting: 3,
+                slots: 1,
+                max_queue: 2,
                 retry_after_secs: 8
             }
+        );
+        assert!(
+            refused
+                .to_string()
+                .contains("3 waiting, as many as it holds (1 slots plus 2 waiting"),
+            "{refused}"
         );
         let first = queue.next().expect("a job");
         assert_eq!(first.request.max_tokens, 1, "the oldest job first");

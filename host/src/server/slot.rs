@@ -1,18 +1,22 @@
 //! A slot: one engine thread that owns one llama.cpp context and its plugin instances, and
 //! generates the requests it takes from the queue, one after another.
 //!
+//! Before its first request a slot measures the target's verify cost curve on its own context,
+//! once, up to the server's `--draft-max` and within [`VERIFY_CURVE_BUDGET`]; every request's
+//! policy gets it (cut to the request's draft length), so no request waits for a measurement.
+//!
 //! One request, in order:
 //! 1. skip it if its client already went away;
 //! 2. resolve its cascade against the published registry snapshot and build it, with its
-//!    policy, from the slot's [`SourcePool`]; with a policy, measure the target's verify cost
-//!    curve first if this slot has not measured it up to the request's draft length;
-//! 3. generate, asking a [`SwapControl`] before every round: it stops when the client is gone,
-//!    and when the registry published a new generation it resolves the request's cascade again
-//!    and, if its sources changed (a new plugin version, config or default cascade), hands the
-//!    engine a new cascade, which the engine begins with the whole context so far;
-//! 4. send the result, count it, report plugin health; with `--state-dir`, save the plugins'
-//!    cross-request state when [`STATE_SAVE_INTERVAL`] has passed since the last save, and
-//!    when the slot stops.
+//!    policy, from the slot's [`SourcePool`];
+//! 3. generate, asking a [`SwapControl`] between prompt chunks whether the client is gone, and
+//!    before every round: it stops when the client is gone, and when the registry published a
+//!    new generation it resolves the request's cascade again and, if its sources changed (a new
+//!    plugin version, config or default cascade), hands the engine a new cascade, which the
+//!    engine begins with the whole context so far;
+//! 4. send the result, count it, keep what the cascade learnt of its sources, report plugin
+//!    health; with `--state-dir`, save the plugins' cross-request state when
+//!    [`STATE_SAVE_INTERVAL`] has passed since the last save, and when the slot stops.
 //!
 //! A panic while generating is caught: the request fails with a 500 and the slot goes on (the
 //! next request starts from a cleared KV cache).
@@ -27,12 +31,24 @@ use super::hotswap::{CascadeChoice, Registry, ResolvedPolicy, ResolvedSource, So
 use super::metrics::{Metrics, RequestOutcome};
 use super::pool::SourcePool;
 use super::scheduler::{Event, Finished, Job, Queue};
+use super::startup::SlotHandles;
 use crate::cascade::CascadeSettings;
-use crate::engine::{Request, RoundDecision, Session, StopReason};
-use crate::run::{measure_verify_costs, save_plugin_states};
+use crate::config::ServeConfig;
+use crate::engine::{
+    DEFAULT_COST_REPETITIONS, Request, RoundControl, RoundDecision, Session, StopReason,
+    VerifyCurve,
+};
+use crate::run::save_plugin_states;
 
 /// Least time between two saves of the plugins' state by one slot (with `--state-dir`).
 pub const STATE_SAVE_INTERVAL: Duration = Duration::from_secs(60);
+/// Time a slot may spend measuring its verify cost curve at start-up beyond one warm-up and
+/// one measured sweep per context length (which always run).
+pub const VERIFY_CURVE_BUDGET: Duration = Duration::from_secs(3);
+/// The short context the verify cost curve is measured after, in tokens.
+const VERIFY_CURVE_SHORT_CONTEXT: usize = 64;
+/// The long one: requests between the two get costs interpolated for their prompt's length.
+const VERIFY_CURVE_LONG_CONTEXT: usize = 1024;
 
 /// One engine thread's context, plugin instances, and what it shares with the server.
 pub struct Slot<'a> {
@@ -50,21 +66,76 @@ pub struct Slot<'a> {
     pub pool: SourcePool,
     /// Whether plugins' state is persisted (`--state-dir`).
     pub saves_state: bool,
-    /// The target's verify cost curve as this slot measured it, for policies.
+    /// The target's verify cost curve as this slot measured it at start-up, for policies;
+    /// empty when it could not be measured (policies then learn costs from rounds).
     pub verify_costs: VerifyCurve,
 }
 
-/// A slot's verify cost curve, measured on the first request with a policy, and again when a
-/// request drafts longer than it reaches.
-#[derive(Debug, Default)]
-pub struct VerifyCurve {
-    /// `costs[n - 1]`: one verify batch of `n` tokens.
-    costs: Vec<Duration>,
-    /// The draft length it was measured for.
-    draft_max: Option<usize>,
-}
+impl<'a> Slot<'a> {
+    /// Slot `index` over `session`, with an empty plugin pool, saving plugin state when the
+    /// server has `--state-dir`.
+    pub fn new(
+        index: usize,
+        session: Session<'a>,
+        handles: SlotHandles,
+        config: &ServeConfig,
+    ) -> Self {
+        Self {
+            index,
+            session,
+            registry: handles.registry,
+            queue: handles.queue,
+            metrics: handles.metrics,
+            pool: SourcePool::default(),
+            saves_state: config.state_dir.is_some(),
+            verify_costs: VerifyCurve::default(),
+        }
+    }
 
-impl Slot<'_> {
+    /// Measures the verify cost curve up to `draft_max`, when drafts can be verified on this
+    /// target: done once, before the server listens.
+    pub fn prepare(&mut self, draft_max: usize) {
+        if self.session.target().can_roll_back() {
+            self.measure_verify_curve(draft_max);
+        }
+    }
+
+    /// Measures the verify cost curve for batches of 1 to `draft_max + 1` tokens (as far as
+    /// the context and batch allow) after a short and a long context, within
+    /// [`VERIFY_CURVE_BUDGET`].
+    fn measure_verify_curve(&mut self, draft_max: usize) {
+        let long = VERIFY_CURVE_LONG_CONTEXT.min(self.session.ctx_size() as usize / 2);
+        let started = Instant::now();
+        match self.session.measure_verify_curve(
+            &[VERIFY_CURVE_SHORT_CONTEXT, long],
+            draft_max + 1,
+            DEFAULT_COST_REPETITIONS,
+            VERIFY_CURVE_BUDGET,
+        ) {
+            Ok(curve) => {
+                let (short, long_costs) = (curve.at(VERIFY_CURVE_SHORT_CONTEXT), curve.at(long));
+                let ms = |costs: &[Duration], n: usize| {
+                    costs.get(n).map_or(0.0, |cost| cost.as_secs_f64() * 1e3)
+                };
+                tracing::info!(
+                    slot = self.index,
+                    tokens = short.len(),
+                    one_token_ms = ms(&short, 0),
+                    all_tokens_ms = ms(&short, short.len().saturating_sub(1)),
+                    long_context = long,
+                    long_one_token_ms = ms(&long_costs, 0),
+                    long_all_tokens_ms = ms(&long_costs, long_costs.len().saturating_sub(1)),
+                    took_ms = started.elapsed().as_secs_f64() * 1e3,
+                    "measured the verify cost curve"
+                );
+                self.verify_costs = curve;
+            }
+            Err(error) => {
+                tracing::warn!(slot = self.index, %error, "cannot measure the verify cost curve; policies learn it from rounds");
+            }
+        }
+    }
+
     /// Serves requests until the queue is closed and empty.
     pub fn run(mut self) {
         tracing::debug!(slot = self.index, "slot started");
@@ -72,7 +143,7 @@ impl Slot<'_> {
         while let Some(job) = self.queue.next() {
             let span = job.span.clone();
             let _entered = span.enter();
-            let served = std::panic::catch_unwind(AssertUnwindSafe(|| self.serve(&job)));
+            let served = std::panic::catch_unwind(AssertUnwindSafe(|| self.generate(&job)));
             if served.is_err() {
                 tracing::error!(slot = self.index, "generation panicked; the slot goes on");
                 let _ = job.events.send(Event::Failed(
@@ -100,33 +171,19 @@ impl Slot<'_> {
         save_plugin_states(self.registry.snapshot().loaded_plugins());
     }
 
-    /// `job`'s request, with the verify cost curve when a policy will choose its draft lengths.
-    fn request_for(&mut self, job: &Job) -> Request {
+    /// `job`'s request, with the verify costs after its prompt (up to its draft length) when a
+    /// policy will choose its draft lengths.
+    fn request_for(&self, job: &Job) -> Request {
         let mut request = job.request.clone();
-        if job.policy.is_none() {
-            return request;
+        if job.policy.is_some() {
+            let mut costs = self.verify_costs.at(request.prompt.len());
+            costs.truncate(request.draft_max + 1);
+            request.verify_costs = costs;
         }
-        let curve = &mut self.verify_costs;
-        if curve
-            .draft_max
-            .is_none_or(|measured| measured < request.draft_max)
-        {
-            // Logs the curve and how long measuring it took.
-            match measure_verify_costs(&mut self.session, &request.prompt, request.draft_max) {
-                Ok(costs) => {
-                    curve.costs = costs;
-                    curve.draft_max = Some(request.draft_max);
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "cannot measure the verify cost curve; policies learn it from rounds");
-                }
-            }
-        }
-        request.verify_costs = curve.costs.clone();
         request
     }
 
-    fn serve(&mut self, job: &Job) {
+    fn generate(&mut self, job: &Job) {
         if job.events.is_closed() {
             self.metrics
                 .request(job.endpoint, RequestOutcome::Cancelled);
@@ -160,7 +217,7 @@ impl Slot<'_> {
             policy: job.policy.as_ref(),
             settings,
             generation: snapshot.generation,
-            keys: keys(&resolved),
+            sources: resolved,
             swaps: 0,
         };
         let mut on_text = |text: &str| {
@@ -168,10 +225,15 @@ impl Slot<'_> {
         };
         let result =
             self.session
-                .generate_controlled(&request, &mut cascade, &mut on_text, &mut || {
-                    control.before_round()
-                });
+                .generate_controlled(&request, &mut cascade, &mut on_text, &mut control);
         let swaps = control.swaps;
+        let sources = control.sources;
+        self.pool.keep_calibration(&sources, cascade.calibration());
+        // Counted before answered: a client that reads the metrics after its answer sees its
+        // request's plugin faults.
+        self.pool.report(&self.metrics);
+        self.metrics
+            .plugin_instances(self.index, self.pool.instances());
         match result {
             Ok(outcome) if outcome.stop_reason == StopReason::Cancelled => {
                 tracing::info!(
@@ -222,8 +284,8 @@ fn keys(sources: &[ResolvedSource]) -> Vec<SourceKey> {
     sources.iter().map(ResolvedSource::key).collect()
 }
 
-/// Decides between the rounds of one request: stop when its client is gone, swap its cascade
-/// when the registry published sources it should now use.
+/// Decides between the rounds of one request (and between the chunks of its prompt): stop when
+/// its client is gone, swap its cascade when the registry published sources it should now use.
 struct SwapControl<'a> {
     events: &'a UnboundedSender<Event>,
     registry: &'a Registry,
@@ -235,11 +297,15 @@ struct SwapControl<'a> {
     /// The registry generation the current cascade was resolved at.
     generation: u64,
     /// The sources of the current cascade.
-    keys: Vec<SourceKey>,
+    sources: Vec<ResolvedSource>,
     swaps: u32,
 }
 
-impl SwapControl<'_> {
+impl RoundControl for SwapControl<'_> {
+    fn stop_prefill(&mut self) -> bool {
+        self.events.is_closed()
+    }
+
     fn before_round(&mut self) -> RoundDecision {
         if self.events.is_closed() {
             return RoundDecision::Stop;
@@ -258,8 +324,7 @@ impl SwapControl<'_> {
                 return RoundDecision::Continue;
             }
         };
-        let keys = keys(&resolved);
-        if keys == self.keys {
+        if keys(&resolved) == keys(&self.sources) {
             return RoundDecision::Continue;
         }
         tracing::debug!(
@@ -267,11 +332,11 @@ impl SwapControl<'_> {
             cascade = %resolved.iter().map(|s| s.plugin.name()).collect::<Vec<_>>().join(","),
             "swapping the cascade between rounds"
         );
-        self.keys = keys;
+        let replacement = self
+            .pool
+            .cascade(&resolved, self.policy, self.settings.clone());
+        self.sources = resolved;
         self.swaps += 1;
-        RoundDecision::Replace(
-            self.pool
-                .cascade(&resolved, self.policy, self.settings.clone()),
-        )
+        RoundDecision::Replace(replacement)
     }
 }

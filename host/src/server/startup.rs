@@ -2,31 +2,41 @@
 //!
 //! Start-up, in order: start the plugin host and load the plugins and policies (a misspelt
 //! cascade fails before the model is loaded); load the target and the draft model, if any,
-//! and offer it to the plugins; create one llama.cpp context per slot; check every plugin's
-//! config and the default policy's settings against the model; start the slot threads, the
-//! HTTP listener (its address is printed on stdout) and the watcher.
+//! and offer it to the plugins; create one llama.cpp context per slot, each on the thread that
+//! will decode with it; check every plugin's config and the default policy's settings against
+//! the model; every slot measures the target's verify cost curve; then start the HTTP listener
+//! (its address is printed on stdout) and the watcher on a thread of their own, and the slots
+//! take requests.
 //!
-//! Shutdown on Ctrl-C or SIGTERM: the listener stops accepting, requests in flight (streams
-//! included) run to their end, then the queue closes, the slots save the plugins' state (with
-//! `--state-dir`) and their threads exit.
+//! Slot 0 runs on the process's main thread, as llama.cpp's own server runs its decoding
+//! loop: GNU OpenMP counts the main thread as one of its threads from the start, and a team
+//! started by any other thread makes it count one thread more than there are cores, after
+//! which its workers sleep between parallel regions instead of spinning (measured on 2 cores:
+//! 30 ms instead of 6 ms per decoded token).
+//!
+//! Shutdown on Ctrl-C or SIGTERM: the listener stops accepting and the queue closes (new
+//! requests get 503); requests in flight (streams included) run on for at most
+//! `--shutdown-timeout`, then the ones still open are cancelled; the slots save the plugins'
+//! state (with `--state-dir`) and their threads exit.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
 
 use anyhow::Context as _;
 
+use super::admin::AuthFailures;
+use super::connections::{self, fit_file_limit};
 use super::hotswap::{Registry, Speculation, load_startup_plugins, load_startup_policies};
 use super::metrics::Metrics;
 use super::plugin_dirs::PluginDirs;
-use super::pool::SourcePool;
 use super::router::router;
 use super::scheduler::Queue;
 use super::slot::Slot;
-use super::slot::VerifyCurve;
 use super::state::{AppState, RequestLimits, Shared};
 use super::watch;
 use crate::config::{ServeConfig, SourceSpec};
-use crate::engine::Target;
+use crate::engine::{EngineError, Session, Target};
 use crate::plugins::{PluginHost, PluginHostConfig};
 use crate::run::{load_draft_model, require_draft_model};
 
@@ -55,7 +65,7 @@ pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
         .map(|(_, plugin)| plugin.clone())
         .collect();
     require_draft_model(&default_cascade, config.draft.as_ref())?;
-    let policies = load_startup_policies(&host, config.policy.as_deref())?;
+    let policies = load_startup_policies(&host, Some(&config.policy))?;
 
     let target = Arc::new(Target::load(&config.model, &config.target)?);
     // Offered to drafter plugins through the WIT `draft-model` import; each plugin instance
@@ -65,17 +75,134 @@ pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
     {
         host.attach_draft_model(draft_model);
     }
-    let sessions = (0..config.parallel)
-        .map(|_| target.session(&config.session))
-        .collect::<Result<Vec<_>, _>>()?;
-    let ctx_size = sessions
-        .first()
-        .map_or(config.session.ctx_size, |s| s.ctx_size());
+    std::thread::scope(|scope| {
+        let mut others = Vec::with_capacity(config.parallel.saturating_sub(1));
+        let (prepared, slots_prepared) = mpsc::channel::<()>();
+        for index in 1..config.parallel {
+            let (ready, context_made) = mpsc::channel();
+            let (go, handles) = mpsc::channel::<SlotHandles>();
+            let target = &*target;
+            let prepared = prepared.clone();
+            std::thread::Builder::new()
+                .name(format!("slot-{index}"))
+                .spawn_scoped(scope, move || {
+                    let Some(session) = create_context(config, target, index, &ready) else {
+                        return;
+                    };
+                    // Dropped unsent when the server does not start.
+                    if let Ok(handles) = handles.recv() {
+                        let mut slot = Slot::new(index, session, handles, config);
+                        slot.prepare(config.draft_max);
+                        let _ = prepared.send(());
+                        drop(prepared);
+                        slot.run();
+                    }
+                })
+                .context("starting a slot thread")?;
+            others.push((context_made, go));
+        }
+        drop(prepared);
+        let (ready, context_made) = mpsc::channel();
+        let first = create_context(config, &target, 0, &ready);
+        let mut ctx_size = config.session.ctx_size;
+        for context_made in std::iter::once(&context_made).chain(others.iter().map(|(c, _)| c)) {
+            ctx_size = context_made
+                .recv()
+                .context("a slot thread ended while creating its context")??;
+        }
+        let shared = start_shared(config, &target, host, plugins, policies, ctx_size)?;
+        let handles = || SlotHandles {
+            registry: Arc::clone(&shared.registry),
+            queue: Arc::clone(&shared.queue),
+            metrics: Arc::clone(&shared.metrics),
+        };
+        for (_, go) in &others {
+            // A slot that is gone has already reported why.
+            let _ = go.send(handles());
+        }
+        let first = first.map(|session| {
+            let mut slot = Slot::new(0, session, handles(), config);
+            slot.prepare(config.draft_max);
+            slot
+        });
+        // The server listens once every slot measured its verify costs (a slot that ended
+        // early dropped its sender).
+        while slots_prepared.recv().is_ok() {}
+        let (registry, metrics, queue) = (
+            Arc::clone(&shared.registry),
+            Arc::clone(&shared.metrics),
+            Arc::clone(&shared.queue),
+        );
+        let http = std::thread::Builder::new()
+            .name("spechost-http".into())
+            .spawn_scoped(scope, move || {
+                let served = config
+                    .placement
+                    .pin_auxiliary()
+                    .context("pinning the server's threads")
+                    .and_then(|()| serve_http(config, AppState::new(shared), &registry, &metrics));
+                // Slots finish what is queued, then stop.
+                queue.close();
+                served
+            })
+            .context("starting the HTTP thread")?;
+        if let Some(slot) = first {
+            slot.run();
+        }
+        http.join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the HTTP thread panicked")))
+    })
+}
+
+/// On the calling slot thread: pins it to the compute CPUs (llama.cpp's OpenMP workers,
+/// started at its first decode, inherit them) and creates its context, reporting the context's
+/// size (or the error) on `ready`.
+fn create_context<'t>(
+    config: &ServeConfig,
+    target: &'t Target,
+    index: usize,
+    ready: &mpsc::Sender<Result<u32, EngineError>>,
+) -> Option<Session<'t>> {
+    if let Err(error) = config.placement.pin_compute() {
+        tracing::warn!(slot = index, %error, "cannot pin the slot to the compute CPUs; it runs unpinned");
+    }
+    match target.session(&config.session) {
+        Ok(session) => {
+            let _ = ready.send(Ok(session.ctx_size()));
+            Some(session)
+        }
+        Err(error) => {
+            let _ = ready.send(Err(error));
+            None
+        }
+    }
+}
+
+/// What a slot gets once the server starts.
+pub struct SlotHandles {
+    /// The published plugins and defaults.
+    pub registry: Arc<Registry>,
+    /// Where requests come from.
+    pub queue: Arc<Queue>,
+    /// Where counters go.
+    pub metrics: Arc<Metrics>,
+}
+
+/// The plugin registry (checked against the model and its context size), the queue, the
+/// counters, and what handlers share.
+fn start_shared(
+    config: &ServeConfig,
+    target: &Arc<Target>,
+    host: PluginHost,
+    plugins: Vec<(SourceSpec, crate::plugins::LoadedPlugin)>,
+    policies: Vec<crate::plugins::LoadedPolicy>,
+    ctx_size: u32,
+) -> anyhow::Result<Shared> {
     let defaults = Speculation {
         cascade: config.cascade.iter().map(SourceSpec::name).collect(),
         draft_max: config.draft_max,
         mode: config.cascade_mode,
-        policy: config.policy.clone(),
+        policy: Some(config.policy.clone()),
     };
     let registry = Arc::new(Registry::start(
         host,
@@ -85,61 +212,32 @@ pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
         config.plugin_configs.clone(),
         defaults,
     )?);
-    let queue = Arc::new(Queue::new(config.parallel, config.max_queue));
-    let metrics = Arc::new(Metrics::default());
-    let state = AppState::new(Shared {
+    Ok(Shared {
         model_id: config.model_id.clone(),
-        target: Arc::clone(&target),
+        target: Arc::clone(target),
         limits: RequestLimits {
             default_max_tokens: config.default_max_tokens,
             max_tokens_limit: config.max_tokens_limit,
             max_body_bytes: config.max_body_bytes,
             ctx_size,
+            draft_max: config.draft_max,
+            body_timeout: config.connections.body_timeout,
         },
         sampling: config.sampling.clone(),
-        queue: Arc::clone(&queue),
-        registry: Arc::clone(&registry),
-        metrics: Arc::clone(&metrics),
+        queue: Arc::new(Queue::new(config.parallel, config.max_queue)),
+        registry,
+        metrics: Arc::new(Metrics::default()),
         admin_token: config.admin_token.clone(),
+        auth_failures: AuthFailures::default(),
+        public_metrics: config.public_metrics,
+        allowed_hosts: config.allowed_hosts.clone(),
+        message_contents: config.message_contents,
         plugin_dirs: PluginDirs::new(config.plugin_dirs.iter().chain(&config.watch).cloned()),
-    });
-
-    std::thread::scope(|scope| {
-        for (index, session) in sessions.into_iter().enumerate() {
-            let slot = Slot {
-                index,
-                session,
-                registry: Arc::clone(&registry),
-                queue: Arc::clone(&queue),
-                metrics: Arc::clone(&metrics),
-                pool: SourcePool::default(),
-                saves_state: config.state_dir.is_some(),
-                verify_costs: VerifyCurve::default(),
-            };
-            let placement = &config.placement;
-            let spawned = std::thread::Builder::new()
-                .name(format!("slot-{index}"))
-                .spawn_scoped(scope, move || {
-                    // llama.cpp's OpenMP workers, started at the slot's first decode, inherit
-                    // the compute CPUs.
-                    if let Err(error) = placement.pin_compute() {
-                        tracing::warn!(slot = index, %error, "cannot pin the slot to the compute CPUs; it runs unpinned");
-                    }
-                    slot.run();
-                });
-            if let Err(error) = spawned {
-                queue.close();
-                return Err(anyhow::Error::new(error).context("starting a slot thread"));
-            }
-        }
-        let served = serve_http(config, state, &registry, &metrics);
-        // Slots finish what is queued, then stop; the scope waits for them.
-        queue.close();
-        served
     })
 }
 
-/// Runs the HTTP server on a tokio runtime until a shutdown signal.
+/// Runs the HTTP server on a tokio runtime until a shutdown signal, then closes the queue and
+/// every connection within the shutdown deadline.
 fn serve_http(
     config: &ServeConfig,
     state: AppState,
@@ -151,7 +249,10 @@ fn serve_http(
         .thread_name("spechost-http")
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async {
+    let mut limits = config.connections;
+    fit_file_limit(&mut limits);
+    let queue = Arc::clone(&state.queue);
+    let served = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
             .await
             .with_context(|| {
@@ -175,17 +276,26 @@ fn serve_http(
             model = %config.model_id,
             slots = config.parallel,
             max_queue = config.max_queue,
+            max_connections = limits.max_connections,
             cascade = %registry.snapshot().defaults.cascade.join(","),
+            policy = %config.policy,
             admin = config.admin_token.is_some(),
             "serving"
         );
         // Scripts and tests read the address from this line; it is the only line on stdout.
         println!("listening on http://{address}");
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("serving HTTP")
-    })
+        let shutdown = async {
+            shutdown_signal().await;
+            // New requests get 503 from now on; the slots finish what they hold, then stop.
+            queue.close();
+        };
+        connections::serve(listener, router(state), limits, shutdown).await;
+        anyhow::Ok(())
+    });
+    // A plugin compile still running on a blocking thread (an admin update, the watcher) does
+    // not hold the exit up.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    served
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -214,5 +324,5 @@ async fn shutdown_signal() {
         () = ctrl_c => {}
         () = terminate => {}
     }
-    tracing::info!("shutting down: finishing requests in flight");
+    tracing::info!("shutting down: finishing requests in flight within the shutdown deadline");
 }

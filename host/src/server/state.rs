@@ -4,11 +4,15 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::time::Duration;
+
+use super::admin::AuthFailures;
+use super::hosts::AllowedHosts;
 use super::hotswap::Registry;
 use super::metrics::Metrics;
 use super::plugin_dirs::PluginDirs;
 use super::scheduler::Queue;
-use crate::engine::{SamplingParams, Target};
+use crate::engine::{MessageContents, SamplingParams, Target};
 
 /// Limits and defaults of requests.
 #[derive(Debug, Clone)]
@@ -21,6 +25,10 @@ pub struct RequestLimits {
     pub max_body_bytes: usize,
     /// Context size of every slot, in tokens: prompt plus `max_tokens` must fit.
     pub ctx_size: u32,
+    /// The most `speculative.draft_max` a request may ask for (`--draft-max`).
+    pub draft_max: usize,
+    /// Time to send a request's body once its headers arrived.
+    pub body_timeout: Duration,
 }
 
 /// Everything handlers share.
@@ -41,6 +49,14 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// Bearer token of the admin endpoints; `None` turns them off.
     pub admin_token: Option<String>,
+    /// Failed admin logins by client address, for rate-limiting them.
+    pub auth_failures: AuthFailures,
+    /// Whether `/metrics` is open to anyone (else it needs the admin token).
+    pub public_metrics: bool,
+    /// The host names requests may address.
+    pub allowed_hosts: AllowedHosts,
+    /// How special-token text inside chat messages is read.
+    pub message_contents: MessageContents,
     /// Where plugin files named over the admin API must be.
     pub plugin_dirs: PluginDirs,
 }

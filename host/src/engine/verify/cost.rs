@@ -20,6 +20,61 @@ use crate::engine::EngineError;
 /// Default repetitions of [`Session::measure_verify_costs`].
 pub const DEFAULT_COST_REPETITIONS: usize = 5;
 
+/// Verify costs measured after contexts of several lengths, for requests of any length.
+///
+/// Every row of a verify batch attends to the whole context, so a batch's cost grows with the
+/// context while a single token's matrix products do not: measured on SmolLM2-135M (2 cores),
+/// 25 tokens cost 4.5 times one after 64 tokens of context and 7.9 times after 520. A curve
+/// measured after a short context would make a policy draft too much on long prompts. Attention
+/// grows linearly with the context, so [`Self::at`] interpolates linearly between the measured
+/// lengths (and extrapolates from the last two past the longest).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VerifyCurve {
+    /// `(context length, costs)`, by increasing context length; `costs[n - 1]` is one verify
+    /// batch of `n` tokens.
+    points: Vec<(usize, Vec<Duration>)>,
+}
+
+impl VerifyCurve {
+    /// A curve from measurements `(context length, costs)`, in any order.
+    pub fn new(mut points: Vec<(usize, Vec<Duration>)>) -> Self {
+        points.sort_by_key(|(context, _)| *context);
+        points.dedup_by_key(|(context, _)| *context);
+        Self { points }
+    }
+
+    /// Whether nothing was measured.
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+
+    /// The costs of verify batches after `context_len` tokens (`[n - 1]`: `n` tokens), as many
+    /// sizes as every measurement has; empty when nothing was measured.
+    pub fn at(&self, context_len: usize) -> Vec<Duration> {
+        let (low, high) = match self.points.as_slice() {
+            [] => return Vec::new(),
+            [(_, only)] => return only.clone(),
+            [(first_len, first), ..] if context_len <= *first_len => return first.clone(),
+            points => points
+                .windows(2)
+                .find(|pair| context_len <= pair[1].0)
+                .map_or_else(
+                    || (&points[points.len() - 2], &points[points.len() - 1]),
+                    |pair| (&pair[0], &pair[1]),
+                ),
+        };
+        let share = (context_len - low.0) as f64 / (high.0 - low.0) as f64;
+        low.1
+            .iter()
+            .zip(&high.1)
+            .map(|(short, long)| {
+                let (short, long) = (short.as_secs_f64(), long.as_secs_f64());
+                Duration::from_secs_f64((short + (long - short) * share).max(0.0))
+            })
+            .collect()
+    }
+}
+
 impl Session<'_> {
     /// Measures one verify batch of `n` tokens after `context`, for `n = 1..=max_tokens`:
     /// `costs[n - 1]` is the median over `repetitions` of one `llama_decode` of `n` tokens with
@@ -34,13 +89,52 @@ impl Session<'_> {
         max_tokens: usize,
         repetitions: usize,
     ) -> Result<Vec<Duration>, EngineError> {
+        self.measure_verify_costs_within(context, max_tokens, repetitions, Duration::MAX)
+    }
+
+    /// [`Self::measure_verify_costs`], repeating only while `budget` lasts: the warm-up sweep
+    /// and one measured repetition always run, and no repetition starts once `budget` has
+    /// passed since the start. A server measures at start-up with a budget, so its start
+    /// stays bounded on slow machines and large models.
+    pub fn measure_verify_costs_within(
+        &mut self,
+        context: &[Token],
+        max_tokens: usize,
+        repetitions: usize,
+        budget: Duration,
+    ) -> Result<Vec<Duration>, EngineError> {
+        self.measure_costs(
+            context,
+            max_tokens,
+            repetitions,
+            budget,
+            Sweeps::WarmUpFirst,
+        )
+    }
+
+    fn measure_costs(
+        &mut self,
+        context: &[Token],
+        max_tokens: usize,
+        repetitions: usize,
+        budget: Duration,
+        sweeps: Sweeps,
+    ) -> Result<Vec<Duration>, EngineError> {
         self.check_cost_probe(context, max_tokens, repetitions)?;
+        let started = Instant::now();
+        let first = match sweeps {
+            Sweeps::WarmUpFirst => 0,
+            Sweeps::AllMeasured => 1,
+        };
         let n_past = context.len();
         let batch: Vec<Token> = context.iter().copied().cycle().take(max_tokens).collect();
         self.context.clear();
-        self.decode_prompt(context)?;
+        self.decode_prompt(context, &mut || false)?;
         let mut samples = vec![Vec::with_capacity(repetitions); max_tokens];
-        for repetition in 0..=repetitions {
+        for repetition in first..=repetitions {
+            if repetition > 1 && started.elapsed() >= budget {
+                break;
+            }
             for n_tokens in 1..=max_tokens {
                 let started = Instant::now();
                 self.decode_round(batch[0], &batch[1..n_tokens], n_past)?;
@@ -56,6 +150,38 @@ impl Session<'_> {
         }
         self.context.clear();
         Ok(samples.iter_mut().map(|s| median(s)).collect())
+    }
+
+    /// Measures the verify cost curve after synthetic contexts of each of `context_lens` tokens
+    /// (those that fit, each with a batch of up to `max_tokens`), sharing `budget` between them
+    /// as [`Self::measure_verify_costs_within`] does. Leaves the KV cache empty.
+    pub fn measure_verify_curve(
+        &mut self,
+        context_lens: &[usize],
+        max_tokens: usize,
+        repetitions: usize,
+        budget: Duration,
+    ) -> Result<VerifyCurve, EngineError> {
+        let vocab_size = self.target.vocab_size().max(1);
+        let per_point = budget / u32::try_from(context_lens.len().max(1)).unwrap_or(u32::MAX);
+        let mut points = Vec::with_capacity(context_lens.len());
+        for &context_len in context_lens {
+            let room = (self.ctx_size() as usize).saturating_sub(context_len);
+            let largest = max_tokens.min(self.batch_size).min(room);
+            if context_len == 0 || largest == 0 {
+                continue;
+            }
+            let context: Vec<Token> = (0..context_len as u32).map(|i| i % vocab_size).collect();
+            // The first context's warm-up sweep warms caches and thread pools for all.
+            let sweeps = if points.is_empty() {
+                Sweeps::WarmUpFirst
+            } else {
+                Sweeps::AllMeasured
+            };
+            let costs = self.measure_costs(&context, largest, repetitions, per_point, sweeps)?;
+            points.push((context_len, costs));
+        }
+        Ok(VerifyCurve::new(points))
     }
 
     fn check_cost_probe(
@@ -91,6 +217,15 @@ impl Session<'_> {
     }
 }
 
+/// Whether a measurement starts with an unmeasured warm-up sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sweeps {
+    /// One warm-up sweep over every size, then the measured ones.
+    WarmUpFirst,
+    /// Every sweep is measured (the caches are warm already).
+    AllMeasured,
+}
+
 /// The median of `samples` (the mean of the two middle values for an even count); zero for
 /// none.
 fn median(samples: &mut [Duration]) -> Duration {
@@ -106,6 +241,34 @@ fn median(samples: &mut [Duration]) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_curve_interpolates_linearly_in_the_context_length() {
+        let ms = Duration::from_millis;
+        let curve = VerifyCurve::new(vec![
+            (1064, vec![ms(12), ms(40)]),
+            (64, vec![ms(6), ms(10), ms(14)]),
+        ]);
+        assert_eq!(
+            curve.at(0),
+            vec![ms(6), ms(10), ms(14)],
+            "below: the shortest"
+        );
+        assert_eq!(
+            curve.at(564),
+            vec![ms(9), ms(25)],
+            "halfway, as many sizes as both have"
+        );
+        assert_eq!(curve.at(1064), vec![ms(12), ms(40)]);
+        assert_eq!(
+            curve.at(2064),
+            vec![ms(18), ms(70)],
+            "past the longest: extrapolated"
+        );
+        assert!(VerifyCurve::default().at(100).is_empty());
+        let single = VerifyCurve::new(vec![(64, vec![ms(6)])]);
+        assert_eq!(single.at(5000), vec![ms(6)]);
+    }
 
     #[test]
     fn median_of_odd_even_and_empty_samples() {
