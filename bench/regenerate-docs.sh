@@ -78,7 +78,7 @@ options=()
 
 echo "==> spechost bench" >&2
 mkdir -p "$RESULTS"
-bench_command=(bench --model "$MODEL" "${workloads[@]}" "${cascades[@]}" --draft-max "$DRAFT_MAX"
+bench_command=(bench --model "$MODEL" "${workloads[@]}" "${cascades[@]}" --policy fixed --draft-max "$DRAFT_MAX"
     --repeat "$REPEAT" --warmup "$WARMUP" --cost-repeat "$COST_REPEAT" --threads "$THREADS"
     "${options[@]}" --out "$RESULTS")
 "$SPECHOST_BIN" "${bench_command[@]}" > "$work/bench.md"

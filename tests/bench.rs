@@ -29,6 +29,8 @@ fn bench_writes_every_result_and_outputs_match_plain_decoding() {
         common::arg(&workload),
         "--cascade",
         "lookup",
+        "--policy",
+        "fixed",
         "--draft-max",
         "4",
         "--repeat",

@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use common::*;
 use spechost::cascade::{Cascade, DraftModel, DraftedToken, Token};
-use spechost::config::{SourceSpec, cache_dir};
+use spechost::config::cache_dir;
+use spechost::plugins::SourceSpec;
 use spechost::engine::{
     DraftModelConfig, DraftModelContext, DraftModelHost, EngineError, SamplingParams, Target,
     TargetParams, check_vocab_compatible,

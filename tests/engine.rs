@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use spechost::cascade::Cascade;
-use spechost::config::SourceSpec;
+use spechost::plugins::SourceSpec;
 use spechost::engine::{
     MessageContents, Request, RoundDecision, SamplingParams, StopReason, Target, TargetParams,
 };

@@ -16,7 +16,8 @@ use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use spechost::bench::{ChatMessage, Prompt, Workload, WorkloadError};
 use spechost::cascade::{DraftSource as _, ModelFacts};
-use spechost::config::{ConfigError, RunArgs, RunConfig, SourceSpec, parse_cascade, parse_policy};
+use spechost::config::{ConfigError, RunArgs, RunConfig};
+use spechost::plugins::{SourceSpec, SpecError, parse_cascade, parse_policy};
 use spechost::plugins::{LoadError, PluginHost, PluginHostConfig};
 use spechost::warm::read_corpus;
 
@@ -112,7 +113,7 @@ proptest! {
                 }
             }
             Err(error) => {
-                prop_assert!(matches!(error, ConfigError::Cascade { .. }), "{:?}", error);
+                prop_assert!(matches!(error, SpecError::Cascade { .. }), "{:?}", error);
                 let message = error.to_string();
                 prop_assert!(message.starts_with("invalid --cascade `"), "{}", message);
             }
@@ -168,7 +169,7 @@ proptest! {
                 }
             }
             Err(error) => {
-                prop_assert!(matches!(error, ConfigError::Policy { .. }), "{:?}", error);
+                prop_assert!(matches!(error, SpecError::Policy { .. }), "{:?}", error);
                 let message = error.to_string();
                 prop_assert!(message.starts_with("invalid --policy `"), "{}", message);
             }

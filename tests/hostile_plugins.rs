@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use spechost::cascade::Cascade;
-use spechost::config::SourceSpec;
+use spechost::plugins::SourceSpec;
 use spechost::engine::SamplingParams;
 use spechost::models::DefaultModel;
 use spechost::plugins::SandboxLimits;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use spechost::cascade::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
-use spechost::config::SourceSpec;
+use spechost::plugins::SourceSpec;
 use spechost::plugins::{
     DEFAULT_CALL_DEADLINE, DEFAULT_MAX_FAULTS, LoadError, PluginHost, PluginHostConfig,
     PluginSource, SandboxLimits,

@@ -12,11 +12,11 @@ use common::*;
 use spechost::cascade::{
     Cascade, CascadeMode, CascadeSettings, DraftModel, DraftModelFactory, DraftedToken, Token,
 };
-use spechost::config::{SourceSpec, parse_policy};
+use spechost::plugins::{SourceSpec, parse_policy};
 use spechost::engine::{GenerationStats, Outcome, SamplingParams, Target};
 use spechost::models::DefaultModel;
 use spechost::plugins::{BUILTIN_POLICIES, PluginHost};
-use spechost::run::build_cascade;
+use spechost::stack::build_cascade;
 
 const MAX_TOKENS: usize = 64;
 const DRAFT_MAX: usize = 16;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use spechost::cascade::{DraftSource, ModelFacts, Token};
-use spechost::config::SourceSpec;
+use spechost::plugins::SourceSpec;
 use spechost::plugins::{PluginHost, PluginHostConfig};
 
 /// Context sizes measured, in tokens.

@@ -39,13 +39,14 @@
 
 pub mod bench;
 pub mod cascade;
+pub mod commands;
 pub mod config;
 pub mod engine;
 pub mod info;
 pub mod models;
 pub mod placement;
 pub mod plugins;
-pub mod run;
 pub mod server;
+pub mod stack;
 pub mod telemetry;
 pub mod warm;

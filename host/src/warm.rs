@@ -12,13 +12,13 @@
 //! `output`, `completion` or `content`, or a workload request (`messages`: the assistant
 //! messages' contents, or all contents when there is no assistant message).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context as _;
 use serde_json::Value;
 
 use crate::cascade::DraftSource;
-use crate::config::SourceSpec;
+use crate::config::WarmConfig;
 use crate::engine::{SessionParams, Target, TargetParams};
 use crate::plugins::{PluginHost, PluginHostConfig};
 
@@ -29,22 +29,6 @@ const FEED_CHUNK: usize = 256;
 /// Fields of a corpus object that hold a text, in the order they are tried.
 const TEXT_FIELDS: &[&str] = &["text", "response", "output", "completion", "content"];
 
-/// What `spechost suffix warm` needs.
-#[derive(Debug, Clone)]
-pub struct WarmConfig {
-    /// The model whose tokenizer turns the corpus into tokens (the target it will serve).
-    pub model: PathBuf,
-    /// The drafter to warm (`suffix` or a component path).
-    pub plugin: SourceSpec,
-    /// Its settings, `key=value,...`.
-    pub plugin_config: String,
-    /// Extra directories searched for built-in plugins.
-    pub plugin_dirs: Vec<PathBuf>,
-    /// The corpus file.
-    pub corpus: PathBuf,
-    /// Where the state blob is written (read first if it exists: warming adds to it).
-    pub out: PathBuf,
-}
 
 /// What warming did.
 #[derive(Debug, Clone, PartialEq, Eq)]

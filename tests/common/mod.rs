@@ -9,7 +9,8 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 
 use spechost::cascade::{Cascade, CascadeSettings, DraftSource};
-use spechost::config::{SourceSpec, cache_dir};
+use spechost::config::cache_dir;
+use spechost::plugins::SourceSpec;
 use spechost::engine::{
     Outcome, Request, SamplingParams, Session, SessionParams, Target, TargetParams,
 };

@@ -89,7 +89,6 @@ pub fn prepare(
                     sampling: SamplingParams::greedy(),
                     stop: StopStrings::default(),
                     draft_max: 0,
-                    verify_costs: Vec::new(),
                 },
             })
         })

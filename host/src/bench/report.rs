@@ -203,7 +203,7 @@ impl Report {
                             cascade: configuration
                                 .cascade
                                 .iter()
-                                .map(crate::config::SourceSpec::name)
+                                .map(crate::plugins::SourceSpec::name)
                                 .collect(),
                             draft_max: configuration.draft_max,
                             speedup,
@@ -558,7 +558,8 @@ mod tests {
     use super::*;
     use crate::bench::ceiling::VerifyCosts;
     use crate::bench::workload::Workload;
-    use crate::config::{BenchArgs, SourceSpec};
+    use crate::config::BenchArgs;
+    use crate::plugins::SourceSpec;
 
     fn config() -> BenchConfig {
         BenchArgs {
@@ -616,7 +617,7 @@ mod tests {
                         SourceSpec::Builtin("suffix".into()),
                     ],
                     draft_max: Some(4),
-                    policy: Some(crate::config::parse_policy("fixed").expect("valid policy")),
+                    policy: Some(crate::plugins::parse_policy("fixed").expect("valid policy")),
                     mode: crate::cascade::CascadeMode::First,
                 },
             ],

@@ -25,10 +25,11 @@ use super::prepare::{Prepared, TokenLimits, prepare};
 use super::stats::Totals;
 use super::workload::Workload;
 use crate::cascade::{Cascade, CascadeMode, CascadeSettings, ModelFacts, Token};
-use crate::config::{BENCH_DEFAULT_POLICY, BenchConfig, PolicySpec, SourceSpec};
-use crate::engine::{Request, Session, Target};
-use crate::plugins::{LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
-use crate::run::{build_cascade, load_draft_model, require_draft_model};
+use crate::config::{BenchConfig, FIXED_POLICY};
+use crate::plugins::{PolicySpec, SourceSpec};
+use crate::engine::{Request, Session, VerifyCurve};
+use crate::plugins::{LoadedPlugin, LoadedPolicy, PluginHost};
+use crate::stack::{Decoding, Stack, StackConfig, build_cascade};
 
 /// How often the progress bar redraws its elapsed time while a request runs.
 const PROGRESS_TICK: Duration = Duration::from_millis(250);
@@ -67,7 +68,7 @@ impl Configuration {
         for cascade in &config.cascades {
             for &mode in &config.cascade_modes {
                 for policy in &config.policies {
-                    let draft_maxes = if policy.name() == BENCH_DEFAULT_POLICY {
+                    let draft_maxes = if policy.name() == FIXED_POLICY {
                         config.draft_maxes.clone()
                     } else {
                         largest.into_iter().collect()
@@ -205,38 +206,30 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         .map(|path| Workload::read(path))
         .collect::<Result<Vec<_>, _>>()?;
 
-    // Threads started from here on (the plugin host's) inherit the auxiliary CPUs.
-    config
-        .placement
-        .pin_auxiliary()
-        .context("pinning the plugin host's threads")?;
-    // Plugins first: a misspelt cascade entry fails before the model is loaded.
-    let host = PluginHost::new(PluginHostConfig {
-        cache_dir: Some(cache_dir.to_owned()),
-        plugin_dirs: config.plugin_dirs.clone(),
-        ..PluginHostConfig::default()
-    })
-    .context("starting the plugin host")?;
     let configurations = Configuration::all(config);
-    let plugins = load_plugins(&host, &configurations)?;
-    let all_plugins: Vec<LoadedPlugin> = plugins.iter().flatten().cloned().collect();
-    require_draft_model(&all_plugins, config.draft.as_ref())?;
-
-    // Its ticker thread is started here, so it runs on the auxiliary CPUs; the length is
-    // known once the requests are tokenized.
-    let progress = progress_bar(0);
-    // llama.cpp's OpenMP workers, started at the first decode, inherit the compute CPUs.
-    config
-        .placement
-        .pin_compute()
-        .context("pinning the target's compute threads")?;
-    let target = Target::load(&config.model, &config.target)?;
-    // Offered to drafter plugins through the WIT `draft-model` import.
-    if let Some(draft_model) =
-        load_draft_model(config.draft.as_ref(), &target, &config.target, cache_dir)?
-    {
-        host.attach_draft_model(draft_model);
-    }
+    // Its ticker thread is started with the plugin host's, on the auxiliary CPUs; the length
+    // is known once the requests are tokenized.
+    let mut progress = None;
+    let stack = Stack::load(
+        &StackConfig {
+            placement: &config.placement,
+            model: &config.model,
+            target: &config.target,
+            draft: config.draft.as_ref(),
+            plugin_dirs: &config.plugin_dirs,
+            state_dir: None,
+            cache_dir,
+        },
+        Decoding::OnThisThread,
+        |host| {
+            let plugins = load_plugins(host, &configurations)?;
+            let all: Vec<LoadedPlugin> = plugins.iter().flatten().cloned().collect();
+            progress = Some(progress_bar(0));
+            Ok((plugins, all))
+        },
+    )?;
+    let progress = progress.expect("the plugins were loaded");
+    let (host, plugins, target) = (&stack.host, &stack.plugins, &*stack.target);
     let mut session = target.session(&config.session)?;
     let facts = target.facts(session.ctx_size());
     let mut loaded_policies: Vec<(&SourceSpec, LoadedPolicy)> = Vec::new();
@@ -275,7 +268,7 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
     };
     let prepared = workloads
         .iter()
-        .map(|w| prepare(&target, w, &limits, session.ctx_size()))
+        .map(|w| prepare(target, w, &limits, session.ctx_size()))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let largest_draft = config.draft_maxes.iter().max().copied().unwrap_or(0);
     let largest_batch = config.cost_max_tokens.max(largest_draft + 1);
@@ -293,6 +286,11 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
                 .with_context(|| {
                     format!("measuring verify costs on workload `{}`", workload.name)
                 })?;
+        // Policies get this workload's curve.
+        session.set_verify_curve(VerifyCurve::new(vec![(
+            verify_costs.context_tokens,
+            verify_costs.per_batch.clone(),
+        )]));
         let mut run = WorkloadRun {
             passes: vec![Vec::new(); configurations.len()],
             verify_costs,
@@ -319,7 +317,6 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
                 let mut totals = Totals::default();
                 let mut context = PassContext {
                     session: &mut session,
-                    verify_costs: &run.verify_costs.per_batch,
                     cascade: &mut cascade,
                     configuration,
                     workload: &run.workload.name,
@@ -445,8 +442,6 @@ fn new_cascade(
 /// One configuration's pass over a workload.
 struct PassContext<'s, 't> {
     session: &'s mut Session<'t>,
-    /// The target's verify cost curve, for policies.
-    verify_costs: &'s [Duration],
     cascade: &'s mut Cascade,
     configuration: &'s Configuration,
     workload: &'s str,
@@ -455,10 +450,8 @@ struct PassContext<'s, 't> {
 
 impl PassContext<'_, '_> {
     fn decode(&mut self, prepared: &Prepared) -> anyhow::Result<crate::engine::Outcome> {
-        let draft_max = self.configuration.draft_max.unwrap_or(0);
         let request = Request {
-            draft_max,
-            verify_costs: self.verify_costs[..self.verify_costs.len().min(draft_max + 1)].to_vec(),
+            draft_max: self.configuration.draft_max.unwrap_or(0),
             ..prepared.request.clone()
         };
         self.session
@@ -544,10 +537,17 @@ mod tests {
     }
 
     #[test]
-    fn configurations_put_plain_first_then_cascades_by_draft_length() {
+    fn the_default_policy_runs_once_and_fixed_sweeps_every_draft_length() {
+        let default = labels(crate::config::BenchArgs {
+            cascades: vec!["lookup".into()],
+            draft_maxes: vec![4, 8],
+            ..crate::config::BenchArgs::default()
+        });
+        assert_eq!(default, ["plain", "lookup cost K≤8"]);
         let labels = labels(crate::config::BenchArgs {
             cascades: vec!["lookup".into(), "lookup,suffix".into()],
             draft_maxes: vec![4, 8],
+            policies: vec!["fixed".into()],
             ..crate::config::BenchArgs::default()
         });
         assert_eq!(

@@ -37,7 +37,7 @@ use crate::cascade::{Cascade, CascadeSettings, Draft, RoundTiming, Token};
 use crate::config::SimulateConfig;
 use crate::engine::{GenerationStats, RoundLimits};
 use crate::plugins::{PluginHost, PluginHostConfig};
-use crate::run::build_cascade;
+use crate::stack::build_cascade;
 
 /// File names written into `--out`.
 pub const SIMULATION_MARKDOWN: &str = "simulation.md";

@@ -71,9 +71,6 @@ pub struct Request {
     pub stop: StopStrings,
     /// Most draft tokens verified per round (the policy chooses up to this many).
     pub draft_max: usize,
-    /// The target's measured time to verify `n` tokens at index `n - 1`, for the policy; may
-    /// be empty.
-    pub verify_costs: Vec<std::time::Duration>,
 }
 
 impl Request {
@@ -85,7 +82,6 @@ impl Request {
             sampling,
             stop: StopStrings::default(),
             draft_max: DEFAULT_DRAFT_MAX,
-            verify_costs: Vec::new(),
         }
     }
 }
@@ -152,11 +148,14 @@ pub struct Outcome {
     pub stats: GenerationStats,
 }
 
-/// A llama.cpp context of the target, reused across requests.
+/// A llama.cpp context of the target, reused across requests, and what verifying costs in it.
 pub struct Session<'a> {
     target: &'a Target,
     context: ModelContext<'a>,
     batch_size: usize,
+    /// The verify cost curve measured in this context (empty until measured), which every
+    /// request's policy gets for its prompt's length.
+    verify_curve: VerifyCurve,
 }
 
 impl<'a> Session<'a> {
@@ -167,6 +166,7 @@ impl<'a> Session<'a> {
             target,
             context,
             batch_size,
+            verify_curve: VerifyCurve::default(),
         }
     }
 
@@ -250,10 +250,12 @@ impl<'a> Session<'a> {
         let started = Instant::now();
         let mut stop = output.commit(last);
         let facts = self.target.facts(ctx_size);
+        let mut verify_costs = self.verify_curve.at(prompt.len());
+        verify_costs.truncate(request.draft_max + 1);
         if speculate {
             let draft_started = Instant::now();
             let context = [prompt.as_slice(), &[last]].concat();
-            cascade.begin(&facts, &context, request.draft_max, &request.verify_costs);
+            cascade.begin(&facts, &context, request.draft_max, &verify_costs);
             stats.draft_time += draft_started.elapsed();
         }
         let mut n_past = prompt.len();
@@ -274,7 +276,7 @@ impl<'a> Session<'a> {
                     speculate = can_verify_drafts && !cascade.is_empty();
                     if speculate {
                         let context = [prompt.as_slice(), &output.tokens].concat();
-                        cascade.begin(&facts, &context, request.draft_max, &request.verify_costs);
+                        cascade.begin(&facts, &context, request.draft_max, &verify_costs);
                     }
                     stats.draft_time += draft_started.elapsed();
                 }

@@ -20,7 +20,7 @@ use super::sandbox::{self, EpochTicker, HostState, SandboxLimits, Services};
 use super::source::PluginSource;
 use super::state::{DEFAULT_MAX_STATE_BYTES, StateSlot};
 use crate::cascade::{DraftModelFactory, ModelFacts, PolicySetup};
-use crate::config::SourceSpec;
+use super::spec::SourceSpec;
 
 /// The spechost-sdk version whose plugins this host loads (same minor as the WIT package).
 const SDK_VERSION: &str = "0.3";

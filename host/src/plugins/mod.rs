@@ -36,7 +36,7 @@
 //!
 //! ```no_run
 //! use spechost::cascade::{DraftSource, ModelFacts};
-//! use spechost::config::SourceSpec;
+//! use spechost::plugins::SourceSpec;
 //! use spechost::plugins::{PluginHost, PluginHostConfig};
 //!
 //! # fn main() -> anyhow::Result<()> {
@@ -53,8 +53,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Not here: which sources a request uses and in what order (`cascade`), parsing cascade
-//! entries and `--plugin-config` (`config`), and the target model (`engine`). Nothing generated from the
+//! Not here: which sources a request uses and in what order (`cascade`), the command line
+//! and `--plugin-config` (`config`), and the target model (`engine`). Nothing generated from the
 //! WIT leaves this module.
 
 mod bindings;
@@ -67,6 +67,7 @@ mod policy;
 mod registry;
 mod sandbox;
 mod source;
+mod spec;
 mod state;
 
 pub use self::bridge::MAX_BRIDGE_DRAFT_LEN;
@@ -82,4 +83,5 @@ pub use self::sandbox::{
     EPOCH_TICK, MAX_HOST_TIME_IN_DEADLINES, SandboxLimits,
 };
 pub use self::source::PluginSource;
-pub use self::state::{DEFAULT_MAX_STATE_BYTES, StateSlot};
+pub use self::spec::{PolicySpec, SourceSpec, SpecError, parse_cascade, parse_policy};
+pub use self::state::{DEFAULT_MAX_STATE_BYTES, StateSlot, save_plugin_states};

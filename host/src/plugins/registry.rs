@@ -1,6 +1,6 @@
 //! Built-in plugins and how a cascade or policy entry becomes a `.wasm` path.
 //!
-//! A cascade entry ([`SourceSpec`](crate::config::SourceSpec), parsed by `config`) is either a
+//! A cascade entry ([`SourceSpec`](super::SourceSpec), parsed by `spec`) is either a
 //! path or the name of a built-in; so is a `--policy`. A built-in drafter `name` is the file
 //! `<name>.wasm`, a built-in policy `name` the file `policy_<name>.wasm`, searched for in
 //! order in:

@@ -155,6 +155,23 @@ impl StateHost for HostState {
     }
 }
 
+/// Writes the state file of each of `plugins` whose state changed since it was last written
+/// (when a state directory is set). A failure is a warning that leaves the old file in place.
+pub fn save_plugin_states<'a>(plugins: impl IntoIterator<Item = &'a super::LoadedPlugin>) {
+    for plugin in plugins {
+        let state = plugin.state();
+        match state.persist() {
+            Ok(true) => {
+                tracing::info!(plugin = plugin.name(), path = ?state.file(), "saved plugin state");
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(plugin = plugin.name(), path = ?state.file(), "cannot save plugin state: {error}; the previous state file, if any, is left as it was");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

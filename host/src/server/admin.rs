@@ -37,7 +37,8 @@ use super::hotswap::{
 use super::metrics::ReloadOutcome;
 use super::plugin_dirs::PluginDirs;
 use super::state::AppState;
-use crate::config::{CascadeMode, SourceSpec, parse_cascade};
+use crate::cascade::CascadeMode;
+use crate::plugins::{SourceSpec, parse_cascade};
 
 /// Wrong admin tokens an address may send in a burst.
 pub const AUTH_FAILURE_BURST: f64 = 10.0;

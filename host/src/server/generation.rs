@@ -33,7 +33,8 @@ use super::scheduler::{Event, Finished, Job};
 use super::state::AppState;
 use super::wire::{CommonParams, SourceReport, SpeculativeReport};
 use crate::cascade::Token;
-use crate::config::{CascadeMode, parse_cascade};
+use crate::cascade::CascadeMode;
+use crate::plugins::parse_cascade;
 use crate::engine::{Request, SamplingParams, StopReason, StopStrings};
 
 /// How often a client that closed its sending side is written to while its answer is not
@@ -204,8 +205,6 @@ impl Plan {
                 sampling: self.sampling.clone(),
                 stop: self.stop.clone(),
                 draft_max: self.draft_max,
-                // The slot measures them when the request has a policy.
-                verify_costs: Vec::new(),
             },
             cascade: self.cascade.clone(),
             mode: self.mode,
@@ -260,8 +259,8 @@ fn cascade_names(spec: &str) -> Result<Vec<String>, ApiError> {
     entries
         .into_iter()
         .map(|entry| match entry {
-            crate::config::SourceSpec::Builtin(name) => Ok(name),
-            crate::config::SourceSpec::Path(path) => Err(ApiError::invalid_param(
+            crate::plugins::SourceSpec::Builtin(name) => Ok(name),
+            crate::plugins::SourceSpec::Path(path) => Err(ApiError::invalid_param(
                 param,
                 format!(
                     "requests may name loaded plugins only, not files ({}); an admin loads a new plugin with PUT /admin/cascade",

@@ -27,7 +27,8 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use crate::cascade::{DraftSource, Feedback, ModelFacts, PolicySetup, SourceFault, Token};
-use crate::config::{CascadeMode, SourceSpec, parse_policy};
+use crate::cascade::CascadeMode;
+use crate::plugins::{SourceSpec, parse_policy};
 use crate::plugins::{
     BUILTIN_POLICIES, BUILTINS, LoadError, LoadedPlugin, LoadedPolicy, PluginHost,
 };

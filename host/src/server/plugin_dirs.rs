@@ -17,7 +17,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use crate::config::{SourceSpec, parse_policy};
+use crate::plugins::{SourceSpec, parse_policy};
 
 /// The directories plugin files named over the API must be in.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

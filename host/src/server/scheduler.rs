@@ -18,7 +18,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::hotswap::{CascadeChoice, ResolvedPolicy};
 use super::metrics::Endpoint;
-use crate::config::CascadeMode;
+use crate::cascade::CascadeMode;
 use crate::engine::{Outcome, Request};
 
 /// Longest `Retry-After` the server suggests, in seconds.

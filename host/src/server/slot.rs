@@ -35,10 +35,9 @@ use super::startup::SlotHandles;
 use crate::cascade::CascadeSettings;
 use crate::config::ServeConfig;
 use crate::engine::{
-    DEFAULT_COST_REPETITIONS, Request, RoundControl, RoundDecision, Session, StopReason,
-    VerifyCurve,
+    DEFAULT_COST_REPETITIONS, RoundControl, RoundDecision, Session, StopReason,
 };
-use crate::run::save_plugin_states;
+use crate::plugins::save_plugin_states;
 
 /// Least time between two saves of the plugins' state by one slot (with `--state-dir`).
 pub const STATE_SAVE_INTERVAL: Duration = Duration::from_secs(60);
@@ -66,9 +65,6 @@ pub struct Slot<'a> {
     pub pool: SourcePool,
     /// Whether plugins' state is persisted (`--state-dir`).
     pub saves_state: bool,
-    /// The target's verify cost curve as this slot measured it at start-up, for policies;
-    /// empty when it could not be measured (policies then learn costs from rounds).
-    pub verify_costs: VerifyCurve,
 }
 
 impl<'a> Slot<'a> {
@@ -88,7 +84,6 @@ impl<'a> Slot<'a> {
             metrics: handles.metrics,
             pool: SourcePool::default(),
             saves_state: config.state_dir.is_some(),
-            verify_costs: VerifyCurve::default(),
         }
     }
 
@@ -128,7 +123,6 @@ impl<'a> Slot<'a> {
                     took_ms = started.elapsed().as_secs_f64() * 1e3,
                     "measured the verify cost curve"
                 );
-                self.verify_costs = curve;
             }
             Err(error) => {
                 tracing::warn!(slot = self.index, %error, "cannot measure the verify cost curve; policies learn it from rounds");
@@ -171,18 +165,6 @@ impl<'a> Slot<'a> {
         save_plugin_states(self.registry.snapshot().loaded_plugins());
     }
 
-    /// `job`'s request, with the verify costs after its prompt (up to its draft length) when a
-    /// policy will choose its draft lengths.
-    fn request_for(&self, job: &Job) -> Request {
-        let mut request = job.request.clone();
-        if job.policy.is_some() {
-            let mut costs = self.verify_costs.at(request.prompt.len());
-            costs.truncate(request.draft_max + 1);
-            request.verify_costs = costs;
-        }
-        request
-    }
-
     fn generate(&mut self, job: &Job) {
         if job.events.is_closed() {
             self.metrics
@@ -204,7 +186,7 @@ impl<'a> Slot<'a> {
             mode: job.mode,
             ..CascadeSettings::default()
         };
-        let request = self.request_for(job);
+        let request = job.request.clone();
         let mut cascade = self
             .pool
             .cascade(&resolved, job.policy.as_ref(), settings.clone());

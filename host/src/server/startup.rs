@@ -35,46 +35,42 @@ use super::scheduler::Queue;
 use super::slot::Slot;
 use super::state::{AppState, RequestLimits, Shared};
 use super::watch;
-use crate::config::{ServeConfig, SourceSpec};
+use crate::config::ServeConfig;
+use crate::plugins::SourceSpec;
 use crate::engine::{EngineError, Session, Target};
-use crate::plugins::{PluginHost, PluginHostConfig};
-use crate::run::{load_draft_model, require_draft_model};
+use crate::plugins::PluginHost;
+use crate::stack::{Decoding, Stack, StackConfig};
 
 /// Runs the server until Ctrl-C or SIGTERM.
 pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
-    for warning in &config.placement.warnings {
-        tracing::warn!("{warning}");
-    }
-    // Threads started from here on (the plugin host's, the HTTP runtime's) inherit the
-    // auxiliary CPUs; each slot pins itself to the compute CPUs.
-    config
-        .placement
-        .pin_auxiliary()
-        .context("pinning the server's threads")?;
-    let host = PluginHost::new(PluginHostConfig {
-        cache_dir: Some(cache_dir.to_owned()),
-        plugin_dirs: config.plugin_dirs.clone(),
-        state_dir: config.state_dir.clone(),
-        ..PluginHostConfig::default()
-    })
-    .context("starting the plugin host")?;
-    let plugins = load_startup_plugins(&host, &config.cascade)?;
-    let default_cascade: Vec<_> = plugins
-        .iter()
-        .filter(|(spec, _)| config.cascade.contains(spec))
-        .map(|(_, plugin)| plugin.clone())
-        .collect();
-    require_draft_model(&default_cascade, config.draft.as_ref())?;
-    let policies = load_startup_policies(&host, Some(&config.policy))?;
-
-    let target = Arc::new(Target::load(&config.model, &config.target)?);
-    // Offered to drafter plugins through the WIT `draft-model` import; each plugin instance
-    // (one per slot) opens its own draft context.
-    if let Some(draft_model) =
-        load_draft_model(config.draft.as_ref(), &target, &config.target, cache_dir)?
-    {
-        host.attach_draft_model(draft_model);
-    }
+    // Requests may choose any loaded plugin and policy: every built-in is loaded with the
+    // default cascade's; only the default cascade must have its draft model.
+    let Stack {
+        host,
+        plugins: (plugins, policies),
+        target,
+    } = Stack::load(
+        &StackConfig {
+            placement: &config.placement,
+            model: &config.model,
+            target: &config.target,
+            draft: config.draft.as_ref(),
+            plugin_dirs: &config.plugin_dirs,
+            state_dir: config.state_dir.as_deref(),
+            cache_dir,
+        },
+        Decoding::OnOtherThreads,
+        |host| {
+            let plugins = load_startup_plugins(host, &config.cascade)?;
+            let default_cascade = plugins
+                .iter()
+                .filter(|(spec, _)| config.cascade.contains(spec))
+                .map(|(_, plugin)| plugin.clone())
+                .collect();
+            let policies = load_startup_policies(host, Some(&config.policy))?;
+            Ok(((plugins, policies), default_cascade))
+        },
+    )?;
     std::thread::scope(|scope| {
         let mut others = Vec::with_capacity(config.parallel.saturating_sub(1));
         let (prepared, slots_prepared) = mpsc::channel::<()>();

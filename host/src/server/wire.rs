@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cascade::{SourceStats, Token, ratio};
-use crate::config::CascadeMode;
+use crate::cascade::CascadeMode;
 use crate::engine::GenerationStats;
 
 /// `prompt` of a completion request.

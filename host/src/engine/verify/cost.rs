@@ -76,6 +76,43 @@ impl VerifyCurve {
 }
 
 impl Session<'_> {
+    /// The verify cost curve requests get (empty until measured).
+    pub fn verify_curve(&self) -> &VerifyCurve {
+        &self.verify_curve
+    }
+
+    /// Gives requests `curve` (measured elsewhere: a benchmark's after each workload's
+    /// prompts) from now on.
+    pub fn set_verify_curve(&mut self, curve: VerifyCurve) {
+        self.verify_curve = curve;
+    }
+
+    /// Measures the verify cost curve after `prompt` (a request's own, as `spechost run` does)
+    /// for batches of up to `max_draft_len + 1` tokens (as far as the batch and context allow)
+    /// and gives it to requests from now on. Leaves the KV cache empty.
+    pub fn measure_verify_curve_after(
+        &mut self,
+        prompt: &[Token],
+        max_draft_len: usize,
+    ) -> Result<(), EngineError> {
+        let started = Instant::now();
+        let room = (self.ctx_size() as usize).saturating_sub(prompt.len());
+        let largest = (max_draft_len + 1).min(self.batch_size).min(room).max(1);
+        let costs = self.measure_verify_costs(prompt, largest, DEFAULT_COST_REPETITIONS)?;
+        let first = costs.first().copied().unwrap_or_default();
+        let last = costs.last().copied().unwrap_or_default();
+        tracing::info!(
+            one_token_ms = first.as_secs_f64() * 1e3,
+            tokens = costs.len(),
+            all_tokens_ms = last.as_secs_f64() * 1e3,
+            relative = last.as_secs_f64() / first.as_secs_f64().max(1e-9),
+            took_ms = started.elapsed().as_secs_f64() * 1e3,
+            "measured the verify cost curve"
+        );
+        self.verify_curve = VerifyCurve::new(vec![(prompt.len(), costs)]);
+        Ok(())
+    }
+
     /// Measures one verify batch of `n` tokens after `context`, for `n = 1..=max_tokens`:
     /// `costs[n - 1]` is the median over `repetitions` of one `llama_decode` of `n` tokens with
     /// logits at every position. The batch's token ids repeat the context's (the cost does not
@@ -154,14 +191,15 @@ impl Session<'_> {
 
     /// Measures the verify cost curve after synthetic contexts of each of `context_lens` tokens
     /// (those that fit, each with a batch of up to `max_tokens`), sharing `budget` between them
-    /// as [`Self::measure_verify_costs_within`] does. Leaves the KV cache empty.
+    /// as [`Self::measure_verify_costs_within`] does, and gives it to requests from now on (a
+    /// server's slot, at start-up). Leaves the KV cache empty.
     pub fn measure_verify_curve(
         &mut self,
         context_lens: &[usize],
         max_tokens: usize,
         repetitions: usize,
         budget: Duration,
-    ) -> Result<VerifyCurve, EngineError> {
+    ) -> Result<&VerifyCurve, EngineError> {
         let vocab_size = self.target.vocab_size().max(1);
         let per_point = budget / u32::try_from(context_lens.len().max(1)).unwrap_or(u32::MAX);
         let mut points = Vec::with_capacity(context_lens.len());
@@ -181,7 +219,8 @@ impl Session<'_> {
             let costs = self.measure_costs(&context, largest, repetitions, per_point, sweeps)?;
             points.push((context_len, costs));
         }
-        Ok(VerifyCurve::new(points))
+        self.verify_curve = VerifyCurve::new(points);
+        Ok(&self.verify_curve)
     }
 
     fn check_cost_probe(

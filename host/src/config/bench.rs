@@ -1,0 +1,605 @@
+//! Flags of the measuring commands: `bench`, `trace`, `prompts` and `simulate`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use super::common::{
+    DEFAULT_MAX_TOKENS, DEFAULT_POLICY, DraftSettings, TargetArgs, check_draft_max,
+    check_plugin_settings_target_cascade, draft_settings, merge_plugin_settings,
+    parse_cascade_modes, resolve_model, session_params,
+};
+use super::env::env_plugin_dirs;
+use super::error::ConfigError;
+use super::file::FileRun;
+use crate::cascade::CascadeMode;
+use crate::engine::{DEFAULT_DRAFT_MAX, SessionParams, TargetParams};
+use crate::placement::Plan;
+use crate::plugins::{PolicySpec, SourceSpec, parse_cascade, parse_policy};
+
+/// Flags of `spechost bench`.
+#[derive(Debug, Args, Default)]
+pub struct BenchArgs {
+    /// The target and where plugins come from; a plugin setting applies in every cascade
+    /// that has the plugin.
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// A JSONL workload file, one request per line (repeatable); requests run in file order.
+    #[arg(
+        long = "workload",
+        short = 'w',
+        value_name = "FILE.jsonl",
+        required = true
+    )]
+    pub workloads: Vec<PathBuf>,
+    /// A cascade to measure, as for `run --cascade` (repeatable). Plain decoding always runs as
+    /// the baseline.
+    #[arg(long = "cascade", short = 'c', value_name = "SOURCES", required = true)]
+    pub cascades: Vec<String>,
+    /// Draft lengths (K) to measure each cascade with, comma-separated (default: 24, as for
+    /// `run`). The `fixed` policy runs at each (a K sweep); an adaptive policy runs once,
+    /// choosing K up to the largest.
+    #[arg(long = "draft-max", value_name = "K,K,...", value_delimiter = ',')]
+    pub draft_maxes: Vec<usize>,
+    /// A draft-length policy to measure each cascade with, as for `run --policy` (repeatable;
+    /// default: `cost`, as for `run`; `fixed` drafts exactly K every round and sweeps every
+    /// --draft-max).
+    #[arg(long = "policy", value_name = "POLICY[,KEY=VALUE...]")]
+    pub policies: Vec<String>,
+    /// Cascade modes to measure, comma-separated: `first`, `scored` (default: first).
+    #[arg(long = "cascade-mode", value_name = "MODE,MODE", value_delimiter = ',')]
+    pub cascade_modes: Vec<String>,
+    /// Measured passes over each workload; tok/s is the median over them.
+    #[arg(long, default_value_t = DEFAULT_BENCH_REPEAT)]
+    pub repeat: usize,
+    /// Unmeasured passes over each workload first (pages the model in, starts thread pools).
+    #[arg(long, default_value_t = DEFAULT_BENCH_WARMUP)]
+    pub warmup: usize,
+    /// Cap on each request's max_tokens.
+    #[arg(long, short = 'n')]
+    pub max_tokens: Option<usize>,
+    /// Largest verify batch of each workload's verify cost curve; the curve always reaches the
+    /// largest --draft-max + 1, which the ideal speedup needs.
+    #[arg(long, default_value_t = DEFAULT_COST_MAX_TOKENS)]
+    pub cost_max_tokens: usize,
+    /// Measured runs of each batch size for the verify cost curve (its median is the cost).
+    #[arg(long, default_value_t = crate::engine::DEFAULT_COST_REPETITIONS)]
+    pub cost_repeat: usize,
+    /// Directory for results.md, results.csv, results.json and the SVG charts.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// The policy whose configurations sweep every `--draft-max` given: it drafts exactly K tokens
+/// each round. Other policies run once, choosing K up to the largest.
+pub const FIXED_POLICY: &str = "fixed";
+
+/// Default `--repeat` of `spechost bench`.
+pub const DEFAULT_BENCH_REPEAT: usize = 3;
+
+/// Default `--warmup` of `spechost bench`.
+pub const DEFAULT_BENCH_WARMUP: usize = 1;
+
+/// Everything `spechost bench` needs, validated. Sampling is always greedy: only then must every
+/// output equal plain decoding token for token.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// The target GGUF.
+    pub model: PathBuf,
+    /// Workload files, in the order given; each is named by its file stem.
+    pub workloads: Vec<PathBuf>,
+    /// Cascades to measure, each non-empty, in the order given.
+    pub cascades: Vec<Vec<SourceSpec>>,
+    /// Draft lengths to measure every cascade with, in the order given.
+    pub draft_maxes: Vec<usize>,
+    /// Policies to measure every cascade with, in the order given.
+    pub policies: Vec<PolicySpec>,
+    /// Cascade modes to measure every cascade with, in the order given.
+    pub cascade_modes: Vec<CascadeMode>,
+    /// Measured passes over each workload.
+    pub repeat: usize,
+    /// Unmeasured passes before them.
+    pub warmup: usize,
+    /// Largest verify batch of the verify cost curves (they also reach the largest draft
+    /// length + 1).
+    pub cost_max_tokens: usize,
+    /// Measured runs of each batch size for the verify cost curve.
+    pub cost_repeat: usize,
+    /// Cap on each request's `max_tokens`.
+    pub max_tokens_cap: Option<usize>,
+    /// `max_tokens` of requests that do not give one.
+    pub default_max_tokens: usize,
+    /// Per-plugin configuration strings, by source name.
+    pub plugin_configs: BTreeMap<String, String>,
+    /// Extra directories searched for built-in plugins, before the default ones.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// llama.cpp context settings; `threads` is the plan's.
+    pub session: SessionParams,
+    /// Model loading settings (of the draft model too).
+    pub target: TargetParams,
+    /// Threads and CPU pinning.
+    pub placement: Plan,
+    /// The draft model offered to drafter plugins, if any.
+    pub draft: Option<DraftSettings>,
+    /// Where to write the result files, if anywhere.
+    pub out: Option<PathBuf>,
+}
+
+impl BenchArgs {
+    /// Validates the flags into a [`BenchConfig`].
+    pub fn into_config(self, cache_dir: &Path) -> Result<BenchConfig, ConfigError> {
+        let model = resolve_model(self.target.model.clone(), cache_dir);
+        check_workload_names(&self.workloads)?;
+        let cascades = parse_cascades(&self.cascades)?;
+        let plugin_configs = plugin_configs_for(&self.target.plugin_config, &cascades)?;
+        let draft_maxes = check_draft_maxes(self.draft_maxes)?;
+        let mut policies = Vec::new();
+        for spec in &self.policies {
+            let policy = parse_policy(spec)?;
+            if policies.contains(&policy) {
+                return Err(ConfigError::Repeated {
+                    flag: "--policy",
+                    value: spec.clone(),
+                });
+            }
+            policies.push(policy);
+        }
+        if policies.is_empty() {
+            policies.push(parse_policy(DEFAULT_POLICY)?);
+        }
+        let cascade_modes = parse_cascade_modes(self.cascade_modes)?;
+        if self.repeat == 0 {
+            return Err(ConfigError::ZeroRepeat);
+        }
+        if self.cost_repeat == 0 {
+            return Err(ConfigError::ZeroCostRepeat);
+        }
+        if self.max_tokens == Some(0) {
+            return Err(ConfigError::ZeroMaxTokens);
+        }
+        let placement = self.target.placement.plan(&FileRun::default())?;
+        let session = session_params(placement.threads, self.target.ctx_size)?;
+        let draft = draft_settings(
+            self.target.draft_model.clone(),
+            self.target.draft_threads,
+            self.target.model.as_deref(),
+            &session,
+            &placement,
+            cache_dir,
+        )?;
+        Ok(BenchConfig {
+            model,
+            workloads: self.workloads,
+            cascades,
+            draft_maxes,
+            policies,
+            cascade_modes,
+            repeat: self.repeat,
+            warmup: self.warmup,
+            cost_max_tokens: self.cost_max_tokens,
+            cost_repeat: self.cost_repeat,
+            max_tokens_cap: self.max_tokens,
+            default_max_tokens: DEFAULT_MAX_TOKENS,
+            plugin_configs,
+            plugin_dirs: self.target.plugin_dirs(),
+            session,
+            target: self.target.target_params(&placement),
+            placement,
+            draft,
+            out: self.out,
+        })
+    }
+}
+
+/// Workloads are named by their file stems, so no two may share one.
+pub(super) fn check_workload_names(workloads: &[PathBuf]) -> Result<(), ConfigError> {
+    let mut stems = Vec::new();
+    for path in workloads {
+        let stem = path.file_stem().map_or_else(
+            || path.display().to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        if stems.contains(&stem) {
+            return Err(ConfigError::Repeated {
+                flag: "--workload",
+                value: stem,
+            });
+        }
+        stems.push(stem);
+    }
+    Ok(())
+}
+
+/// Parses the `--cascade` list of `bench` and `simulate`: each non-empty, none twice.
+pub(super) fn parse_cascades(specs: &[String]) -> Result<Vec<Vec<SourceSpec>>, ConfigError> {
+    let mut cascades: Vec<Vec<SourceSpec>> = Vec::new();
+    for spec in specs {
+        let cascade = parse_cascade(spec)?;
+        if cascade.is_empty() {
+            return Err(ConfigError::Cascade {
+                spec: spec.clone(),
+                problem: "plain decoding always runs as the baseline; drop `--cascade none`".into(),
+            });
+        }
+        if cascades.contains(&cascade) {
+            return Err(ConfigError::Repeated {
+                flag: "--cascade",
+                value: spec.clone(),
+            });
+        }
+        cascades.push(cascade);
+    }
+    Ok(cascades)
+}
+
+/// Merges `--plugin-config` settings, each of which must name a source of some cascade.
+pub(super) fn plugin_configs_for(
+    settings: &[String],
+    cascades: &[Vec<SourceSpec>],
+) -> Result<BTreeMap<String, String>, ConfigError> {
+    let all_sources: Vec<SourceSpec> = cascades.iter().flatten().cloned().collect();
+    check_plugin_settings_target_cascade(settings, &all_sources)?;
+    let mut plugin_configs = BTreeMap::new();
+    merge_plugin_settings(&mut plugin_configs, settings)?;
+    Ok(plugin_configs)
+}
+
+/// Checks a `--draft-max K,K,...` list: each at least 1, none twice; the default when empty.
+pub(super) fn check_draft_maxes(given: Vec<usize>) -> Result<Vec<usize>, ConfigError> {
+    let mut draft_maxes = Vec::new();
+    for draft_max in given {
+        check_draft_max(draft_max)?;
+        if draft_maxes.contains(&draft_max) {
+            return Err(ConfigError::Repeated {
+                flag: "--draft-max",
+                value: draft_max.to_string(),
+            });
+        }
+        draft_maxes.push(draft_max);
+    }
+    if draft_maxes.is_empty() {
+        draft_maxes.push(DEFAULT_DRAFT_MAX);
+    }
+    Ok(draft_maxes)
+}
+
+/// Flags naming a target and workloads, shared by `trace` and `prompts`.
+#[derive(Debug, Args, Default)]
+pub struct WorkloadTargetArgs {
+    /// The target (no plugins are used: requests are decoded, or templated, without drafts).
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// A JSONL workload file, as for `bench` (repeatable); requests keep file order.
+    #[arg(
+        long = "workload",
+        short = 'w',
+        value_name = "FILE.jsonl",
+        required = true
+    )]
+    pub workloads: Vec<PathBuf>,
+    /// Cap on each request's max_tokens (as `bench --max-tokens`).
+    #[arg(long, short = 'n')]
+    pub max_tokens: Option<usize>,
+}
+
+/// A target and workloads, validated: what `trace` decodes and `prompts` templates.
+#[derive(Debug, Clone)]
+pub struct WorkloadTargetConfig {
+    /// The target GGUF.
+    pub model: PathBuf,
+    /// Workload files, in the order given; each is named by its file stem.
+    pub workloads: Vec<PathBuf>,
+    /// Cap on each request's `max_tokens`.
+    pub max_tokens_cap: Option<usize>,
+    /// `max_tokens` of requests that do not give one.
+    pub default_max_tokens: usize,
+    /// llama.cpp context settings.
+    pub session: SessionParams,
+    /// Model loading settings.
+    pub target: TargetParams,
+}
+
+impl WorkloadTargetArgs {
+    /// Validates the flags; `command` names the subcommand in errors.
+    fn into_config(
+        self,
+        command: &'static str,
+        cache_dir: &Path,
+    ) -> Result<WorkloadTargetConfig, ConfigError> {
+        if !self.target.plugin_config.is_empty() || !self.target.plugin_dirs.is_empty() {
+            return Err(ConfigError::PluginsUnused { command });
+        }
+        check_workload_names(&self.workloads)?;
+        if self.max_tokens == Some(0) {
+            return Err(ConfigError::ZeroMaxTokens);
+        }
+        let placement = self.target.placement.plan(&FileRun::default())?;
+        Ok(WorkloadTargetConfig {
+            model: resolve_model(self.target.model.clone(), cache_dir),
+            workloads: self.workloads,
+            max_tokens_cap: self.max_tokens,
+            default_max_tokens: DEFAULT_MAX_TOKENS,
+            session: session_params(placement.threads, self.target.ctx_size)?,
+            target: self.target.target_params(&placement),
+        })
+    }
+}
+
+/// Flags of `spechost trace`.
+#[derive(Debug, Args, Default)]
+pub struct TraceArgs {
+    /// The target and the workloads to decode.
+    #[command(flatten)]
+    pub inputs: WorkloadTargetArgs,
+    /// The trace file to write (JSONL).
+    #[arg(long, short = 'o', value_name = "TRACE.jsonl")]
+    pub out: PathBuf,
+    /// Largest verify batch of the recorded verify cost curve (0: record none); `simulate`
+    /// gives an ideal speedup for drafts up to one less.
+    #[arg(long, default_value_t = DEFAULT_COST_MAX_TOKENS)]
+    pub cost_max_tokens: usize,
+    /// Measured runs of each batch size for the verify cost curve (its median is the cost).
+    #[arg(long, default_value_t = crate::engine::DEFAULT_COST_REPETITIONS)]
+    pub cost_repeat: usize,
+}
+
+/// Default `--cost-max-tokens` of `bench` and `trace`: drafts of up to 32 tokens, and the
+/// batch sizes of `llama-bench -p 1,2,4,8,16,32`.
+pub const DEFAULT_COST_MAX_TOKENS: usize = 33;
+
+/// Everything `spechost trace` needs, validated.
+#[derive(Debug, Clone)]
+pub struct TraceConfig {
+    /// The target and the workloads.
+    pub inputs: WorkloadTargetConfig,
+    /// The trace file to write.
+    pub out: PathBuf,
+    /// Largest verify batch of the recorded cost curve; 0 records none.
+    pub cost_max_tokens: usize,
+    /// Measured runs of each batch size for the cost curve.
+    pub cost_repeat: usize,
+}
+
+impl TraceArgs {
+    /// Validates the flags into a [`TraceConfig`].
+    pub fn into_config(self, cache_dir: &Path) -> Result<TraceConfig, ConfigError> {
+        if self.cost_repeat == 0 {
+            return Err(ConfigError::ZeroCostRepeat);
+        }
+        Ok(TraceConfig {
+            inputs: self.inputs.into_config("trace", cache_dir)?,
+            out: self.out,
+            cost_max_tokens: self.cost_max_tokens,
+            cost_repeat: self.cost_repeat,
+        })
+    }
+}
+
+/// Flags of `spechost prompts`.
+#[derive(Debug, Args, Default)]
+pub struct PromptsArgs {
+    /// The target (for its chat template and tokenizer) and the workloads.
+    #[command(flatten)]
+    pub inputs: WorkloadTargetArgs,
+    /// Directory to write the prompts into.
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+/// Everything `spechost prompts` needs, validated.
+#[derive(Debug, Clone)]
+pub struct PromptsConfig {
+    /// The target and the workloads.
+    pub inputs: WorkloadTargetConfig,
+    /// Directory to write the prompts into.
+    pub out: PathBuf,
+}
+
+impl PromptsArgs {
+    /// Validates the flags into a [`PromptsConfig`].
+    pub fn into_config(self, cache_dir: &Path) -> Result<PromptsConfig, ConfigError> {
+        Ok(PromptsConfig {
+            inputs: self.inputs.into_config("prompts", cache_dir)?,
+            out: self.out,
+        })
+    }
+}
+
+/// Flags of `spechost simulate`.
+#[derive(Debug, Args, Default)]
+pub struct SimulateArgs {
+    /// A trace written by `spechost trace`.
+    #[arg(long, value_name = "TRACE.jsonl")]
+    pub trace: PathBuf,
+    /// A cascade to replay, as for `run --cascade` (repeatable).
+    #[arg(long = "cascade", short = 'c', value_name = "SOURCES", required = true)]
+    pub cascades: Vec<String>,
+    /// Draft lengths (K) to replay each cascade with, comma-separated (default: 8).
+    #[arg(long = "draft-max", value_name = "K,K,...", value_delimiter = ',')]
+    pub draft_maxes: Vec<usize>,
+    /// Cascade modes to replay each cascade in, comma-separated: `first`, `scored` (default:
+    /// first).
+    #[arg(long = "cascade-mode", value_name = "MODE,MODE", value_delimiter = ',')]
+    pub cascade_modes: Vec<String>,
+    /// A plugin setting, `plugin.key=value` (repeatable); applies in every cascade that has the
+    /// plugin.
+    #[arg(long = "plugin-config", value_name = "PLUGIN.KEY=VALUE")]
+    pub plugin_config: Vec<String>,
+    /// Extra directory to search for built-in plugins (repeatable).
+    #[arg(long = "plugin-dir")]
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Directory for simulation.md and simulation.json.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Everything `spechost simulate` needs, validated.
+#[derive(Debug, Clone)]
+pub struct SimulateConfig {
+    /// The trace to replay.
+    pub trace: PathBuf,
+    /// Cascades to replay, each non-empty, in the order given.
+    pub cascades: Vec<Vec<SourceSpec>>,
+    /// Draft lengths to replay every cascade with, in the order given.
+    pub draft_maxes: Vec<usize>,
+    /// Cascade modes to replay every cascade in, in the order given.
+    pub cascade_modes: Vec<CascadeMode>,
+    /// Per-plugin configuration strings, by source name.
+    pub plugin_configs: BTreeMap<String, String>,
+    /// Extra directories searched for built-in plugins, before the default ones.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Where to write the result files, if anywhere.
+    pub out: Option<PathBuf>,
+}
+
+impl SimulateArgs {
+    /// Validates the flags into a [`SimulateConfig`].
+    pub fn into_config(self) -> Result<SimulateConfig, ConfigError> {
+        let cascades = parse_cascades(&self.cascades)?;
+        Ok(SimulateConfig {
+            trace: self.trace,
+            plugin_configs: plugin_configs_for(&self.plugin_config, &cascades)?,
+            cascades,
+            draft_maxes: check_draft_maxes(self.draft_maxes)?,
+            cascade_modes: parse_cascade_modes(self.cascade_modes)?,
+            plugin_dirs: self
+                .plugin_dirs
+                .into_iter()
+                .chain(env_plugin_dirs())
+                .collect(),
+            out: self.out,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn bench_flags_are_checked_with_the_fix_named() {
+        let args = |cascades: &[&str], draft_maxes: &[usize], repeat: usize| BenchArgs {
+            workloads: vec!["w/edit.jsonl".into()],
+            cascades: cascades.iter().map(|c| c.to_string()).collect(),
+            draft_maxes: draft_maxes.to_vec(),
+            repeat,
+            cost_repeat: 1,
+            ..BenchArgs::default()
+        };
+        let config = args(&["lookup", "lookup,x.wasm"], &[4, 8], 2)
+            .into_config(Path::new("/tmp"))
+            .expect("valid");
+        assert_eq!(
+            (config.cascades.len(), config.draft_maxes.clone()),
+            (2, vec![4, 8])
+        );
+        let defaults = args(&["lookup"], &[], 1)
+            .into_config(Path::new("/tmp"))
+            .expect("valid");
+        assert_eq!(defaults.draft_maxes, vec![DEFAULT_DRAFT_MAX]);
+        assert_eq!(
+            (defaults.policies.clone(), defaults.cascade_modes.clone()),
+            (
+                vec![parse_policy(DEFAULT_POLICY).expect("valid")],
+                vec![CascadeMode::First]
+            )
+        );
+        for (bad, needle) in [
+            (args(&["none"], &[4], 1), "baseline"),
+            (args(&["lookup", "lookup"], &[4], 1), "appears twice"),
+            (
+                args(&["lookup"], &[4, 4], 1),
+                "--draft-max `4` appears twice",
+            ),
+            (args(&["lookup"], &[0], 1), "--cascade none"),
+            (args(&["lookup"], &[4], 0), "--repeat"),
+            (
+                BenchArgs {
+                    cost_repeat: 0,
+                    ..args(&["lookup"], &[4], 1)
+                },
+                "--cost-repeat",
+            ),
+        ] {
+            let err = bad
+                .into_config(Path::new("/tmp"))
+                .expect_err(needle)
+                .to_string();
+            assert!(err.contains(needle), "wanted `{needle}` in: {err}");
+        }
+    }
+    #[test]
+    fn trace_and_prompts_refuse_plugin_flags() {
+        let inputs = || WorkloadTargetArgs {
+            workloads: vec!["w/edit.jsonl".into()],
+            ..WorkloadTargetArgs::default()
+        };
+        let trace = TraceArgs {
+            inputs: inputs(),
+            out: "t.jsonl".into(),
+            cost_max_tokens: DEFAULT_COST_MAX_TOKENS,
+            cost_repeat: 1,
+        };
+        let config = trace.into_config(Path::new("/tmp")).expect("valid");
+        assert_eq!(config.inputs.max_tokens_cap, None);
+        let mut with_plugin = inputs();
+        with_plugin.target.plugin_config = vec!["lookup.max_ngram=3".into()];
+        let err = PromptsArgs {
+            inputs: with_plugin,
+            out: "p".into(),
+        }
+        .into_config(Path::new("/tmp"))
+        .expect_err("plugin flags")
+        .to_string();
+        assert!(
+            err.contains("`spechost prompts` decodes without drafts"),
+            "got {err}"
+        );
+        let zero = TraceArgs {
+            inputs: inputs(),
+            out: "t.jsonl".into(),
+            cost_max_tokens: 0,
+            cost_repeat: 0,
+        };
+        let err = zero.into_config(Path::new("/tmp")).expect_err("0 runs");
+        assert!(err.to_string().contains("--cost-repeat"), "got {err}");
+    }
+    #[test]
+    fn simulate_flags_are_checked_like_bench() {
+        let args = |cascades: &[&str], settings: &[&str]| SimulateArgs {
+            trace: "t.jsonl".into(),
+            cascades: cascades.iter().map(|c| c.to_string()).collect(),
+            draft_maxes: vec![4, 8],
+            plugin_config: settings.iter().map(|c| c.to_string()).collect(),
+            ..SimulateArgs::default()
+        };
+        let config = args(&["lookup", "lookup,suffix"], &["suffix.alpha=2"])
+            .into_config()
+            .expect("valid");
+        assert_eq!(config.cascades.len(), 2);
+        assert_eq!(config.draft_maxes, vec![4, 8]);
+        assert_eq!(config.cascade_modes, vec![CascadeMode::First]);
+        assert_eq!(config.plugin_configs["suffix"], "alpha=2");
+        let both = SimulateArgs {
+            cascade_modes: vec!["scored".into(), "first".into(), "scored".into()],
+            ..args(&["lookup"], &[])
+        };
+        let config = both.into_config().expect("valid");
+        assert_eq!(
+            config.cascade_modes,
+            vec![CascadeMode::Scored, CascadeMode::First]
+        );
+        let unknown_mode = SimulateArgs {
+            cascade_modes: vec!["best".into()],
+            ..args(&["lookup"], &[])
+        };
+        for (bad, needle) in [
+            (args(&["none"], &[]), "baseline"),
+            (args(&["lookup"], &["suffix.alpha=2"]), "not in the cascade"),
+            (unknown_mode, "unknown cascade mode `best`"),
+        ] {
+            let err = bad.into_config().expect_err(needle).to_string();
+            assert!(err.contains(needle), "wanted `{needle}` in: {err}");
+        }
+    }
+}

@@ -1,0 +1,539 @@
+//! Flags of `spechost serve`, validated into a [`ServeConfig`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+
+use super::common::{
+    DEFAULT_MAX_TOKENS, DraftSettings, SamplingArgs, SpeculationArgs, TargetArgs,
+    check_plugin_settings_target_cascade, draft_settings, merge_plugin_settings, resolve_model,
+    session_params,
+};
+use super::error::ConfigError;
+use super::file::FileRun;
+use crate::cascade::CascadeMode;
+use crate::engine::{MessageContents, SamplingParams, SessionParams, TargetParams};
+use crate::models::DefaultModel;
+use crate::placement::Plan;
+use crate::plugins::SourceSpec;
+use crate::server::{AllowedHosts, ConnectionLimits};
+
+/// Flags of `spechost serve`.
+#[derive(Debug, Args, Default)]
+pub struct ServeArgs {
+    /// The target, its context (per slot) and where plugins come from.
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// The default speculation of requests, as for `run` (a request may choose other loaded
+    /// plugins and policies, and a smaller draft length); the verify cost curve is measured up
+    /// to `--draft-max` at start-up.
+    #[command(flatten)]
+    pub speculation: SpeculationArgs,
+    /// Tokens generated for a request that gives no `max_tokens`.
+    #[arg(long, short = 'n')]
+    pub max_tokens: Option<usize>,
+    /// The most `max_tokens` a request may ask for.
+    #[arg(long)]
+    pub max_tokens_limit: Option<usize>,
+    /// The default sampling of requests that give none.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Address to listen on.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Port to listen on; 0 picks a free one (the address is printed on stdout).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Model name in the API (`/v1/models`, the `model` field); default: the --model alias or
+    /// file stem.
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Requests generated at once, each in its own llama.cpp context (slot).
+    #[arg(long)]
+    pub parallel: Option<usize>,
+    /// Requests that may wait for a slot; more get 429 with Retry-After.
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// Largest request body, in bytes; larger ones get 413.
+    #[arg(long)]
+    pub max_body_bytes: Option<usize>,
+    /// Bearer token of the /admin endpoints (and of /metrics unless --public-metrics), at
+    /// least 16 characters; without it they are off. Prefer --admin-token-file or the
+    /// environment variable: a flag's value is visible in the process list.
+    #[arg(long, env = "SPECHOST_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Read the admin bearer token from this file (its first line).
+    #[arg(long, value_name = "FILE", conflicts_with = "admin_token")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Serve GET /metrics to anyone. By default it needs the admin token: its per-source draft
+    /// statistics tell something about other tenants' outputs.
+    #[arg(long)]
+    pub public_metrics: bool,
+    /// Host names the server answers to (the `Host` header, and a browser's `Origin`),
+    /// comma-separated, or `*` for any. Default: localhost, 127.0.0.1 and ::1 when listening
+    /// on a loopback address (a defence against DNS rebinding), any otherwise.
+    #[arg(long, value_name = "HOST,...")]
+    pub allowed_hosts: Option<String>,
+    /// Most open client connections; more are answered 503 and closed at once.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Seconds a client has to send a request's headers; also how long a kept-alive
+    /// connection may sit idle.
+    #[arg(long, value_name = "SECONDS")]
+    pub header_timeout: Option<u64>,
+    /// Seconds a client has to send a request's body once its headers arrived.
+    #[arg(long, value_name = "SECONDS")]
+    pub body_timeout: Option<u64>,
+    /// Seconds requests in flight may run on after SIGTERM or Ctrl-C; then they are
+    /// cancelled, plugin state is saved and the server exits.
+    #[arg(long, value_name = "SECONDS")]
+    pub shutdown_timeout: Option<u64>,
+    /// Read special-token text inside chat messages (`<|im_end|>`) as the tokens it names.
+    /// Only for trusted callers: by default it is plain text, so a message cannot close its
+    /// turn or forge system and assistant turns.
+    #[arg(long)]
+    pub message_special_tokens: bool,
+    /// Reload a loaded plugin when its .wasm file in this directory changes.
+    #[arg(long, value_name = "DIR")]
+    pub watch: Option<PathBuf>,
+}
+
+/// Default address `spechost serve` listens on: loopback only.
+pub const DEFAULT_SERVE_HOST: &str = "127.0.0.1";
+
+/// Default port of `spechost serve`.
+pub const DEFAULT_SERVE_PORT: u16 = 8080;
+
+/// Default requests waiting for a slot.
+pub const DEFAULT_MAX_QUEUE: usize = 64;
+
+/// Default largest request body: 1 MiB holds a prompt far beyond the default context.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Default largest `max_tokens` of a request.
+pub const DEFAULT_MAX_TOKENS_LIMIT: usize = 4096;
+
+/// Shortest admin token accepted: 16 random characters are out of reach of guessing, all the
+/// more with failed logins rate-limited.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
+
+/// Default `--max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+
+/// Default `--header-timeout`, in seconds.
+pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 15;
+
+/// Default `--body-timeout`, in seconds.
+pub const DEFAULT_BODY_TIMEOUT_SECS: u64 = 30;
+
+/// Default `--shutdown-timeout`, in seconds: inside the 30 s a service manager usually waits
+/// before it kills.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 10;
+
+/// Everything `spechost serve` needs, validated.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The target GGUF.
+    pub model: PathBuf,
+    /// The model's name in the API.
+    pub model_id: String,
+    /// The draft model offered to drafter plugins, if one was asked for.
+    pub draft: Option<DraftSettings>,
+    /// Where the slots' compute threads and everything else run.
+    pub placement: Plan,
+    /// Default draft sources in order (empty: plain decoding).
+    pub cascade: Vec<SourceSpec>,
+    /// Default cascade mode.
+    pub cascade_mode: CascadeMode,
+    /// Default policy plugin and its settings.
+    pub policy: String,
+    /// Per-plugin configuration strings, by plugin name.
+    pub plugin_configs: BTreeMap<String, String>,
+    /// Extra directories searched for built-in plugins, before the default ones.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Default most draft tokens per round, and the most a request may ask for.
+    pub draft_max: usize,
+    /// `max_tokens` of requests that give none.
+    pub default_max_tokens: usize,
+    /// The most `max_tokens` a request may ask for.
+    pub max_tokens_limit: usize,
+    /// Sampling of requests that give no sampling settings; the seed is drawn per request.
+    pub sampling: SamplingParams,
+    /// Settings of each slot's llama.cpp context.
+    pub session: SessionParams,
+    /// Model loading settings.
+    pub target: TargetParams,
+    /// Host name or address to listen on.
+    pub host: String,
+    /// Port to listen on (0: any free one).
+    pub port: u16,
+    /// Slots: requests generated at once.
+    pub parallel: usize,
+    /// Requests that may wait for a slot.
+    pub max_queue: usize,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Bearer token of the admin endpoints; `None` turns them off.
+    pub admin_token: Option<String>,
+    /// Whether `/metrics` is open to anyone.
+    pub public_metrics: bool,
+    /// The host names requests may address.
+    pub allowed_hosts: AllowedHosts,
+    /// Connection limits and timeouts.
+    pub connections: ConnectionLimits,
+    /// How special-token text inside chat messages is read.
+    pub message_contents: MessageContents,
+    /// Directory watched for changed plugin files.
+    pub watch: Option<PathBuf>,
+    /// Directory for persisted plugin state.
+    pub state_dir: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    /// Validates the flags into a [`ServeConfig`].
+    pub fn into_config(self, cache_dir: &Path) -> Result<ServeConfig, ConfigError> {
+        let model_arg = self
+            .target
+            .model
+            .clone()
+            .unwrap_or_else(|| DefaultModel::SmolLm2.alias().to_owned());
+        let model = resolve_model(Some(model_arg.clone()), cache_dir);
+        let model_id = self.served_model_name.clone().unwrap_or_else(|| {
+            match DefaultModel::from_alias(&model_arg) {
+                Some(default) => default.alias().to_owned(),
+                None => model.file_stem().map_or_else(
+                    || model.display().to_string(),
+                    |stem| stem.to_string_lossy().into_owned(),
+                ),
+            }
+        });
+        let speculation = self.speculation.resolve(&FileRun::default())?;
+        // Requests may pick any loaded plugin, so settings may name a built-in outside the
+        // default cascade too.
+        let mut loadable = speculation.cascade.clone();
+        for name in crate::plugins::BUILTINS {
+            if !loadable.iter().any(|source| source.name() == *name) {
+                loadable.push(SourceSpec::Builtin((*name).to_owned()));
+            }
+        }
+        check_plugin_settings_target_cascade(&self.target.plugin_config, &loadable)?;
+        let mut plugin_configs = BTreeMap::new();
+        merge_plugin_settings(&mut plugin_configs, &self.target.plugin_config)?;
+
+        let max_tokens_limit = self.max_tokens_limit.unwrap_or(DEFAULT_MAX_TOKENS_LIMIT);
+        let default_max_tokens = self
+            .max_tokens
+            .unwrap_or(DEFAULT_MAX_TOKENS.min(max_tokens_limit));
+        for (flag, value) in [
+            ("--max-tokens", default_max_tokens),
+            ("--max-tokens-limit", max_tokens_limit),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::ZeroCount { flag });
+            }
+        }
+        if default_max_tokens > max_tokens_limit {
+            return Err(ConfigError::MaxTokensOverLimit {
+                max_tokens: default_max_tokens,
+                limit: max_tokens_limit,
+            });
+        }
+        let parallel = self.parallel.unwrap_or(1);
+        let max_body_bytes = self.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        for (flag, value) in [
+            ("--parallel", parallel),
+            ("--max-body-bytes", max_body_bytes),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::ZeroCount { flag });
+            }
+        }
+        // Slots share the cores: each context gets its part unless --threads says otherwise.
+        let placement = self.target.placement.plan(&FileRun::default())?;
+        let threads = self
+            .target
+            .placement
+            .threads
+            .unwrap_or_else(|| (placement.threads / parallel).max(1));
+        let session = session_params(threads, self.target.ctx_size)?;
+        let draft = draft_settings(
+            self.target.draft_model.clone(),
+            self.target.draft_threads,
+            Some(&model_arg),
+            &session,
+            &placement,
+            cache_dir,
+        )?;
+        let sampling = self.sampling.resolve(&FileRun::default(), Some(0))?;
+        let admin_token = admin_token(self.admin_token, self.admin_token_file.as_deref())?;
+        let host = self.host.unwrap_or_else(|| DEFAULT_SERVE_HOST.to_owned());
+        let allowed_hosts = match &self.allowed_hosts {
+            Some(list) => {
+                AllowedHosts::parse(list).map_err(|problem| ConfigError::AllowedHosts {
+                    list: list.clone(),
+                    problem,
+                })?
+            }
+            None => AllowedHosts::for_listen_address(&host),
+        };
+        let connections = ConnectionLimits {
+            max_connections: self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
+            header_timeout: Duration::from_secs(
+                self.header_timeout.unwrap_or(DEFAULT_HEADER_TIMEOUT_SECS),
+            ),
+            body_timeout: Duration::from_secs(
+                self.body_timeout.unwrap_or(DEFAULT_BODY_TIMEOUT_SECS),
+            ),
+            shutdown_timeout: Duration::from_secs(
+                self.shutdown_timeout
+                    .unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
+            ),
+        };
+        for (flag, zero) in [
+            ("--max-connections", connections.max_connections == 0),
+            ("--header-timeout", connections.header_timeout.is_zero()),
+            ("--body-timeout", connections.body_timeout.is_zero()),
+        ] {
+            if zero {
+                return Err(ConfigError::ZeroCount { flag });
+            }
+        }
+        if let Some(dir) = &self.watch
+            && !dir.is_dir()
+        {
+            return Err(ConfigError::WatchDir {
+                path: dir.clone(),
+                problem: if dir.exists() {
+                    "not a directory".into()
+                } else {
+                    "no such directory".into()
+                },
+            });
+        }
+        Ok(ServeConfig {
+            model,
+            model_id,
+            draft,
+            cascade: speculation.cascade,
+            cascade_mode: speculation.cascade_mode,
+            policy: speculation.policy,
+            plugin_configs,
+            plugin_dirs: self.target.plugin_dirs(),
+            draft_max: speculation.draft_max,
+            default_max_tokens,
+            max_tokens_limit,
+            sampling,
+            session,
+            target: self.target.target_params(&placement),
+            placement,
+            host,
+            port: self.port.unwrap_or(DEFAULT_SERVE_PORT),
+            parallel,
+            max_queue: self.max_queue.unwrap_or(DEFAULT_MAX_QUEUE),
+            max_body_bytes,
+            admin_token,
+            public_metrics: self.public_metrics,
+            allowed_hosts,
+            connections,
+            message_contents: if self.message_special_tokens {
+                MessageContents::Markup
+            } else {
+                MessageContents::Plain
+            },
+            watch: self.watch,
+            state_dir: self.target.state_dir.clone(),
+        })
+    }
+}
+
+/// The admin token from the flag (or its environment variable) or from a file's first line,
+/// at least [`MIN_ADMIN_TOKEN_LEN`] characters.
+pub(super) fn admin_token(flag: Option<String>, file: Option<&Path>) -> Result<Option<String>, ConfigError> {
+    let token = match file {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| ConfigError::AdminTokenFile {
+                    path: path.to_owned(),
+                    source,
+                })?;
+            Some(text.lines().next().unwrap_or_default().trim().to_owned())
+        }
+        None => flag,
+    };
+    match token {
+        Some(token) if token.trim().chars().count() < MIN_ADMIN_TOKEN_LEN => {
+            Err(ConfigError::AdminTokenTooShort {
+                length: token.trim().chars().count(),
+            })
+        }
+        token => Ok(token),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::common::DEFAULT_POLICY;
+    use crate::engine::DRAFT_MAX_LIMIT;
+    use crate::plugins::parse_policy;
+    use crate::config::run::RunArgs;
+    #[test]
+    fn serve_defaults_and_limits_are_checked() {
+        let config = ServeArgs::default()
+            .into_config(Path::new("/tmp"))
+            .expect("defaults are valid");
+        assert_eq!(
+            (
+                config.host.as_str(),
+                config.port,
+                config.parallel,
+                config.model_id.as_str()
+            ),
+            (DEFAULT_SERVE_HOST, DEFAULT_SERVE_PORT, 1, "smollm2")
+        );
+        assert!(
+            config.sampling.is_greedy(),
+            "default sampling: {:?}",
+            config.sampling
+        );
+        let run = RunArgs {
+            prompt: Some("hi".into()),
+            ..RunArgs::default()
+        }
+        .into_config(Path::new("/tmp"))
+        .expect("run defaults are valid");
+        assert_eq!(
+            (config.policy.as_str(), config.draft_max),
+            (DEFAULT_POLICY, run.draft_max),
+            "serve and run share the default policy and draft length"
+        );
+        assert_eq!(run.policy, parse_policy(DEFAULT_POLICY).expect("valid"));
+        assert_eq!(
+            config.connections,
+            ConnectionLimits {
+                max_connections: DEFAULT_MAX_CONNECTIONS,
+                header_timeout: Duration::from_secs(DEFAULT_HEADER_TIMEOUT_SECS),
+                body_timeout: Duration::from_secs(DEFAULT_BODY_TIMEOUT_SECS),
+                shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
+            }
+        );
+        assert!(
+            config.allowed_hosts.allows("localhost")
+                && !config.allowed_hosts.allows("evil.example")
+        );
+        assert!(!config.public_metrics);
+        assert_eq!(config.message_contents, MessageContents::Plain);
+        let named = ServeArgs {
+            target: TargetArgs {
+                model: Some("/models/my-model.gguf".into()),
+                ..TargetArgs::default()
+            },
+            ..ServeArgs::default()
+        };
+        let named = named.into_config(Path::new("/tmp")).expect("valid");
+        assert_eq!(named.model_id, "my-model");
+        for (bad, needle) in [
+            (
+                ServeArgs {
+                    parallel: Some(0),
+                    ..ServeArgs::default()
+                },
+                "--parallel must be at least 1",
+            ),
+            (
+                ServeArgs {
+                    max_tokens: Some(100),
+                    max_tokens_limit: Some(50),
+                    ..ServeArgs::default()
+                },
+                "raise the limit",
+            ),
+            (
+                ServeArgs {
+                    admin_token: Some("  ".into()),
+                    ..ServeArgs::default()
+                },
+                "has 0 characters",
+            ),
+            (
+                ServeArgs {
+                    admin_token: Some("short-secret".into()),
+                    ..ServeArgs::default()
+                },
+                "at least 16",
+            ),
+            (
+                ServeArgs {
+                    admin_token_file: Some("/nonexistent/spechost-token".into()),
+                    ..ServeArgs::default()
+                },
+                "cannot read --admin-token-file",
+            ),
+            (
+                ServeArgs {
+                    speculation: SpeculationArgs {
+                        draft_max: Some(DRAFT_MAX_LIMIT + 1),
+                        ..SpeculationArgs::default()
+                    },
+                    ..ServeArgs::default()
+                },
+                "use at most 256",
+            ),
+            (
+                ServeArgs {
+                    allowed_hosts: Some("example.com,".into()),
+                    ..ServeArgs::default()
+                },
+                "--allowed-hosts",
+            ),
+            (
+                ServeArgs {
+                    header_timeout: Some(0),
+                    ..ServeArgs::default()
+                },
+                "--header-timeout must be at least 1",
+            ),
+            (
+                ServeArgs {
+                    watch: Some("/nonexistent/spechost-watch".into()),
+                    ..ServeArgs::default()
+                },
+                "no such directory",
+            ),
+            (
+                ServeArgs {
+                    target: TargetArgs {
+                        plugin_config: vec!["nope.k=v".into()],
+                        ..TargetArgs::default()
+                    },
+                    ..ServeArgs::default()
+                },
+                "`nope`",
+            ),
+        ] {
+            let err = bad
+                .into_config(Path::new("/tmp"))
+                .expect_err(needle)
+                .to_string();
+            assert!(err.contains(needle), "wanted `{needle}` in: {err}");
+        }
+    }
+    #[test]
+    fn serve_plugin_settings_may_name_builtins_outside_the_default_cascade() {
+        let args = ServeArgs {
+            speculation: SpeculationArgs {
+                cascade: Some("lookup".into()),
+                ..SpeculationArgs::default()
+            },
+            target: TargetArgs {
+                plugin_config: vec!["suffix.max_depth=32".into()],
+                ..TargetArgs::default()
+            },
+            ..ServeArgs::default()
+        };
+        let config = args.into_config(Path::new("/tmp")).expect("valid");
+        assert_eq!(config.plugin_configs["suffix"], "max_depth=32");
+    }
+}

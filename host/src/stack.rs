@@ -1,0 +1,190 @@
+//! [`Stack`]: what `run`, `bench` and `serve` load before they decode, once, in one order.
+//!
+//! 1. The placement's warnings are logged, and this thread (and so the plugin host's threads,
+//!    started next) is pinned to the auxiliary CPUs.
+//! 2. The plugin host starts and the command loads its plugins and policies (a closure of the
+//!    command's): a misspelt cascade entry fails before the model is loaded.
+//! 3. A plugin that drafts with the draft model needs one (`--draft-model`).
+//! 4. When this thread decodes ([`Decoding::OnThisThread`]: `run`, `bench`), it is pinned to the
+//!    compute CPUs, so llama.cpp's OpenMP workers, started at its first decode, inherit them; a
+//!    server's slots pin themselves.
+//! 5. The target loads; then the draft model, if any (a default draft is made from its base
+//!    model on first use), is checked against the target's tokenizer and offered to the plugins.
+//!
+//! Also here: building a cascade of loaded plugins with their configs and policy
+//! ([`build_cascade`]), which checks every config before anything decodes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+
+use crate::cascade::{Cascade, CascadeSettings, DraftModelFactory, DraftSource, ModelFacts, PolicySetup};
+use crate::config::DraftSettings;
+use crate::engine::{DraftModelHost, Target, TargetParams};
+use crate::placement::{PinnedDraftFactory, Plan};
+use crate::plugins::{LoadError, LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
+
+/// What a [`Stack`] loads.
+#[derive(Debug, Clone, Copy)]
+pub struct StackConfig<'a> {
+    /// Threads and CPU pinning.
+    pub placement: &'a Plan,
+    /// The target GGUF.
+    pub model: &'a Path,
+    /// How the target (and the draft model) are loaded.
+    pub target: &'a TargetParams,
+    /// The draft model, if one was asked for.
+    pub draft: Option<&'a DraftSettings>,
+    /// Extra directories searched for built-in plugins.
+    pub plugin_dirs: &'a [PathBuf],
+    /// Where plugins' cross-request state is kept, if anywhere.
+    pub state_dir: Option<&'a Path>,
+    /// spechost's cache (compiled plugins, default models).
+    pub cache_dir: &'a Path,
+}
+
+/// Which thread decodes with the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decoding {
+    /// The thread that loads the stack (`run`, `bench`): it is pinned to the compute CPUs.
+    OnThisThread,
+    /// Threads of their own, which pin themselves (the server's slots).
+    OnOtherThreads,
+}
+
+/// The plugin host with the command's plugins, the target, and the draft model offered to the
+/// plugins.
+pub struct Stack<P> {
+    /// The plugin host (the draft model attached).
+    pub host: PluginHost,
+    /// What the command's closure loaded.
+    pub plugins: P,
+    /// The target.
+    pub target: Arc<Target>,
+}
+
+impl<P> Stack<P> {
+    /// Loads the stack in the [module's](self) order. `load_plugins` loads the command's
+    /// plugins and policies from the host and returns them with the plugins that must have a
+    /// draft model if they draft with one (the command's default cascade).
+    pub fn load(
+        config: &StackConfig<'_>,
+        decoding: Decoding,
+        load_plugins: impl FnOnce(&PluginHost) -> anyhow::Result<(P, Vec<LoadedPlugin>)>,
+    ) -> anyhow::Result<Self> {
+        for warning in &config.placement.warnings {
+            tracing::warn!("{warning}");
+        }
+        config
+            .placement
+            .pin_auxiliary()
+            .context("pinning the plugin host's threads")?;
+        let host = PluginHost::new(PluginHostConfig {
+            cache_dir: Some(config.cache_dir.to_owned()),
+            plugin_dirs: config.plugin_dirs.to_vec(),
+            state_dir: config.state_dir.map(Path::to_owned),
+            ..PluginHostConfig::default()
+        })
+        .context("starting the plugin host")?;
+        let (plugins, drafting) = load_plugins(&host)?;
+        require_draft_model(&drafting, config.draft)?;
+        if decoding == Decoding::OnThisThread {
+            config
+                .placement
+                .pin_compute()
+                .context("pinning the target's compute threads")?;
+        }
+        let target = Arc::new(Target::load(config.model, config.target)?);
+        if let Some(draft_model) = load_draft_model(config, &target)? {
+            host.attach_draft_model(draft_model);
+        }
+        Ok(Self {
+            host,
+            plugins,
+            target,
+        })
+    }
+}
+
+/// Fails, before any model is loaded, when a plugin drives the draft model (it imports
+/// `draft-model`) but no `--draft-model` was given: it would draft nothing.
+fn require_draft_model(
+    plugins: &[LoadedPlugin],
+    draft: Option<&DraftSettings>,
+) -> anyhow::Result<()> {
+    match plugins.iter().find(|p| p.uses_draft_model()) {
+        Some(plugin) if draft.is_none() => anyhow::bail!(
+            "the cascade's `{}` drafts with the draft model, but none is loaded; add --draft-model auto (the default target's draft) or --draft-model PATH.gguf",
+            plugin.name()
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Loads the draft model of `config` for `target`, if any: makes a default draft from its base
+/// model on first use (with the draft's threads), loads it as the target is loaded, and checks
+/// that it shares the target's tokenizer. With draft CPUs, its contexts compute there.
+fn load_draft_model(
+    config: &StackConfig<'_>,
+    target: &Target,
+) -> anyhow::Result<Option<Arc<dyn DraftModelFactory>>> {
+    let Some(settings) = config.draft else {
+        return Ok(None);
+    };
+    if let Some(default_draft) = settings.default_draft {
+        default_draft
+            .make(config.cache_dir, settings.model.threads)
+            .with_context(|| format!("making the default draft model {}", default_draft.name()))?;
+    }
+    let draft: Arc<dyn DraftModelFactory> = Arc::new(DraftModelHost::load_for(
+        target,
+        &settings.model,
+        config.target,
+    )?);
+    Ok(Some(match &settings.cpus {
+        Some(cpus) => Arc::new(PinnedDraftFactory::new(draft, cpus.clone())),
+        None => draft,
+    }))
+}
+
+/// Makes one source per loaded plugin, in cascade order, configured from `plugin_configs` (by
+/// plugin name), with `policy` (a loaded policy and its settings) choosing each round's draft
+/// length up to `max_draft_len`. Checks first that each plugin and the policy accept their
+/// configuration. A plugin that traps is not an error here: it faults during generation and is
+/// quarantined, and generation goes on without it.
+pub fn build_cascade(
+    plugins: &[LoadedPlugin],
+    plugin_configs: &BTreeMap<String, String>,
+    facts: &ModelFacts,
+    settings: CascadeSettings,
+    policy: Option<(&LoadedPolicy, &str)>,
+    max_draft_len: usize,
+) -> anyhow::Result<Cascade> {
+    let mut sources: Vec<Box<dyn DraftSource>> = Vec::new();
+    for plugin in plugins {
+        let plugin_config = plugin_configs
+            .get(plugin.name())
+            .cloned()
+            .unwrap_or_default();
+        if let Err(error @ LoadError::Config { .. }) = plugin.check_config(&plugin_config, facts) {
+            return Err(error.into());
+        }
+        sources.push(Box::new(plugin.source(plugin_config)));
+    }
+    let cascade = Cascade::new(sources, settings);
+    let Some((policy, policy_config)) = policy else {
+        return Ok(cascade);
+    };
+    let setup = PolicySetup {
+        sources: cascade.source_names(),
+        max_draft_len,
+        verify_costs: Vec::new(),
+    };
+    if let Err(error @ LoadError::Config { .. }) = policy.check_config(policy_config, facts, &setup)
+    {
+        return Err(error.into());
+    }
+    Ok(cascade.with_policy(Box::new(policy.policy(policy_config))))
+}
