@@ -162,6 +162,10 @@ fn the_full_cascade_matches_plain_decoding_on_every_sample_workload() {
         [
             "--cascade",
             "lookup,suffix,draft",
+            "--policy",
+            "fixed",
+            "--draft-max",
+            "8",
             "--draft-model",
             "auto",
             "--cascade-mode",

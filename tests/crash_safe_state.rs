@@ -4,6 +4,9 @@
 //! the new one, byte for byte, never a mix or a torn write; and the suffix drafter of
 //! `spechost run --state-dir` loads either without a warning.
 //!
+//! The same for `spechost serve --state-dir`: a server saving its state on SIGTERM is killed
+//! with SIGKILL, and the next server loads the old or the new version and drafts with it.
+//!
 //! The host writes state through a temporary file, fsync and rename (`plugins::state`). A
 //! writer killed before its rename leaves its temporary file behind: harmless (never read), and
 //! listed by this test so that it is visible; nothing removes them yet.
@@ -14,6 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::server::{PATIENCE, Server, chat_body, chat_text, fixture, post, wait_for};
+use serde_json::json;
 use spechost::config::cache_dir;
 use spechost::models::DefaultModel;
 
@@ -189,7 +194,13 @@ enum Moment {
 /// more looks; or lets it finish if it gets there first.
 fn kill_during_write(child: &mut Child, dir: &Path, file_name: &str, extra_polls: u32) -> Moment {
     let pid = child.id();
+    let started = Instant::now();
     loop {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "{file_name} was never written in {}",
+            dir.display()
+        );
         if child.try_wait().expect("wait on spechost").is_some() {
             return Moment::Finished;
         }
@@ -356,4 +367,150 @@ fn killed_state_writer_leaves_the_old_or_the_new_file_never_a_corrupt_one() {
             "{version}: no sign that the cache was loaded: {stderr}"
         );
     }
+}
+
+/// Times the serve test kills a server that is saving its state.
+const SERVE_KILLS: u32 = 6;
+/// The suffix drafter's state file in a `--state-dir`.
+const SUFFIX_STATE: &str = "suffix.state";
+
+/// Sends SIGTERM (the server finishes, then saves its state), then SIGKILL: after `delay`, or,
+/// without one, once its temporary state file appears in `dir`.
+fn kill_while_saving(server: &mut Server, dir: &Path, delay: Option<Duration>) -> Moment {
+    let pid = server.child.id();
+    let sent = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    assert!(
+        sent.is_ok_and(|status| status.success()),
+        "kill -TERM {pid}"
+    );
+    let moment = match delay {
+        Some(delay) => {
+            std::thread::sleep(delay);
+            let _ = server.child.kill();
+            Moment::AfterDelay
+        }
+        None => kill_during_write(&mut server.child, dir, SUFFIX_STATE, 0),
+    };
+    let status = server.child.wait().expect("the server ends");
+    if status.success() {
+        Moment::Finished
+    } else {
+        moment
+    }
+}
+
+/// Starts a server on `args` and checks that it loaded the saved suffix state and left no
+/// temporary file of a killed writer.
+fn start_with_saved_state(args: &[&str], dir: &Path) -> Server {
+    let server = Server::start(args);
+    wait_for(&server, "the saved state to be loaded", || {
+        server.log().contains("loaded plugin state")
+    });
+    let leftovers = temp_files(dir, SUFFIX_STATE);
+    assert!(
+        leftovers.is_empty(),
+        "temporary files of killed writers were not removed at start: {leftovers:?}"
+    );
+    server
+}
+
+/// Asks `server` for `prompt` with the suffix drafter and checks the output, then that the
+/// drafter loaded the saved response cache without a warning.
+fn check_suffix_answer(server: &Server, prompt: &str, plain: &str) {
+    let answer = post(
+        server,
+        "/v1/chat/completions",
+        &chat_body(prompt, 48, json!({"speculative": {"cascade": "suffix"}})),
+    );
+    assert_eq!(chat_text(&answer), plain, "suffix changed the output");
+    wait_for(server, "the suffix drafter to load its cache", || {
+        server.log().contains(LOADED_NOTE)
+    });
+    let log = server.log();
+    assert!(
+        !log.contains(IGNORED_WARNING) && !log.contains(UNUSABLE_WARNING),
+        "the saved state was not used: {log}"
+    );
+}
+
+#[test]
+fn serve_state_killed_while_saving_is_the_old_or_the_new_version_never_corrupt() {
+    let _guard = common::exclusive();
+    let scratch = Scratch::new("serve-kill");
+    let state_file = scratch.join(SUFFIX_STATE);
+    let state_arg = scratch.0.to_str().expect("UTF-8 temp dir");
+    let args = ["--cascade", "suffix", "--state-dir", state_arg];
+    let prompts: Vec<String> = [
+        "edit-shlex-split",
+        "extract-protocols-0",
+        "HumanEval-2",
+        "HumanEval-5",
+    ]
+    .iter()
+    .map(|id| fixture(id))
+    .collect();
+
+    let first = Server::start(&args);
+    let plain: Vec<String> = prompts
+        .iter()
+        .map(|prompt| {
+            chat_text(&post(
+                &first,
+                "/v1/chat/completions",
+                &chat_body(prompt, 48, json!({"speculative": {"cascade": "none"}})),
+            ))
+        })
+        .collect();
+    let suffix_body = chat_body(
+        &prompts[0],
+        48,
+        json!({"speculative": {"cascade": "suffix"}}),
+    );
+    assert_eq!(
+        chat_text(&post(&first, "/v1/chat/completions", &suffix_body)),
+        plain[0]
+    );
+    first.terminate();
+    assert!(state_file.exists(), "no state saved on SIGTERM");
+
+    let mut moments = Vec::new();
+    for kill in 0..SERVE_KILLS {
+        let before = std::fs::read(&state_file).expect("a state file");
+        let mut server = start_with_saved_state(&args, &scratch.0);
+        let prompt = kill as usize % prompts.len();
+        check_suffix_answer(&server, &prompts[prompt], &plain[prompt]);
+        // One more response in the cache, so that the shutdown writes a new version.
+        let next = (prompt + 1) % prompts.len();
+        let body = chat_body(
+            &prompts[next],
+            48,
+            json!({"speculative": {"cascade": "suffix"}}),
+        );
+        assert_eq!(
+            chat_text(&post(&server, "/v1/chat/completions", &body)),
+            plain[next]
+        );
+        let delay = (kill % 2 == 0).then(|| Duration::from_millis(u64::from(kill) * 2));
+        let moment = kill_while_saving(&mut server, &scratch.0, delay);
+        let after = std::fs::read(&state_file).expect("the state file survives the kill");
+        if moment == Moment::Finished {
+            assert_ne!(after, before, "a finished shutdown left the old state");
+        }
+        eprintln!(
+            "kill {kill}: {moment:?}, state file {} ({} bytes)",
+            if after == before { "old" } else { "new" },
+            after.len()
+        );
+        moments.push(moment);
+    }
+    assert!(
+        moments.iter().any(|m| *m != Moment::Finished),
+        "every server finished before its SIGKILL, so no kill was tested: {moments:?}"
+    );
+
+    let last = start_with_saved_state(&args, &scratch.0);
+    check_suffix_answer(&last, &prompts[0], &plain[0]);
+    last.terminate();
 }

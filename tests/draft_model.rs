@@ -11,12 +11,12 @@ use std::sync::Arc;
 use common::*;
 use spechost::cascade::{Cascade, DraftModel, DraftedToken, Token};
 use spechost::config::cache_dir;
-use spechost::plugins::SourceSpec;
 use spechost::engine::{
     DraftModelConfig, DraftModelContext, DraftModelHost, EngineError, SamplingParams, Target,
     TargetParams, check_vocab_compatible,
 };
 use spechost::models::{DefaultDraft, DefaultModel};
+use spechost::plugins::SourceSpec;
 
 /// Tokens each proposal asks for in the tests that compare proposals.
 const DRAFT_LEN: usize = 12;

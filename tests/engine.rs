@@ -4,11 +4,11 @@ mod common;
 
 use common::*;
 use spechost::cascade::Cascade;
-use spechost::plugins::SourceSpec;
 use spechost::engine::{
     MessageContents, Request, RoundDecision, SamplingParams, StopReason, Target, TargetParams,
 };
 use spechost::models::DefaultModel;
+use spechost::plugins::SourceSpec;
 
 const MAX_TOKENS: usize = 96;
 
@@ -26,20 +26,20 @@ fn lookup_matches_plain(model: DefaultModel) {
             8,
             &mut Cascade::empty(),
         );
-        for draft_max in [3, 8] {
+        for max_draft_len in [3, 8] {
             let mut cascade = cascade(&host, &[SourceSpec::Builtin("lookup".into())]);
             let spec = generate(
                 &target,
                 &fixture.user_message,
                 MAX_TOKENS,
                 SamplingParams::greedy(),
-                draft_max,
+                max_draft_len,
                 &mut cascade,
             );
             assert_eq!(
                 spec.tokens,
                 plain.tokens,
-                "{} {}: K={draft_max} output differs from plain decoding at token {:?}\nplain: {:?}\nspec:  {:?}",
+                "{} {}: K={max_draft_len} output differs from plain decoding at token {:?}\nplain: {:?}\nspec:  {:?}",
                 model.alias(),
                 fixture.id,
                 first_difference(&spec.tokens, &plain.tokens),

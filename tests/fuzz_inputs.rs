@@ -17,8 +17,8 @@ use proptest::test_runner::FileFailurePersistence;
 use spechost::bench::{ChatMessage, Prompt, Workload, WorkloadError};
 use spechost::cascade::{DraftSource as _, ModelFacts};
 use spechost::config::{ConfigError, RunArgs, RunConfig};
-use spechost::plugins::{SourceSpec, SpecError, parse_cascade, parse_policy};
 use spechost::plugins::{LoadError, PluginHost, PluginHostConfig};
+use spechost::plugins::{SourceSpec, SpecError, parse_cascade, parse_policy};
 use spechost::warm::read_corpus;
 
 /// Proptest's settings for every property here: the default cases (or `PROPTEST_CASES`), with

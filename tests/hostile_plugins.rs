@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use spechost::cascade::Cascade;
-use spechost::plugins::SourceSpec;
 use spechost::engine::SamplingParams;
 use spechost::models::DefaultModel;
 use spechost::plugins::SandboxLimits;
+use spechost::plugins::SourceSpec;
 
 const MAX_TOKENS: usize = 48;
 

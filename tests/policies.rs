@@ -12,10 +12,10 @@ use common::*;
 use spechost::cascade::{
     Cascade, CascadeMode, CascadeSettings, DraftModel, DraftModelFactory, DraftedToken, Token,
 };
-use spechost::plugins::{SourceSpec, parse_policy};
 use spechost::engine::{GenerationStats, Outcome, SamplingParams, Target};
 use spechost::models::DefaultModel;
 use spechost::plugins::{BUILTIN_POLICIES, PluginHost};
+use spechost::plugins::{SourceSpec, parse_policy};
 use spechost::stack::build_cascade;
 
 const MAX_TOKENS: usize = 64;

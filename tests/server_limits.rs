@@ -121,19 +121,19 @@ fn requests_draft_within_the_servers_draft_max_measured_once_at_start_up() {
     wait_for(&server, "both slots to measure their curve", || {
         server.log().matches(measured).count() == 2
     });
-    for draft_max in [0, 9, 100_000, usize::MAX] {
+    for max_draft_len in [0, 9, 100_000, usize::MAX] {
         let refused = post(
             &server,
             "/v1/completions",
             &completion(
                 "1, 2, 3,",
                 8,
-                json!({"speculative": {"draft_max": draft_max, "policy": "cost"}}),
+                json!({"speculative": {"draft_max": max_draft_len, "policy": "cost"}}),
             ),
         );
         assert_eq!(
             refused.status, 400,
-            "draft_max {draft_max}: {}",
+            "draft_max {max_draft_len}: {}",
             refused.body
         );
         assert!(

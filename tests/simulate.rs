@@ -91,6 +91,8 @@ fn simulation_of_a_trace_counts_what_a_real_greedy_run_counts() {
         "bench",
         "--workload",
         common::arg(&workload),
+        "--policy",
+        "fixed",
         "--draft-max",
         "8",
         "--repeat",

@@ -44,7 +44,7 @@ const CTX_SIZE: u32 = 2048;
 struct Options {
     target: String,
     drafts: Vec<String>,
-    draft_max: usize,
+    max_draft_len: usize,
     p_min: f32,
     threads: usize,
     repeat: usize,
@@ -54,7 +54,7 @@ fn options() -> Result<Options, String> {
     let mut options = Options {
         target: DefaultModel::SmolLm2.alias().to_owned(),
         drafts: Vec::new(),
-        draft_max: 8,
+        max_draft_len: 8,
         p_min: 0.5,
         threads: 1,
         repeat: 1,
@@ -69,7 +69,9 @@ fn options() -> Result<Options, String> {
         match flag.as_str() {
             "--target" => options.target = value,
             "--draft" => options.drafts.push(value),
-            "--draft-max" => options.draft_max = value.parse().map_err(|_| number("a count"))?,
+            "--draft-max" => {
+                options.max_draft_len = value.parse().map_err(|_| number("a count"))?
+            }
             "--p-min" => options.p_min = value.parse().map_err(|_| number("a probability"))?,
             "--threads" => options.threads = value.parse().map_err(|_| number("a count"))?,
             "--repeat" => options.repeat = value.parse().map_err(|_| number("a count"))?,
@@ -157,7 +159,7 @@ fn replay(
     draft.feed(&output[..1]);
     let mut position = 1;
     while position < output.len() {
-        let max_len = options.draft_max.min(output.len() - position);
+        let max_len = options.max_draft_len.min(output.len() - position);
         let started = clock.now();
         let proposal = draft.propose(max_len, options.p_min);
         let elapsed = clock.now() - started;
@@ -255,7 +257,7 @@ fn main() {
     );
     println!(
         "draft\tacceptance\ttokens/round\tms/drafted token\tms/prompt token\t(draft-max {}, p-min {})",
-        options.draft_max, options.p_min
+        options.max_draft_len, options.p_min
     );
     for ((path, _), totals) in drafts.iter().zip(&totals) {
         println!(

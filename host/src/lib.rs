@@ -3,11 +3,14 @@
 //!
 //! # How a token flows
 //!
-//! 1. [`config`] turns the command line (and a TOML file) into typed settings, once.
+//! 1. [`config`] turns the command line (and a TOML file) into typed settings, once;
+//!    [`commands`] runs the command, and [`stack::Stack`] loads what every command needs
+//!    (plugins, target, draft model) in one order.
 //! 2. [`engine::Target`] loads the target GGUF through llama.cpp and tokenizes the prompt with the
 //!    model's chat template; [`engine::Session`] owns one llama.cpp context (KV cache).
-//! 3. Each round of [`engine::Session::generate`] asks the [`cascade::Cascade`] for a draft of at
-//!    most `draft_max` tokens; the cascade's [`cascade::RoundPolicy`] (a policy plugin) picks
+//! 3. Each round of [`engine::generate`] (the one round protocol, over an
+//!    [`engine::Verifier`]: the session decodes, the benchmark's simulator replays a trace)
+//!    asks the [`cascade::Cascade`] for a draft of at most `max_draft_len` tokens; the cascade's [`cascade::RoundPolicy`] (a policy plugin) picks
 //!    this round's draft length (0 = plain decoding), and the cascade asks its sources: in order,
 //!    the first that proposes enough tokens winning, or all cheap ones, the best expected
 //!    acceptance winning (scored mode).
@@ -20,7 +23,8 @@
 //!    [`engine::GenerationStats`].
 //!
 //! [`server`] puts this behind an OpenAI-compatible HTTP API (`spechost serve`): requests queue
-//! for slots (one context each), and the cascade can be swapped between rounds while they run.
+//! for slots (one context each), and the plugin registry can swap the cascade between rounds
+//! while they run. `docs/architecture.md` draws the whole path.
 //!
 //! ```no_run
 //! use spechost::engine::{Request, Target, TargetParams, SessionParams, SamplingParams};

@@ -20,7 +20,9 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
-use crate::cascade::{Cascade, CascadeSettings, DraftModelFactory, DraftSource, ModelFacts, PolicySetup};
+use crate::cascade::{
+    Cascade, CascadeSettings, DraftModelFactory, DraftSource, ModelFacts, PolicySetup,
+};
 use crate::config::DraftSettings;
 use crate::engine::{DraftModelHost, Target, TargetParams};
 use crate::placement::{PinnedDraftFactory, Plan};

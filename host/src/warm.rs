@@ -29,7 +29,6 @@ const FEED_CHUNK: usize = 256;
 /// Fields of a corpus object that hold a text, in the order they are tried.
 const TEXT_FIELDS: &[&str] = &["text", "response", "output", "completion", "content"];
 
-
 /// What warming did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WarmReport {

@@ -10,11 +10,11 @@ use std::sync::{Mutex, MutexGuard};
 
 use spechost::cascade::{Cascade, CascadeSettings, DraftSource};
 use spechost::config::cache_dir;
-use spechost::plugins::SourceSpec;
 use spechost::engine::{
     Outcome, Request, SamplingParams, Session, SessionParams, Target, TargetParams,
 };
 use spechost::models::DefaultModel;
+use spechost::plugins::SourceSpec;
 use spechost::plugins::{PluginHost, PluginHostConfig, SandboxLimits};
 
 /// Model tests run one at a time: two llama.cpp thread pools on two cores would only slow
@@ -132,7 +132,7 @@ pub fn generate(
     user_message: &str,
     max_tokens: usize,
     sampling: SamplingParams,
-    draft_max: usize,
+    max_draft_len: usize,
     cascade: &mut Cascade,
 ) -> Outcome {
     let mut session = target.session(&session_params()).expect("session");
@@ -142,7 +142,7 @@ pub fn generate(
         user_message,
         max_tokens,
         sampling,
-        draft_max,
+        max_draft_len,
         cascade,
     )
 }
@@ -154,12 +154,12 @@ pub fn generate_in(
     user_message: &str,
     max_tokens: usize,
     sampling: SamplingParams,
-    draft_max: usize,
+    max_draft_len: usize,
     cascade: &mut Cascade,
 ) -> Outcome {
     let prompt = target.tokenize_chat(user_message).expect("chat template");
     let mut request = Request::new(prompt, max_tokens, sampling);
-    request.draft_max = draft_max;
+    request.max_draft_len = max_draft_len;
     session
         .generate(&request, cascade, &mut |_| {})
         .expect("generation succeeds")

@@ -171,7 +171,7 @@ fn draw_acceptance<DB: DrawingBackend>(
     let positions = workload
         .configurations
         .iter()
-        .filter_map(|c| c.draft_max)
+        .filter_map(|c| c.max_draft_len)
         .max()
         .unwrap_or(1)
         .max(2);
@@ -248,7 +248,7 @@ mod tests {
         ConfigurationReport {
             label: label.into(),
             cascade: if plain { vec![] } else { vec!["lookup".into()] },
-            draft_max: (!plain).then_some(shares.len()),
+            max_draft_len: (!plain).then_some(shares.len()),
             tokens_per_second_by_pass: vec![100.0 * speedup],
             tokens_per_second: Summary {
                 median: 100.0 * speedup,

@@ -88,7 +88,7 @@ pub fn prepare(
                     max_tokens,
                     sampling: SamplingParams::greedy(),
                     stop: StopStrings::default(),
-                    draft_max: 0,
+                    max_draft_len: 0,
                 },
             })
         })

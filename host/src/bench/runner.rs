@@ -26,9 +26,9 @@ use super::stats::Totals;
 use super::workload::Workload;
 use crate::cascade::{Cascade, CascadeMode, CascadeSettings, ModelFacts, Token};
 use crate::config::{BenchConfig, FIXED_POLICY};
-use crate::plugins::{PolicySpec, SourceSpec};
 use crate::engine::{Request, Session, VerifyCurve};
 use crate::plugins::{LoadedPlugin, LoadedPolicy, PluginHost};
+use crate::plugins::{PolicySpec, SourceSpec};
 use crate::stack::{Decoding, Stack, StackConfig, build_cascade};
 
 /// How often the progress bar redraws its elapsed time while a request runs.
@@ -41,7 +41,7 @@ pub struct Configuration {
     /// Draft sources in order; empty for plain decoding.
     pub cascade: Vec<SourceSpec>,
     /// Most draft tokens per round; `None` for plain decoding.
-    pub draft_max: Option<usize>,
+    pub max_draft_len: Option<usize>,
     /// The draft-length policy; `None` for plain decoding.
     pub policy: Option<PolicySpec>,
     /// How the cascade picks a draft.
@@ -53,7 +53,7 @@ impl Configuration {
     pub fn plain() -> Self {
         Self {
             cascade: Vec::new(),
-            draft_max: None,
+            max_draft_len: None,
             policy: None,
             mode: CascadeMode::First,
         }
@@ -63,20 +63,20 @@ impl Configuration {
     /// the `fixed` policy at every draft length (a K sweep), an adaptive policy once, capped at
     /// the largest (it picks K itself).
     pub fn all(config: &BenchConfig) -> Vec<Self> {
-        let largest = config.draft_maxes.iter().max().copied();
+        let largest = config.max_draft_lens.iter().max().copied();
         let mut all = vec![Self::plain()];
         for cascade in &config.cascades {
             for &mode in &config.cascade_modes {
                 for policy in &config.policies {
-                    let draft_maxes = if policy.name() == FIXED_POLICY {
-                        config.draft_maxes.clone()
+                    let max_draft_lens = if policy.name() == FIXED_POLICY {
+                        config.max_draft_lens.clone()
                     } else {
                         largest.into_iter().collect()
                     };
-                    for draft_max in draft_maxes {
+                    for max_draft_len in max_draft_lens {
                         all.push(Self {
                             cascade: cascade.clone(),
-                            draft_max: Some(draft_max),
+                            max_draft_len: Some(max_draft_len),
                             policy: Some(policy.clone()),
                             mode,
                         });
@@ -92,14 +92,14 @@ impl Configuration {
     pub fn grid(
         cascades: &[Vec<SourceSpec>],
         modes: &[CascadeMode],
-        draft_maxes: &[usize],
+        max_draft_lens: &[usize],
     ) -> Vec<Self> {
         let mut grid = Vec::new();
         for cascade in cascades {
             for &mode in modes {
-                grid.extend(draft_maxes.iter().map(|&draft_max| Self {
+                grid.extend(max_draft_lens.iter().map(|&max_draft_len| Self {
                     cascade: cascade.clone(),
-                    draft_max: Some(draft_max),
+                    max_draft_len: Some(max_draft_len),
                     policy: None,
                     mode,
                 }));
@@ -137,7 +137,7 @@ impl Configuration {
     /// The row label: `plain`; `lookup,suffix K=8` with the fixed policy; otherwise
     /// `lookup,suffix window K≤24`, with ` scored` in scored mode.
     pub fn label(&self) -> String {
-        let Some(draft_max) = self.draft_max.filter(|_| !self.is_plain()) else {
+        let Some(max_draft_len) = self.max_draft_len.filter(|_| !self.is_plain()) else {
             return "plain".into();
         };
         let mode = match self.mode {
@@ -146,9 +146,9 @@ impl Configuration {
         };
         let policy = self.policy_name();
         if policy == "fixed" || self.policy.is_none() {
-            format!("{} K={draft_max}{mode}", self.cascade_name())
+            format!("{} K={max_draft_len}{mode}", self.cascade_name())
         } else {
-            format!("{} {policy} K≤{draft_max}{mode}", self.cascade_name())
+            format!("{} {policy} K≤{max_draft_len}{mode}", self.cascade_name())
         }
     }
 }
@@ -270,7 +270,7 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         .iter()
         .map(|w| prepare(target, w, &limits, session.ctx_size()))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let largest_draft = config.draft_maxes.iter().max().copied().unwrap_or(0);
+    let largest_draft = config.max_draft_lens.iter().max().copied().unwrap_or(0);
     let largest_batch = config.cost_max_tokens.max(largest_draft + 1);
 
     let passes = config.warmup + config.repeat;
@@ -435,7 +435,7 @@ fn new_cascade(
         facts,
         settings,
         policy.map(|policy| (policy, policy_config)),
-        configuration.draft_max.unwrap_or(0),
+        configuration.max_draft_len.unwrap_or(0),
     )
 }
 
@@ -451,7 +451,7 @@ struct PassContext<'s, 't> {
 impl PassContext<'_, '_> {
     fn decode(&mut self, prepared: &Prepared) -> anyhow::Result<crate::engine::Outcome> {
         let request = Request {
-            draft_max: self.configuration.draft_max.unwrap_or(0),
+            max_draft_len: self.configuration.max_draft_len.unwrap_or(0),
             ..prepared.request.clone()
         };
         self.session
@@ -540,13 +540,13 @@ mod tests {
     fn the_default_policy_runs_once_and_fixed_sweeps_every_draft_length() {
         let default = labels(crate::config::BenchArgs {
             cascades: vec!["lookup".into()],
-            draft_maxes: vec![4, 8],
+            max_draft_lens: vec![4, 8],
             ..crate::config::BenchArgs::default()
         });
         assert_eq!(default, ["plain", "lookup cost K≤8"]);
         let labels = labels(crate::config::BenchArgs {
             cascades: vec!["lookup".into(), "lookup,suffix".into()],
-            draft_maxes: vec![4, 8],
+            max_draft_lens: vec![4, 8],
             policies: vec!["fixed".into()],
             ..crate::config::BenchArgs::default()
         });
@@ -567,7 +567,7 @@ mod tests {
     fn adaptive_policies_run_once_at_the_largest_draft_length() {
         let labels = labels(crate::config::BenchArgs {
             cascades: vec!["lookup".into()],
-            draft_maxes: vec![4, 16, 8],
+            max_draft_lens: vec![4, 16, 8],
             policies: vec!["fixed".into(), "cost".into(), "window,raise=0.9".into()],
             ..crate::config::BenchArgs::default()
         });

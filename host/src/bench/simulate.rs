@@ -1,17 +1,11 @@
 //! `spechost simulate`: replays a [`Trace`] through cascades without the model, so a drafter's
 //! acceptance on a workload takes seconds to measure instead of minutes.
 //!
-//! Each request is replayed exactly as `Session::generate` drives the cascade, with the target's
-//! tokens read from the trace instead of sampled:
-//! 1. `begin` with the prompt and the first output token (the one plain decoding of the prompt
-//!    gives);
-//! 2. each round, `propose` with the budget [`RoundLimits`] gives the real loop (draft length,
-//!    tokens left, batch, context);
-//! 3. the accepted prefix is the longest prefix of the draft that equals the trace's next tokens,
-//!    and the round commits it plus the trace's next token (fewer when the trace ends inside the
-//!    draft, as generation stops there);
-//! 4. `accept` with the draft, the accepted count and the committed tokens; `end` after the last
-//!    round.
+//! Each request goes through the engine's round protocol ([`generate`], the one decoding uses)
+//! with a verifier that reads the target's tokens from the trace instead of sampling them: the
+//! accepted prefix is the longest prefix of the draft that equals the trace's next tokens, and
+//! the round commits it plus the trace's next token (fewer when the trace ends inside the draft,
+//! as generation stopped there). Exact by construction: no second copy of the protocol.
 //!
 //! Greedy decoding commits exactly the trace's tokens under any cascade, so a deterministic
 //! drafter sees the same calls in the same order as in `bench`: the counters (rounds, drafted,
@@ -33,9 +27,12 @@ use super::report::SourceReport;
 use super::runner::{Configuration, load_plugins};
 use super::stats::Totals;
 use super::trace::{Trace, TraceRequest, TraceTarget};
-use crate::cascade::{Cascade, CascadeSettings, Draft, RoundTiming, Token};
+use crate::cascade::{Cascade, CascadeSettings, ModelFacts, Token, matching_prefix};
 use crate::config::SimulateConfig;
-use crate::engine::{GenerationStats, RoundLimits};
+use crate::engine::{
+    EngineError, GenerationStats, Prefill, Request, RoundDecision, RoundDraft, SamplingParams,
+    StopStrings, Verifier, generate,
+};
 use crate::plugins::{PluginHost, PluginHostConfig};
 use crate::stack::build_cascade;
 
@@ -44,75 +41,99 @@ pub const SIMULATION_MARKDOWN: &str = "simulation.md";
 /// See [`SIMULATION_MARKDOWN`].
 pub const SIMULATION_JSON: &str = "simulation.json";
 
-/// Replays one traced request of `target` through `cascade` with drafts of at most `draft_max`
-/// tokens; returns the counters `Session::generate` would have kept (`generation_time` is the
-/// replay's wall time, `draft_time` the cascade's).
+/// Replays one traced request of `target` through `cascade` with drafts of at most
+/// `max_draft_len` tokens, through the same protocol as decoding ([`generate`]) with the
+/// target's tokens read from the trace; returns the request's counters (`generation_time` is
+/// the replay's wall time).
 pub fn replay(
     request: &TraceRequest,
     target: &TraceTarget,
-    draft_max: usize,
+    max_draft_len: usize,
     cascade: &mut Cascade,
 ) -> GenerationStats {
-    let started = Instant::now();
-    let facts = target.facts();
-    let output = &request.output;
-    let mut stats = GenerationStats {
-        prompt_tokens: request.prompt.len(),
-        generated_tokens: output.len(),
-        ..GenerationStats::default()
+    let replayed = Request {
+        prompt: request.prompt.clone(),
+        max_tokens: request.max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop: StopStrings::default(),
+        max_draft_len,
     };
-    let Some(&first) = output.first() else {
-        return stats;
+    let mut verifier = TraceVerifier {
+        target,
+        output: &request.output,
+        given: 0,
     };
-    let context = [request.prompt.as_slice(), &[first]].concat();
-    cascade.begin(&facts, &context, draft_max, &[]);
-    let mut n_generated = 1;
-    let mut n_past = request.prompt.len();
-    while n_generated < output.len() {
-        let budget = RoundLimits {
-            remaining_tokens: request.max_tokens - n_generated,
-            batch_size: target.batch_size,
-            free_context: (facts.context_size as usize).saturating_sub(n_past),
+    match generate(&mut verifier, &replayed, cascade, &mut |_| {}, &mut || {
+        RoundDecision::Continue
+    }) {
+        Ok(outcome) => outcome.stats,
+        // A trace that ends without a reason to stop (hand-made or truncated) ends the replay.
+        Err(error) => {
+            tracing::warn!(id = %request.id, %error, "replay ended early");
+            GenerationStats {
+                prompt_tokens: request.prompt.len(),
+                ..GenerationStats::default()
+            }
         }
-        .budget(draft_max);
-        let draft = if budget > 0 {
-            cascade.propose(budget)
-        } else {
-            Draft::default()
-        };
-        stats.rounds += 1;
-        stats.count_verify_batch(draft.tokens.len() + 1);
-        if !draft.tokens.is_empty() {
-            stats.draft_rounds += 1;
-            stats.drafted += draft.tokens.len() as u64;
-        }
-        let (n_accepted, committed) = verify_against(&draft.tokens, &output[n_generated..]);
-        stats.accepted += n_accepted as u64;
-        n_generated += committed.len();
-        n_past += n_accepted + 1;
-        cascade.accept(&draft, n_accepted, committed, RoundTiming::default(), "");
     }
-    cascade.end();
-    stats.sources = cascade.stats();
-    stats.draft_time = stats.sources.iter().map(|s| s.time).sum();
-    stats.generation_time = started.elapsed();
-    stats
 }
 
-/// What verifying `draft` commits when the target's next tokens are `upcoming` (the rest of the
-/// trace): the number of leading draft tokens accepted, and the committed tokens (the accepted
-/// prefix plus the target's next token, cut where `upcoming` ends, since generation stopped
-/// there).
-fn verify_against<'t>(draft: &[Token], upcoming: &'t [Token]) -> (usize, &'t [Token]) {
-    let n_accepted = draft
-        .iter()
-        .zip(upcoming)
-        .take_while(|(drafted, target)| drafted == target)
-        .count();
-    (
-        n_accepted,
-        &upcoming[..(n_accepted + 1).min(upcoming.len())],
-    )
+/// A traced request as the verifier of the round protocol: the target's tokens are the trace's.
+struct TraceVerifier<'t> {
+    target: &'t TraceTarget,
+    output: &'t [Token],
+    /// Output tokens given to the protocol so far.
+    given: usize,
+}
+
+impl Verifier for TraceVerifier<'_> {
+    fn facts(&self) -> ModelFacts {
+        self.target.facts()
+    }
+
+    fn batch_size(&self) -> usize {
+        self.target.batch_size
+    }
+
+    fn can_verify_drafts(&self) -> bool {
+        true
+    }
+
+    fn is_eog(&self, token: Token) -> bool {
+        self.target.eog.contains(&token)
+    }
+
+    fn token_bytes(&self, _token: Token, out: &mut Vec<u8>) {
+        // A trace records tokens, not text: nothing to stream, no stop strings to find.
+        out.clear();
+    }
+
+    fn verify_costs(&self, _context_len: usize) -> Vec<Duration> {
+        self.target.verify_costs().per_batch
+    }
+
+    fn prefill(
+        &mut self,
+        _request: &Request,
+        _stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Prefill, EngineError> {
+        let &first = self.output.first().ok_or(EngineError::TraceEnded)?;
+        self.given = 1;
+        Ok(Prefill::Done { first })
+    }
+
+    fn verify(&mut self, round: &RoundDraft) -> Result<Vec<Token>, EngineError> {
+        let upcoming = &self.output[self.given..];
+        if upcoming.is_empty() {
+            return Err(EngineError::TraceEnded);
+        }
+        let n_accepted = matching_prefix(&round.tokens, upcoming);
+        // The accepted prefix plus the target's next token, cut where the trace ends (generation
+        // stopped there).
+        let target = &upcoming[..(n_accepted + 1).min(upcoming.len())];
+        self.given += target.len();
+        Ok(target.to_vec())
+    }
 }
 
 /// The replay of one configuration over one workload.
@@ -123,7 +144,8 @@ pub struct SimulatedConfiguration {
     /// Source names in order.
     pub cascade: Vec<String>,
     /// Most draft tokens per round.
-    pub draft_max: Option<usize>,
+    #[serde(rename = "draft_max")]
+    pub max_draft_len: Option<usize>,
     /// Verify rounds.
     pub rounds: u64,
     /// Rounds that verified a draft.
@@ -178,8 +200,11 @@ pub struct SimulationReport {
 /// Replays the trace through every configured cascade and draft length.
 pub fn simulate(config: &SimulateConfig, cache_dir: &Path) -> anyhow::Result<SimulationReport> {
     let trace = Trace::read(&config.trace)?;
-    let configurations =
-        Configuration::grid(&config.cascades, &config.cascade_modes, &config.draft_maxes);
+    let configurations = Configuration::grid(
+        &config.cascades,
+        &config.cascade_modes,
+        &config.max_draft_lens,
+    );
     let host = PluginHost::new(PluginHostConfig {
         cache_dir: Some(cache_dir.to_owned()),
         plugin_dirs: config.plugin_dirs.clone(),
@@ -202,21 +227,21 @@ pub fn simulate(config: &SimulateConfig, cache_dir: &Path) -> anyhow::Result<Sim
                     ..CascadeSettings::default()
                 },
                 None,
-                configuration.draft_max.unwrap_or(0),
+                configuration.max_draft_len.unwrap_or(0),
             )?;
-            let draft_max = configuration
-                .draft_max
+            let max_draft_len = configuration
+                .max_draft_len
                 .context("simulated configurations have a draft length")?;
             let started = Instant::now();
             let mut totals = Totals::default();
             for request in requests {
-                totals.add_request(&replay(request, &trace.target, draft_max, &mut cascade));
+                totals.add_request(&replay(request, &trace.target, max_draft_len, &mut cascade));
             }
             let wall_time = started.elapsed();
             replays.push(SimulatedConfiguration {
                 label: configuration.label(),
                 cascade: configuration.cascade.iter().map(|s| s.name()).collect(),
-                draft_max: configuration.draft_max,
+                max_draft_len: configuration.max_draft_len,
                 rounds: totals.rounds,
                 draft_rounds: totals.draft_rounds,
                 drafted: totals.drafted,
@@ -229,7 +254,7 @@ pub fn simulate(config: &SimulateConfig, cache_dir: &Path) -> anyhow::Result<Sim
                 sources: totals
                     .sources
                     .iter()
-                    .map(|stats| SourceReport::new(stats, totals.rounds, draft_max))
+                    .map(|stats| SourceReport::new(stats, totals.rounds, max_draft_len))
                     .collect(),
                 verify_batches: totals.verify_batches,
                 wall_time_ms: millis(wall_time),
@@ -402,26 +427,40 @@ mod tests {
     }
 
     #[test]
-    fn verify_accepts_the_matching_prefix_plus_the_target_token() {
-        assert_eq!(
-            verify_against(&[7, 8, 9], &[7, 8, 4, 5]),
-            (2, &[7, 8, 4][..])
-        );
-        assert_eq!(verify_against(&[7, 8], &[7, 8, 4]), (2, &[7, 8, 4][..]));
-        assert_eq!(verify_against(&[], &[3, 4]), (0, &[3][..]));
-        assert_eq!(verify_against(&[6], &[3, 4]), (0, &[3][..]));
+    fn the_trace_verifier_accepts_the_matching_prefix_plus_the_target_token() {
+        let target = target(512, 512);
+        let verify = |draft: &[Token], upcoming: &[Token]| {
+            let output: Vec<Token> = std::iter::once(1).chain(upcoming.iter().copied()).collect();
+            let mut verifier = TraceVerifier {
+                target: &target,
+                output: &output,
+                given: 1,
+            };
+            let round = RoundDraft {
+                last: 1,
+                tokens: draft.to_vec(),
+                n_past: 2,
+                max_draft_len: 8,
+            };
+            verifier.verify(&round).expect("the trace goes on")
+        };
+        assert_eq!(verify(&[7, 8, 9], &[7, 8, 4, 5]), vec![7, 8, 4]);
+        assert_eq!(verify(&[7, 8], &[7, 8, 4]), vec![7, 8, 4]);
+        assert_eq!(verify(&[], &[3, 4]), vec![3]);
+        assert_eq!(verify(&[6], &[3, 4]), vec![3]);
         // The trace ends inside the draft: generation stopped on the last accepted token.
-        assert_eq!(verify_against(&[7, 8, 9], &[7, 8]), (2, &[7, 8][..]));
+        assert_eq!(verify(&[7, 8, 9], &[7, 8]), vec![7, 8]);
     }
 
     #[test]
     fn replay_counts_rounds_and_feeds_exactly_the_trace() {
-        // Output 10..=17; first token 10 comes from the prompt.
-        let output: Vec<Token> = (10..18).collect();
+        // Output 10..=16 then the end-of-generation token 2; first token 10 comes from the
+        // prompt.
+        let output: Vec<Token> = (10..17).chain([2]).collect();
         let (mut cascade, budgets, fed) = scripted(vec![
             vec![11, 12, 99], // 2 accepted, commits 11 12 13
             vec![],           // no draft: commits 14
-            vec![15, 16, 17], // all 3 accepted; the trace ends there
+            vec![15, 16, 2],  // all 3 accepted; generation ends there
         ]);
         let stats = replay(
             &request(output.clone(), 12),

@@ -14,86 +14,15 @@
 //! cheap sources may then be asked for *shadow* proposals that are never verified, only compared
 //! with the tokens the target commits, so the policy can see whether speculating would pay.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::estimate::{AcceptanceHistory, matching_prefix};
+use super::mode::{CascadeMode, CascadeSettings, MAX_SHADOW_LEN};
 use super::policy::{Decision, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound};
-use super::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
+use super::scored::best_scored;
+use super::slot::Slot;
+use super::source::{DraftSource, Feedback, ModelFacts, Token};
 use super::stats::SourceStats;
-
-/// Default minimum proposal length for a source to win a round.
-pub const DEFAULT_MIN_LEN: usize = 1;
-/// Default expected accepted length under which the scored mode also asks expensive sources.
-pub const DEFAULT_EXPENSIVE_THRESHOLD: f64 = 2.0;
-/// Longest shadow proposal asked for, whatever the policy says.
-pub const MAX_SHADOW_LEN: usize = 32;
-
-/// How the cascade chooses among its sources' proposals.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum CascadeMode {
-    /// The first source (in order) with a long enough proposal wins.
-    #[default]
-    First,
-    /// The proposal with the highest expected accepted length wins.
-    Scored,
-}
-
-impl CascadeMode {
-    /// `first` or `scored`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CascadeMode::First => "first",
-            CascadeMode::Scored => "scored",
-        }
-    }
-}
-
-impl std::str::FromStr for CascadeMode {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text {
-            "first" => Ok(CascadeMode::First),
-            "scored" => Ok(CascadeMode::Scored),
-            other => Err(format!(
-                "unknown cascade mode `{other}`; use `first` (ordered, the default) or `scored`"
-            )),
-        }
-    }
-}
-
-/// How the cascade chooses among its sources.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CascadeSettings {
-    /// A source wins only with a proposal of at least this many tokens.
-    pub min_len: usize,
-    /// How the winner is chosen.
-    pub mode: CascadeMode,
-    /// Scored mode: expensive sources are asked when the best cheap proposal is expected to
-    /// accept fewer tokens than this.
-    pub expensive_threshold: f64,
-}
-
-impl Default for CascadeSettings {
-    fn default() -> Self {
-        Self {
-            min_len: DEFAULT_MIN_LEN,
-            mode: CascadeMode::First,
-            expensive_threshold: DEFAULT_EXPENSIVE_THRESHOLD,
-        }
-    }
-}
 
 /// This round's draft: the winning proposal, cut to the round's length.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -102,7 +31,7 @@ pub struct Draft {
     pub tokens: Vec<Token>,
     /// Index of the winning source, or `None` when no source proposed.
     pub source: Option<usize>,
-    /// The draft length the policy chose for this round (after the engine's budget).
+    /// The draft length the policy chose for this round (at most the round's limit).
     pub max_draft_len: usize,
 }
 
@@ -115,76 +44,6 @@ pub struct RoundTiming {
     pub verify_time: Duration,
 }
 
-/// An unverified proposal being compared with the target's tokens as they are committed.
-#[derive(Debug, Clone, Default)]
-struct Shadow {
-    proposal: Proposal,
-    matched: usize,
-    /// Time the `propose` call that made it took.
-    draft_time: Duration,
-}
-
-struct Slot {
-    source: Box<dyn DraftSource>,
-    stats: SourceStats,
-    /// What the source's checked proposals say about its acceptance, kept across requests.
-    history: AcceptanceHistory,
-    /// This round's proposal, after truncation, if the source was asked (it gets feedback).
-    proposal: Option<Proposal>,
-    /// Time the `propose` call for this round's proposal took.
-    proposal_time: Duration,
-    /// Time the last call to the source took.
-    last_call_time: Duration,
-    /// Left out of this round by the policy: not asked for a draft or a shadow draft.
-    excluded: bool,
-    shadow: Option<Shadow>,
-    /// Asked for a shadow proposal this round (it gets feedback).
-    shadow_asked: bool,
-}
-
-impl Slot {
-    /// Runs `call` on the source, timing it and counting a fault instead of propagating it.
-    fn call<T>(
-        &mut self,
-        method: &'static str,
-        call: impl FnOnce(&mut dyn DraftSource) -> Result<T, SourceFault>,
-    ) -> Option<T> {
-        let started = Instant::now();
-        let result = call(self.source.as_mut());
-        self.last_call_time = started.elapsed();
-        self.stats.time += self.last_call_time;
-        match result {
-            Ok(value) => Some(value),
-            Err(fault) => {
-                self.stats.faults += 1;
-                tracing::debug!(source = %self.stats.name, method, %fault, "source fault");
-                None
-            }
-        }
-    }
-
-    /// Asks for up to `max_len` tokens; the proposal is cut to `max_len` and kept for feedback.
-    /// Returns its length. A source already asked this round is not asked again (its
-    /// proposal's length is returned), whatever order the policy gave.
-    fn ask(&mut self, max_len: usize) -> usize {
-        if let Some(proposal) = &self.proposal {
-            return proposal.tokens.len();
-        }
-        self.stats.asked += 1;
-        let mut proposal = self
-            .call("propose", |s| s.propose(max_len))
-            .unwrap_or_default();
-        self.proposal_time = self.last_call_time;
-        proposal.truncate(max_len);
-        if !proposal.tokens.is_empty() {
-            self.stats.proposed += 1;
-        }
-        let len = proposal.tokens.len();
-        self.proposal = Some(proposal);
-        len
-    }
-}
-
 /// Draft sources in priority order, the policy, and their statistics.
 pub struct Cascade {
     slots: Vec<Slot>,
@@ -195,23 +54,10 @@ pub struct Cascade {
 }
 
 impl Cascade {
-    /// A cascade over `sources`, asked in the given order, drafting the whole budget each
+    /// A cascade over `sources`, asked in the given order, drafting the round's whole limit each
     /// round until [`Self::with_policy`] sets a policy.
     pub fn new(sources: Vec<Box<dyn DraftSource>>, settings: CascadeSettings) -> Self {
-        let slots: Vec<Slot> = sources
-            .into_iter()
-            .map(|source| Slot {
-                stats: SourceStats::named(source.name()),
-                source,
-                history: AcceptanceHistory::default(),
-                proposal: None,
-                proposal_time: Duration::ZERO,
-                last_call_time: Duration::ZERO,
-                excluded: false,
-                shadow: None,
-                shadow_asked: false,
-            })
-            .collect();
+        let slots: Vec<Slot> = sources.into_iter().map(Slot::new).collect();
         Self {
             order: (0..slots.len()).collect(),
             slots,
@@ -261,10 +107,7 @@ impl Cascade {
         verify_costs: &[Duration],
     ) {
         for slot in &mut self.slots {
-            slot.stats = SourceStats::named(&slot.stats.name);
-            slot.proposal = None;
-            slot.shadow = None;
-            slot.shadow_asked = false;
+            slot.reset();
             slot.call("begin", |s| s.begin(facts, prompt));
         }
         self.order = (0..self.slots.len()).collect();
@@ -273,6 +116,7 @@ impl Cascade {
             max_draft_len,
             verify_costs: verify_costs.to_vec(),
         };
+        let _plugin = policy_span(self.policy.as_ref(), "open");
         if let Err(fault) = self.policy.begin(facts, &setup) {
             tracing::debug!(policy = self.policy.name(), %fault, "policy fault in begin");
         }
@@ -283,10 +127,15 @@ impl Cascade {
         self.policy.wants_text()
     }
 
-    /// Plans a round of at most `budget` draft tokens: asks the policy for the draft length,
+    /// Plans a round of at most `round_limit` draft tokens (the request's `max_draft_len` cut to
+    /// the room the round has): asks the policy for the draft length,
     /// then the sources (as the mode says) for the draft.
-    pub fn propose(&mut self, budget: usize) -> Draft {
-        let decision = self.policy.decide().unwrap_or_else(|fault| {
+    pub fn propose(&mut self, round_limit: usize) -> Draft {
+        let decision = {
+            let _plugin = policy_span(self.policy.as_ref(), "decide");
+            self.policy.decide()
+        }
+        .unwrap_or_else(|fault| {
             tracing::debug!(policy = self.policy.name(), %fault, "policy fault in decide");
             Decision::default()
         });
@@ -298,16 +147,18 @@ impl Cascade {
         if let Some(names) = &decision.order {
             self.reorder(names);
         }
-        let max_draft_len = decision.max_draft_len.min(budget);
+        let max_draft_len = decision.max_draft_len.min(round_limit);
         if max_draft_len == 0 {
-            if budget > 0 {
+            if round_limit > 0 {
                 self.ask_shadows(decision.shadow_len.min(MAX_SHADOW_LEN));
             }
             return Draft::default();
         }
         let winner = match self.settings.mode {
             CascadeMode::First => self.first_long_enough(max_draft_len),
-            CascadeMode::Scored => self.best_scored(max_draft_len),
+            CascadeMode::Scored => {
+                best_scored(&mut self.slots, &self.order, &self.settings, max_draft_len)
+            }
         };
         Draft {
             tokens: winner
@@ -331,37 +182,6 @@ impl Cascade {
         None
     }
 
-    /// Scored mode: the cheap sources' best proposal by expected accepted length; expensive
-    /// sources only when that falls under the threshold.
-    fn best_scored(&mut self, max_len: usize) -> Option<usize> {
-        let min_len = self.settings.min_len.max(1);
-        let mut best: Option<(usize, f64)> = None;
-        for expensive in [false, true] {
-            if expensive
-                && best.is_some_and(|(_, score)| score >= self.settings.expensive_threshold)
-            {
-                break;
-            }
-            for &index in &self.order {
-                let slot = &mut self.slots[index];
-                if slot.excluded || slot.source.is_expensive() != expensive {
-                    continue;
-                }
-                if slot.ask(max_len) < min_len {
-                    continue;
-                }
-                let Some(proposal) = slot.proposal.as_ref() else {
-                    continue;
-                };
-                let score = slot.history.expected_accepted(proposal);
-                if best.is_none_or(|(_, best_score)| score > best_score) {
-                    best = Some((index, score));
-                }
-            }
-        }
-        best.map(|(index, _)| index)
-    }
-
     /// Asks cheap sources without a pending shadow proposal for `len` unverified tokens.
     fn ask_shadows(&mut self, len: usize) {
         if len == 0 {
@@ -369,19 +189,8 @@ impl Cascade {
         }
         for &index in &self.order {
             let slot = &mut self.slots[index];
-            if slot.excluded || slot.source.is_expensive() || slot.shadow.is_some() {
-                continue;
-            }
-            slot.shadow_asked = true;
-            let mut proposal = slot.call("propose", |s| s.propose(len)).unwrap_or_default();
-            proposal.truncate(len);
-            if !proposal.tokens.is_empty() {
-                slot.stats.shadow_proposed += 1;
-                slot.shadow = Some(Shadow {
-                    proposal,
-                    matched: 0,
-                    draft_time: slot.last_call_time,
-                });
+            if slot.wants_shadow() {
+                slot.ask_shadow(len);
             }
         }
     }
@@ -464,7 +273,7 @@ impl Cascade {
                 };
                 slot.call("feedback", |s| s.feedback(feedback));
             }
-            if let Some(settled) = settle_shadow(slot, committed) {
+            if let Some(settled) = slot.settle_shadow(committed) {
                 sources.push(settled);
             }
             slot.call("feed", |s| s.feed(committed));
@@ -478,6 +287,7 @@ impl Cascade {
             n_accepted,
             committed_text: committed_text.to_owned(),
         };
+        let _plugin = policy_span(self.policy.as_ref(), "observe");
         if let Err(fault) = self.policy.observe(&record) {
             tracing::debug!(policy = self.policy.name(), %fault, "policy fault in observe");
         }
@@ -521,31 +331,9 @@ impl Cascade {
     }
 }
 
-/// Compares `slot`'s shadow proposal with the newly `committed` tokens; once it mismatches or
-/// is fully matched, clears it, learns from it, and returns its record.
-fn settle_shadow(slot: &mut Slot, committed: &[Token]) -> Option<SourceRound> {
-    let shadow = slot.shadow.as_mut()?;
-    let drafted = shadow.proposal.tokens.len();
-    let matched_now = matching_prefix(&shadow.proposal.tokens[shadow.matched..], committed);
-    shadow.matched += matched_now;
-    let mismatched = matched_now < committed.len() && shadow.matched < drafted;
-    if !mismatched && shadow.matched < drafted {
-        return None;
-    }
-    let shadow = slot.shadow.take()?;
-    slot.history
-        .record(&shadow.proposal, shadow.matched, drafted);
-    slot.stats.shadow_drafted += drafted as u64;
-    slot.stats.shadow_matched += shadow.matched as u64;
-    Some(SourceRound {
-        source: slot.stats.name.clone(),
-        drafted,
-        accepted: shadow.matched,
-        won: false,
-        shadow: true,
-        censored: false,
-        draft_time: shadow.draft_time,
-    })
+/// The `plugin{name, method}` span of a call to the policy.
+fn policy_span(policy: &dyn RoundPolicy, method: &'static str) -> tracing::span::EnteredSpan {
+    tracing::trace_span!("plugin", name = policy.name(), method).entered()
 }
 
 #[cfg(test)]
@@ -554,70 +342,9 @@ mod tests {
 
     use std::sync::{Arc, Mutex};
 
-    /// A scripted source: proposes `reply` each round and logs what it was told.
-    struct Scripted {
-        name: &'static str,
-        reply: Result<Vec<Token>, ()>,
-        log: Arc<Mutex<Vec<String>>>,
-    }
-
-    fn scripted(
-        name: &'static str,
-        reply: Result<Vec<Token>, ()>,
-        log: &Arc<Mutex<Vec<String>>>,
-    ) -> Box<dyn DraftSource> {
-        Box::new(Scripted {
-            name,
-            reply,
-            log: Arc::clone(log),
-        })
-    }
-
-    impl Scripted {
-        fn note(&self, line: String) {
-            self.log.lock().expect("test log").push(line);
-        }
-    }
-
-    impl DraftSource for Scripted {
-        fn name(&self) -> &str {
-            self.name
-        }
-        fn begin(&mut self, _facts: &ModelFacts, prompt: &[Token]) -> Result<(), SourceFault> {
-            self.note(format!("{} begin {prompt:?}", self.name));
-            Ok(())
-        }
-        fn propose(&mut self, _max_len: usize) -> Result<Proposal, SourceFault> {
-            self.reply
-                .clone()
-                .map(Proposal::from_tokens)
-                .map_err(|()| SourceFault {
-                    source: self.name.into(),
-                    what: "trapped".into(),
-                })
-        }
-        fn feedback(&mut self, feedback: Feedback) -> Result<(), SourceFault> {
-            self.note(format!(
-                "{} feedback won={} n={}",
-                self.name, feedback.won, feedback.n_accepted
-            ));
-            Ok(())
-        }
-        fn feed(&mut self, tokens: &[Token]) -> Result<(), SourceFault> {
-            self.note(format!("{} feed {tokens:?}", self.name));
-            Ok(())
-        }
-    }
-
-    fn facts() -> ModelFacts {
-        ModelFacts {
-            vocab_size: 100,
-            bos: None,
-            eos: Some(2),
-            eog: vec![2],
-            context_size: 512,
-        }
-    }
+    use super::super::doubles::{ScriptedPolicy, Slow, constant, facts, scored, scripted};
+    use super::super::mode::CascadeMode;
+    use super::super::source::Proposal;
 
     #[test]
     fn first_long_enough_source_wins_and_draft_is_truncated() {
@@ -673,7 +400,7 @@ mod tests {
     }
 
     #[test]
-    fn zero_budget_asks_nobody() {
+    fn a_zero_round_limit_asks_nobody() {
         let log = Arc::default();
         let mut cascade = Cascade::new(
             vec![scripted("a", Ok(vec![1]), &log)],
@@ -682,184 +409,6 @@ mod tests {
         cascade.begin(&facts(), &[1], 8, &[]);
         assert_eq!(cascade.propose(0), Draft::default());
         assert_eq!(cascade.stats()[0].asked, 0);
-    }
-
-    /// A source that proposes the same thing every round and counts how often it was asked.
-    struct Constant {
-        name: &'static str,
-        proposal: Proposal,
-        expensive: bool,
-        asked: Arc<Mutex<u32>>,
-    }
-
-    impl DraftSource for Constant {
-        fn name(&self) -> &str {
-            self.name
-        }
-        fn begin(&mut self, _facts: &ModelFacts, _prompt: &[Token]) -> Result<(), SourceFault> {
-            Ok(())
-        }
-        fn propose(&mut self, _max_len: usize) -> Result<Proposal, SourceFault> {
-            *self.asked.lock().expect("counter") += 1;
-            Ok(self.proposal.clone())
-        }
-        fn feed(&mut self, _tokens: &[Token]) -> Result<(), SourceFault> {
-            Ok(())
-        }
-        fn is_expensive(&self) -> bool {
-            self.expensive
-        }
-    }
-
-    fn constant(
-        name: &'static str,
-        tokens: &[Token],
-        confidence: &[f32],
-        expensive: bool,
-    ) -> (Box<dyn DraftSource>, Arc<Mutex<u32>>) {
-        let asked = Arc::new(Mutex::new(0));
-        let source = Constant {
-            name,
-            proposal: Proposal {
-                tokens: tokens.to_vec(),
-                confidence: confidence.to_vec(),
-            },
-            expensive,
-            asked: Arc::clone(&asked),
-        };
-        (Box::new(source), asked)
-    }
-
-    fn scored() -> CascadeSettings {
-        CascadeSettings {
-            mode: CascadeMode::Scored,
-            ..CascadeSettings::default()
-        }
-    }
-
-    #[test]
-    fn scored_mode_picks_highest_expected_acceptance() {
-        let (weak, _) = constant("weak", &[1, 2, 3], &[0.5, 0.2, 0.1], false);
-        let (strong, _) = constant("strong", &[4, 5], &[0.9, 0.8], false);
-        let (model, model_asked) = constant("model", &[6, 7, 8], &[1.0, 1.0, 1.0], true);
-        let mut cascade = Cascade::new(vec![weak, strong, model], scored());
-        cascade.begin(&facts(), &[1], 8, &[]);
-        let draft = cascade.propose(8);
-        assert_eq!(draft.source, Some(2), "draft {draft:?}");
-        // The best cheap proposal expects 1.7 < 2.0 tokens: the draft model is asked, and its
-        // proposal (3.0 expected) wins.
-        assert_eq!(*model_asked.lock().expect("counter"), 1);
-    }
-
-    #[test]
-    fn scored_mode_asks_expensive_sources_only_below_threshold() {
-        let (weak, _) = constant("weak", &[1, 2], &[0.4, 0.1], false);
-        let (model, model_asked) = constant("model", &[6, 7, 8], &[0.9, 0.9, 0.9], true);
-        let mut cascade = Cascade::new(vec![model, weak], scored());
-        cascade.begin(&facts(), &[1], 8, &[]);
-        let draft = cascade.propose(8);
-        assert_eq!(draft.source, Some(0), "the draft model wins: {draft:?}");
-        assert_eq!(*model_asked.lock().expect("counter"), 1);
-
-        let (good, _) = constant("good", &[1, 2, 3], &[0.9, 0.9, 0.9], false);
-        let (model, model_asked) = constant("model", &[6, 7, 8], &[1.0, 1.0, 1.0], true);
-        let mut cascade = Cascade::new(vec![model, good], scored());
-        cascade.begin(&facts(), &[1], 8, &[]);
-        let draft = cascade.propose(8);
-        assert_eq!(
-            draft.source,
-            Some(1),
-            "cheap proposal is good enough: {draft:?}"
-        );
-        assert_eq!(*model_asked.lock().expect("counter"), 0, "model not asked");
-    }
-
-    #[test]
-    fn scored_mode_learns_acceptance_of_sources_without_confidence() {
-        let (left, _) = constant("left", &[1, 2, 3, 4], &[], false);
-        let (right, _) = constant("right", &[5, 6, 7, 8], &[], false);
-        let mut cascade = Cascade::new(vec![left, right], scored());
-        cascade.begin(&facts(), &[1], 8, &[]);
-        for _ in 0..5 {
-            let draft = cascade.propose(4);
-            // The target always continues 5, 6, 7, 8: `right` would have been fully accepted.
-            let n_accepted = if draft.source == Some(1) { 4 } else { 0 };
-            let committed: Vec<Token> = if n_accepted == 4 {
-                vec![5, 6, 7, 8, 9]
-            } else {
-                vec![5]
-            };
-            cascade.accept(&draft, n_accepted, &committed, RoundTiming::default(), "");
-        }
-        let draft = cascade.propose(4);
-        assert_eq!(
-            draft.source,
-            Some(1),
-            "losing proposals taught the cascade: {draft:?}"
-        );
-    }
-
-    #[test]
-    fn scored_mode_learns_that_a_source_overstates_its_confidence_and_remembers_it() {
-        // `boastful` claims 0.95 for each of 4 tokens (3.8 expected) but only its first token is
-        // ever right; `plain` gives no confidences and is always right.
-        let (boastful, _) = constant("boastful", &[5, 1, 1, 1], &[0.95; 4], false);
-        let (plain, _) = constant("plain", &[5, 6, 7, 8], &[], false);
-        let mut cascade = Cascade::new(vec![boastful, plain], scored());
-        let mut winners = Vec::new();
-        for _request in 0..2 {
-            cascade.begin(&facts(), &[1], 8, &[]);
-            for _ in 0..12 {
-                let draft = cascade.propose(4);
-                let n_accepted = if draft.source == Some(1) { 4 } else { 1 };
-                let committed: &[Token] = if n_accepted == 4 {
-                    &[5, 6, 7, 8, 9]
-                } else {
-                    &[5, 6]
-                };
-                cascade.accept(&draft, n_accepted, committed, RoundTiming::default(), "");
-                winners.push(draft.source);
-            }
-            cascade.end();
-        }
-        assert_eq!(winners[0], Some(0), "believed at first: {winners:?}");
-        assert_eq!(
-            winners[11],
-            Some(1),
-            "learnt within the request: {winners:?}"
-        );
-        assert!(
-            winners[12..].iter().all(|w| *w == Some(1)),
-            "and still known in the next request: {winners:?}"
-        );
-    }
-
-    /// A policy that returns scripted decisions and records what it observed.
-    struct ScriptedPolicy {
-        decisions: Vec<Decision>,
-        observed: Arc<Mutex<Vec<RoundRecord>>>,
-    }
-
-    impl RoundPolicy for ScriptedPolicy {
-        fn name(&self) -> &str {
-            "scripted"
-        }
-        fn begin(&mut self, _facts: &ModelFacts, _setup: &PolicySetup) -> Result<(), SourceFault> {
-            Ok(())
-        }
-        fn observe(&mut self, round: &RoundRecord) -> Result<(), SourceFault> {
-            self.observed.lock().expect("observed").push(round.clone());
-            Ok(())
-        }
-        fn decide(&mut self) -> Result<Decision, SourceFault> {
-            if self.decisions.is_empty() {
-                return Err(SourceFault {
-                    source: "scripted".into(),
-                    what: "out of decisions".into(),
-                });
-            }
-            Ok(self.decisions.remove(0))
-        }
     }
 
     #[test]
@@ -993,31 +542,6 @@ mod tests {
             kept < fresh,
             "20 rounds accepting none of four tokens should lower the estimate: {kept} vs {fresh}"
         );
-    }
-
-    /// A source that takes `delay` to propose `tokens`.
-    struct Slow {
-        tokens: Vec<Token>,
-        delay: Duration,
-    }
-
-    impl DraftSource for Slow {
-        fn name(&self) -> &str {
-            "slow"
-        }
-        fn begin(&mut self, _facts: &ModelFacts, _prompt: &[Token]) -> Result<(), SourceFault> {
-            Ok(())
-        }
-        fn propose(&mut self, _max_len: usize) -> Result<Proposal, SourceFault> {
-            std::thread::sleep(self.delay);
-            Ok(Proposal {
-                tokens: self.tokens.clone(),
-                confidence: Vec::new(),
-            })
-        }
-        fn feed(&mut self, _tokens: &[Token]) -> Result<(), SourceFault> {
-            Ok(())
-        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! the rule that picks one draft per round.
 //!
 //! One round, in order:
-//! 1. the engine calls [`Cascade::propose`] with this round's budget (what the context and
+//! 1. the engine calls [`Cascade::propose`] with this round's limit (what the context and
 //!    `max_tokens` leave room for, at most `--draft-max`);
 //! 2. the [`RoundPolicy`] decides the draft length (0 = plain decoding this round, possibly with
 //!    unverified shadow proposals) and may reorder sources;
@@ -18,18 +18,23 @@
 //! configuration, so it can be replaced between requests.
 
 mod chain;
+#[cfg(test)]
+mod doubles;
 mod draft_model;
 mod estimate;
+mod mode;
 mod policy;
+mod scored;
+mod slot;
 mod source;
 mod stats;
 
-pub use self::chain::{
-    Cascade, CascadeMode, CascadeSettings, DEFAULT_EXPENSIVE_THRESHOLD, DEFAULT_MIN_LEN, Draft,
-    MAX_SHADOW_LEN, RoundTiming,
-};
+pub use self::chain::{Cascade, Draft, RoundTiming};
 pub use self::draft_model::{DraftModel, DraftModelFactory, DraftedToken};
 pub use self::estimate::{AcceptanceHistory, matching_prefix};
+pub use self::mode::{
+    CascadeMode, CascadeSettings, DEFAULT_EXPENSIVE_THRESHOLD, DEFAULT_MIN_LEN, MAX_SHADOW_LEN,
+};
 pub use self::policy::{Decision, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound};
 pub use self::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 pub use self::stats::SourceStats;

@@ -2,7 +2,7 @@
 //!
 //! The cascade asks its [`RoundPolicy`] for a [`Decision`] before every round and tells it what
 //! happened after ([`RoundRecord`]). Policies are plugins (`plugins::PluginPolicy`); without
-//! one, the cascade drafts the whole budget every round ([`FixedLength`]).
+//! one, the cascade drafts the round's whole limit every round ([`FixedLength`]).
 
 use std::time::Duration;
 
@@ -99,7 +99,7 @@ pub trait RoundPolicy: Send {
     fn end(&mut self) {}
 }
 
-/// The policy of a cascade without one: draft the whole budget every round.
+/// The policy of a cascade without one: draft the round's whole limit every round.
 #[derive(Debug, Clone, Default)]
 pub struct FixedLength {
     max_draft_len: usize,

@@ -59,19 +59,19 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         policy
             .as_ref()
             .map(|policy| (policy, config.policy.config.as_str())),
-        config.draft_max,
+        config.max_draft_len,
     )?;
     let request = Request {
         prompt,
         max_tokens: config.max_tokens,
         sampling: config.sampling.clone(),
         stop: config.stop.clone(),
-        draft_max: config.draft_max,
+        max_draft_len: config.max_draft_len,
     };
     // Refused before the verify curve is measured for it.
     session.check_request(&request)?;
     if !cascade.is_empty() {
-        session.measure_verify_curve_after(&request.prompt, config.draft_max)?;
+        session.measure_verify_curve_after(&request.prompt, config.max_draft_len)?;
     }
     let mut stdout = std::io::stdout().lock();
     let outcome = session.generate(&request, &mut cascade, &mut |text| {
@@ -92,7 +92,7 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
             "cascade": cascade.source_names(),
             "cascade_mode": config.cascade_mode,
             "policy": cascade.policy_name(),
-            "draft_max": config.draft_max,
+            "draft_max": config.max_draft_len,
             "sampling": config.sampling,
             "stop_reason": outcome.stop_reason,
             "tokens_per_second": {

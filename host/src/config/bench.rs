@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use super::common::{
-    DEFAULT_MAX_TOKENS, DEFAULT_POLICY, DraftSettings, TargetArgs, check_draft_max,
+    DEFAULT_MAX_TOKENS, DEFAULT_POLICY, DraftSettings, TargetArgs, check_max_draft_len,
     check_plugin_settings_target_cascade, draft_settings, merge_plugin_settings,
     parse_cascade_modes, resolve_model, session_params,
 };
@@ -14,7 +14,7 @@ use super::env::env_plugin_dirs;
 use super::error::ConfigError;
 use super::file::FileRun;
 use crate::cascade::CascadeMode;
-use crate::engine::{DEFAULT_DRAFT_MAX, SessionParams, TargetParams};
+use crate::engine::{DEFAULT_MAX_DRAFT_LEN, SessionParams, TargetParams};
 use crate::placement::Plan;
 use crate::plugins::{PolicySpec, SourceSpec, parse_cascade, parse_policy};
 
@@ -41,7 +41,7 @@ pub struct BenchArgs {
     /// `run`). The `fixed` policy runs at each (a K sweep); an adaptive policy runs once,
     /// choosing K up to the largest.
     #[arg(long = "draft-max", value_name = "K,K,...", value_delimiter = ',')]
-    pub draft_maxes: Vec<usize>,
+    pub max_draft_lens: Vec<usize>,
     /// A draft-length policy to measure each cascade with, as for `run --policy` (repeatable;
     /// default: `cost`, as for `run`; `fixed` drafts exactly K every round and sweeps every
     /// --draft-max).
@@ -92,7 +92,7 @@ pub struct BenchConfig {
     /// Cascades to measure, each non-empty, in the order given.
     pub cascades: Vec<Vec<SourceSpec>>,
     /// Draft lengths to measure every cascade with, in the order given.
-    pub draft_maxes: Vec<usize>,
+    pub max_draft_lens: Vec<usize>,
     /// Policies to measure every cascade with, in the order given.
     pub policies: Vec<PolicySpec>,
     /// Cascade modes to measure every cascade with, in the order given.
@@ -133,7 +133,7 @@ impl BenchArgs {
         check_workload_names(&self.workloads)?;
         let cascades = parse_cascades(&self.cascades)?;
         let plugin_configs = plugin_configs_for(&self.target.plugin_config, &cascades)?;
-        let draft_maxes = check_draft_maxes(self.draft_maxes)?;
+        let max_draft_lens = check_max_draft_lens(self.max_draft_lens)?;
         let mut policies = Vec::new();
         for spec in &self.policies {
             let policy = parse_policy(spec)?;
@@ -172,7 +172,7 @@ impl BenchArgs {
             model,
             workloads: self.workloads,
             cascades,
-            draft_maxes,
+            max_draft_lens,
             policies,
             cascade_modes,
             repeat: self.repeat,
@@ -246,22 +246,22 @@ pub(super) fn plugin_configs_for(
 }
 
 /// Checks a `--draft-max K,K,...` list: each at least 1, none twice; the default when empty.
-pub(super) fn check_draft_maxes(given: Vec<usize>) -> Result<Vec<usize>, ConfigError> {
-    let mut draft_maxes = Vec::new();
-    for draft_max in given {
-        check_draft_max(draft_max)?;
-        if draft_maxes.contains(&draft_max) {
+pub(super) fn check_max_draft_lens(given: Vec<usize>) -> Result<Vec<usize>, ConfigError> {
+    let mut max_draft_lens = Vec::new();
+    for max_draft_len in given {
+        check_max_draft_len(max_draft_len)?;
+        if max_draft_lens.contains(&max_draft_len) {
             return Err(ConfigError::Repeated {
                 flag: "--draft-max",
-                value: draft_max.to_string(),
+                value: max_draft_len.to_string(),
             });
         }
-        draft_maxes.push(draft_max);
+        max_draft_lens.push(max_draft_len);
     }
-    if draft_maxes.is_empty() {
-        draft_maxes.push(DEFAULT_DRAFT_MAX);
+    if max_draft_lens.is_empty() {
+        max_draft_lens.push(DEFAULT_MAX_DRAFT_LEN);
     }
-    Ok(draft_maxes)
+    Ok(max_draft_lens)
 }
 
 /// Flags naming a target and workloads, shared by `trace` and `prompts`.
@@ -417,7 +417,7 @@ pub struct SimulateArgs {
     pub cascades: Vec<String>,
     /// Draft lengths (K) to replay each cascade with, comma-separated (default: 8).
     #[arg(long = "draft-max", value_name = "K,K,...", value_delimiter = ',')]
-    pub draft_maxes: Vec<usize>,
+    pub max_draft_lens: Vec<usize>,
     /// Cascade modes to replay each cascade in, comma-separated: `first`, `scored` (default:
     /// first).
     #[arg(long = "cascade-mode", value_name = "MODE,MODE", value_delimiter = ',')]
@@ -442,7 +442,7 @@ pub struct SimulateConfig {
     /// Cascades to replay, each non-empty, in the order given.
     pub cascades: Vec<Vec<SourceSpec>>,
     /// Draft lengths to replay every cascade with, in the order given.
-    pub draft_maxes: Vec<usize>,
+    pub max_draft_lens: Vec<usize>,
     /// Cascade modes to replay every cascade in, in the order given.
     pub cascade_modes: Vec<CascadeMode>,
     /// Per-plugin configuration strings, by source name.
@@ -461,7 +461,7 @@ impl SimulateArgs {
             trace: self.trace,
             plugin_configs: plugin_configs_for(&self.plugin_config, &cascades)?,
             cascades,
-            draft_maxes: check_draft_maxes(self.draft_maxes)?,
+            max_draft_lens: check_max_draft_lens(self.max_draft_lens)?,
             cascade_modes: parse_cascade_modes(self.cascade_modes)?,
             plugin_dirs: self
                 .plugin_dirs
@@ -478,10 +478,10 @@ mod tests {
     use super::*;
     #[test]
     fn bench_flags_are_checked_with_the_fix_named() {
-        let args = |cascades: &[&str], draft_maxes: &[usize], repeat: usize| BenchArgs {
+        let args = |cascades: &[&str], max_draft_lens: &[usize], repeat: usize| BenchArgs {
             workloads: vec!["w/edit.jsonl".into()],
             cascades: cascades.iter().map(|c| c.to_string()).collect(),
-            draft_maxes: draft_maxes.to_vec(),
+            max_draft_lens: max_draft_lens.to_vec(),
             repeat,
             cost_repeat: 1,
             ..BenchArgs::default()
@@ -490,13 +490,13 @@ mod tests {
             .into_config(Path::new("/tmp"))
             .expect("valid");
         assert_eq!(
-            (config.cascades.len(), config.draft_maxes.clone()),
+            (config.cascades.len(), config.max_draft_lens.clone()),
             (2, vec![4, 8])
         );
         let defaults = args(&["lookup"], &[], 1)
             .into_config(Path::new("/tmp"))
             .expect("valid");
-        assert_eq!(defaults.draft_maxes, vec![DEFAULT_DRAFT_MAX]);
+        assert_eq!(defaults.max_draft_lens, vec![DEFAULT_MAX_DRAFT_LEN]);
         assert_eq!(
             (defaults.policies.clone(), defaults.cascade_modes.clone()),
             (
@@ -569,7 +569,7 @@ mod tests {
         let args = |cascades: &[&str], settings: &[&str]| SimulateArgs {
             trace: "t.jsonl".into(),
             cascades: cascades.iter().map(|c| c.to_string()).collect(),
-            draft_maxes: vec![4, 8],
+            max_draft_lens: vec![4, 8],
             plugin_config: settings.iter().map(|c| c.to_string()).collect(),
             ..SimulateArgs::default()
         };
@@ -577,7 +577,7 @@ mod tests {
             .into_config()
             .expect("valid");
         assert_eq!(config.cascades.len(), 2);
-        assert_eq!(config.draft_maxes, vec![4, 8]);
+        assert_eq!(config.max_draft_lens, vec![4, 8]);
         assert_eq!(config.cascade_modes, vec![CascadeMode::First]);
         assert_eq!(config.plugin_configs["suffix"], "alpha=2");
         let both = SimulateArgs {

@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::error::ConfigError;
 use super::env::env_plugin_dirs;
+use super::error::ConfigError;
 use super::file::FileRun;
 use crate::cascade::CascadeMode;
 use crate::engine::{
-    DEFAULT_DRAFT_MAX, DRAFT_MAX_LIMIT, DraftModelConfig, SamplingParams, SessionParams,
-    TargetParams,
+    self, DEFAULT_MAX_DRAFT_LEN, DraftModelConfig, MAX_DRAFT_LEN_LIMIT, MaxDraftLenError,
+    SamplingParams, SessionParams, TargetParams,
 };
 use crate::models::{DefaultDraft, DefaultModel};
 use crate::placement::{CpuList, NumaMode, PlacementRequest, Plan, Topology};
@@ -51,8 +51,8 @@ pub struct SpeculationArgs {
     pub cascade_mode: Option<String>,
     /// Most draft tokens verified per round (K, default 24); the policy chooses up to this
     /// many. For `serve`, also the most a request may ask for.
-    #[arg(long)]
-    pub draft_max: Option<usize>,
+    #[arg(long = "draft-max")]
+    pub max_draft_len: Option<usize>,
 }
 
 /// [`SpeculationArgs`] resolved: the TOML file's values under the flags, checked.
@@ -65,7 +65,7 @@ pub struct Speculation {
     /// How the cascade picks a draft.
     pub cascade_mode: CascadeMode,
     /// Most draft tokens per round.
-    pub draft_max: usize,
+    pub max_draft_len: usize,
 }
 
 impl SpeculationArgs {
@@ -85,11 +85,13 @@ impl SpeculationArgs {
         Ok(Speculation {
             cascade,
             policy,
-            cascade_mode: parse_cascade_mode(self.cascade_mode.or_else(|| file.cascade_mode.clone()))?,
-            draft_max: check_draft_max(
-                self.draft_max
-                    .or(file.draft_max)
-                    .unwrap_or(DEFAULT_DRAFT_MAX),
+            cascade_mode: parse_cascade_mode(
+                self.cascade_mode.or_else(|| file.cascade_mode.clone()),
+            )?,
+            max_draft_len: check_max_draft_len(
+                self.max_draft_len
+                    .or(file.max_draft_len)
+                    .unwrap_or(DEFAULT_MAX_DRAFT_LEN),
             )?,
         })
     }
@@ -316,15 +318,12 @@ pub(super) fn parse_cascade_modes(modes: Vec<String>) -> Result<Vec<CascadeMode>
     Ok(parsed)
 }
 
-/// Checks one `--draft-max`: at least 1, at most [`DRAFT_MAX_LIMIT`].
-pub(super) fn check_draft_max(draft_max: usize) -> Result<usize, ConfigError> {
-    match draft_max {
-        0 => Err(ConfigError::ZeroDraftMax),
-        too_large if too_large > DRAFT_MAX_LIMIT => {
-            Err(ConfigError::DraftMaxTooLarge { given: too_large })
-        }
-        _ => Ok(draft_max),
-    }
+/// Checks one `--draft-max`: at least 1, at most [`MAX_DRAFT_LEN_LIMIT`].
+pub(super) fn check_max_draft_len(max_draft_len: usize) -> Result<usize, ConfigError> {
+    engine::check_max_draft_len(max_draft_len, MAX_DRAFT_LEN_LIMIT).map_err(|error| match error {
+        MaxDraftLenError::Zero => ConfigError::ZeroMaxDraftLen,
+        MaxDraftLenError::AboveLimit { given, .. } => ConfigError::MaxDraftLenTooLarge { given },
+    })
 }
 
 /// The model path: a default model's cached file for its alias, else the path as given; the
@@ -390,7 +389,10 @@ pub const AUTO_DRAFT: &str = "auto";
 pub(super) const DEFAULT_TARGET: DefaultModel = DefaultModel::SmolLm2;
 
 /// Context settings: the plan's thread count and `--ctx-size`, checked.
-pub(super) fn session_params(threads: usize, ctx_size: Option<u32>) -> Result<SessionParams, ConfigError> {
+pub(super) fn session_params(
+    threads: usize,
+    ctx_size: Option<u32>,
+) -> Result<SessionParams, ConfigError> {
     let mut session = SessionParams {
         threads,
         ..SessionParams::default()

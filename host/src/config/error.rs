@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use super::common::MIN_CTX_SIZE;
 use super::serve::MIN_ADMIN_TOKEN_LEN;
-use crate::engine::{DRAFT_MAX_LIMIT, StopStringsError};
+use crate::engine::{MAX_DRAFT_LEN_LIMIT, StopStringsError};
 use crate::placement::{PlacementError, TopologyError};
 use crate::plugins::SpecError;
 
@@ -17,12 +17,12 @@ pub enum ConfigError {
     #[error(
         "--draft-max must be at least 1 (got 0); use --cascade none to decode without speculation"
     )]
-    ZeroDraftMax,
-    /// `--draft-max` above [`DRAFT_MAX_LIMIT`].
+    ZeroMaxDraftLen,
+    /// `--draft-max` above [`MAX_DRAFT_LEN_LIMIT`].
     #[error(
-        "--draft-max {given} is above {DRAFT_MAX_LIMIT}; a verify batch that large costs far more than it can save, use at most {DRAFT_MAX_LIMIT}"
+        "--draft-max {given} is above {MAX_DRAFT_LEN_LIMIT}; a verify batch that large costs far more than it can save, use at most {MAX_DRAFT_LEN_LIMIT}"
     )]
-    DraftMaxTooLarge {
+    MaxDraftLenTooLarge {
         /// The value given.
         given: usize,
     },

@@ -28,7 +28,8 @@ pub(super) struct FileRun {
     pub(super) cascade_mode: Option<String>,
     pub(super) state_dir: Option<PathBuf>,
     pub(super) max_tokens: Option<usize>,
-    pub(super) draft_max: Option<usize>,
+    #[serde(rename = "draft_max")]
+    pub(super) max_draft_len: Option<usize>,
     pub(super) threads: Option<usize>,
     pub(super) cpus: Option<CpuList>,
     pub(super) numa: Option<NumaMode>,

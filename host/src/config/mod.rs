@@ -21,22 +21,21 @@ mod tools;
 
 pub use self::bench::{
     BenchArgs, BenchConfig, DEFAULT_BENCH_REPEAT, DEFAULT_BENCH_WARMUP, DEFAULT_COST_MAX_TOKENS,
-    FIXED_POLICY, PromptsArgs, PromptsConfig, SimulateArgs,
-    SimulateConfig, TraceArgs, TraceConfig, WorkloadTargetArgs, WorkloadTargetConfig,
+    FIXED_POLICY, PromptsArgs, PromptsConfig, SimulateArgs, SimulateConfig, TraceArgs, TraceConfig,
+    WorkloadTargetArgs, WorkloadTargetConfig,
 };
 pub use self::cli::{Cli, Command, ModelsCommand, SuffixCommand};
+pub(crate) use self::common::fresh_seed;
 pub use self::common::{
     AUTO_DRAFT, DEFAULT_MAX_TOKENS, DEFAULT_POLICY, DraftSettings, MIN_CTX_SIZE, PlacementArgs,
     TargetArgs,
 };
-pub(crate) use self::common::fresh_seed;
 pub use self::env::cache_dir;
 pub use self::error::ConfigError;
 pub use self::run::{RunArgs, RunConfig};
 pub use self::serve::{
     DEFAULT_BODY_TIMEOUT_SECS, DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT, DEFAULT_SERVE_HOST,
-    DEFAULT_SERVE_PORT, DEFAULT_SHUTDOWN_TIMEOUT_SECS, MIN_ADMIN_TOKEN_LEN, ServeArgs,
-    ServeConfig,
+    DEFAULT_SERVE_PORT, DEFAULT_SHUTDOWN_TIMEOUT_SECS, MIN_ADMIN_TOKEN_LEN, ServeArgs, ServeConfig,
 };
 pub use self::tools::{InfoArgs, InfoConfig, QuantizeArgs, WarmArgs, WarmConfig};

@@ -80,7 +80,7 @@ pub struct RunConfig {
     /// Most tokens to generate.
     pub max_tokens: usize,
     /// Most draft tokens per round.
-    pub draft_max: usize,
+    pub max_draft_len: usize,
     /// Sampling settings.
     pub sampling: SamplingParams,
     /// Stop strings.
@@ -150,7 +150,7 @@ impl RunArgs {
             policy,
             cascade_mode: speculation.cascade_mode,
             max_tokens,
-            draft_max: speculation.draft_max,
+            max_draft_len: speculation.max_draft_len,
             sampling,
             stop,
             session,
@@ -162,7 +162,10 @@ impl RunArgs {
     }
 }
 
-pub(super) fn read_prompt(prompt: Option<String>, file: Option<&Path>) -> Result<String, ConfigError> {
+pub(super) fn read_prompt(
+    prompt: Option<String>,
+    file: Option<&Path>,
+) -> Result<String, ConfigError> {
     if let Some(prompt) = prompt {
         return Ok(prompt);
     }
@@ -192,7 +195,7 @@ mod tests {
         let args = RunArgs {
             prompt: Some("hi".into()),
             speculation: SpeculationArgs {
-                draft_max: Some(0),
+                max_draft_len: Some(0),
                 ..SpeculationArgs::default()
             },
             ..RunArgs::default()

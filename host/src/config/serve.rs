@@ -154,7 +154,7 @@ pub struct ServeConfig {
     /// Extra directories searched for built-in plugins, before the default ones.
     pub plugin_dirs: Vec<PathBuf>,
     /// Default most draft tokens per round, and the most a request may ask for.
-    pub draft_max: usize,
+    pub max_draft_len: usize,
     /// `max_tokens` of requests that give none.
     pub default_max_tokens: usize,
     /// The most `max_tokens` a request may ask for.
@@ -321,7 +321,7 @@ impl ServeArgs {
             policy: speculation.policy,
             plugin_configs,
             plugin_dirs: self.target.plugin_dirs(),
-            draft_max: speculation.draft_max,
+            max_draft_len: speculation.max_draft_len,
             default_max_tokens,
             max_tokens_limit,
             sampling,
@@ -350,7 +350,10 @@ impl ServeArgs {
 
 /// The admin token from the flag (or its environment variable) or from a file's first line,
 /// at least [`MIN_ADMIN_TOKEN_LEN`] characters.
-pub(super) fn admin_token(flag: Option<String>, file: Option<&Path>) -> Result<Option<String>, ConfigError> {
+pub(super) fn admin_token(
+    flag: Option<String>,
+    file: Option<&Path>,
+) -> Result<Option<String>, ConfigError> {
     let token = match file {
         Some(path) => {
             let text =
@@ -376,9 +379,9 @@ pub(super) fn admin_token(flag: Option<String>, file: Option<&Path>) -> Result<O
 mod tests {
     use super::*;
     use crate::config::common::DEFAULT_POLICY;
-    use crate::engine::DRAFT_MAX_LIMIT;
-    use crate::plugins::parse_policy;
     use crate::config::run::RunArgs;
+    use crate::engine::MAX_DRAFT_LEN_LIMIT;
+    use crate::plugins::parse_policy;
     #[test]
     fn serve_defaults_and_limits_are_checked() {
         let config = ServeArgs::default()
@@ -405,8 +408,8 @@ mod tests {
         .into_config(Path::new("/tmp"))
         .expect("run defaults are valid");
         assert_eq!(
-            (config.policy.as_str(), config.draft_max),
-            (DEFAULT_POLICY, run.draft_max),
+            (config.policy.as_str(), config.max_draft_len),
+            (DEFAULT_POLICY, run.max_draft_len),
             "serve and run share the default policy and draft length"
         );
         assert_eq!(run.policy, parse_policy(DEFAULT_POLICY).expect("valid"));
@@ -474,7 +477,7 @@ mod tests {
             (
                 ServeArgs {
                     speculation: SpeculationArgs {
-                        draft_max: Some(DRAFT_MAX_LIMIT + 1),
+                        max_draft_len: Some(MAX_DRAFT_LEN_LIMIT + 1),
                         ..SpeculationArgs::default()
                     },
                     ..ServeArgs::default()

@@ -2,6 +2,35 @@
 //! round has. The verify loop and the offline simulator (`bench::simulate`) both ask here, so a
 //! replayed round drafts exactly as many tokens as the real one did.
 
+/// Why a maximum draft length given by a user (a flag, an admin update, a request) was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MaxDraftLenError {
+    /// 0: a cascade with nothing to draft; plain decoding is the cascade `none`.
+    #[error(
+        "the draft length must be at least 1; use the cascade `none` to decode without speculation"
+    )]
+    Zero,
+    /// More than the limit that applies.
+    #[error("the draft length {given} is above {limit}, the most allowed here")]
+    AboveLimit {
+        /// The value given.
+        given: usize,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+/// The one check of a maximum draft length given by a user: at least 1, at most `limit` (the
+/// process-wide [`MAX_DRAFT_LEN_LIMIT`](super::MAX_DRAFT_LEN_LIMIT), or a server's
+/// `--draft-max`). Callers word the error for where the value came from.
+pub fn check_max_draft_len(given: usize, limit: usize) -> Result<usize, MaxDraftLenError> {
+    match given {
+        0 => Err(MaxDraftLenError::Zero),
+        too_large if too_large > limit => Err(MaxDraftLenError::AboveLimit { given, limit }),
+        _ => Ok(given),
+    }
+}
+
 /// What bounds one round's draft besides the configured draft length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoundLimits {
@@ -17,16 +46,16 @@ impl RoundLimits {
     /// The most draft tokens the round can verify: the round commits the accepted draft plus
     /// the target's own token, and all of them must fit in the tokens left to generate, in one
     /// batch and in the context.
-    pub fn max_draft_len(&self) -> usize {
+    pub fn room(&self) -> usize {
         self.remaining_tokens
             .min(self.batch_size)
             .min(self.free_context)
             .saturating_sub(1)
     }
 
-    /// `draft_max` cut to [`max_draft_len`](Self::max_draft_len).
-    pub fn budget(&self, draft_max: usize) -> usize {
-        draft_max.min(self.max_draft_len())
+    /// The round's draft length: the request's `max_draft_len` cut to [`room`](Self::room).
+    pub fn max_draft_len(&self, max_draft_len: usize) -> usize {
+        max_draft_len.min(self.room())
     }
 }
 
@@ -43,16 +72,35 @@ mod tests {
     }
 
     #[test]
-    fn budget_leaves_room_for_the_target_token() {
-        assert_eq!(limits(100, 512, 1000).budget(8), 8);
+    fn a_maximum_draft_length_is_at_least_one_and_at_most_the_limit() {
+        assert_eq!(check_max_draft_len(0, 24), Err(MaxDraftLenError::Zero));
+        assert_eq!(check_max_draft_len(1, 24), Ok(1));
+        assert_eq!(check_max_draft_len(24, 24), Ok(24));
         assert_eq!(
-            limits(5, 512, 1000).budget(8),
+            check_max_draft_len(25, 24),
+            Err(MaxDraftLenError::AboveLimit {
+                given: 25,
+                limit: 24
+            })
+        );
+        assert!(check_max_draft_len(usize::MAX, 24).is_err());
+    }
+
+    #[test]
+    fn the_draft_leaves_room_for_the_target_token() {
+        assert_eq!(limits(100, 512, 1000).max_draft_len(8), 8);
+        assert_eq!(
+            limits(5, 512, 1000).max_draft_len(8),
             4,
             "4 drafts + 1 target token"
         );
-        assert_eq!(limits(100, 4, 1000).budget(8), 3, "batch of 4");
-        assert_eq!(limits(100, 512, 3).budget(8), 2, "3 free cells");
-        assert_eq!(limits(1, 512, 1000).budget(8), 0, "last token: no draft");
-        assert_eq!(limits(0, 512, 1000).budget(8), 0);
+        assert_eq!(limits(100, 4, 1000).max_draft_len(8), 3, "batch of 4");
+        assert_eq!(limits(100, 512, 3).max_draft_len(8), 2, "3 free cells");
+        assert_eq!(
+            limits(1, 512, 1000).max_draft_len(8),
+            0,
+            "last token: no draft"
+        );
+        assert_eq!(limits(0, 512, 1000).max_draft_len(8), 0);
     }
 }

@@ -17,7 +17,7 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
 
 #[cfg(target_arch = "x86_64")]
-use super::batch_backend;
+use super::kernels::backend as batch_backend;
 use super::model::to_llama;
 use crate::cascade::Token;
 

@@ -6,6 +6,14 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EngineError {
+    /// A round was verified before a prompt was read (a bug in the caller of the protocol).
+    #[error("a round was verified before the request's prompt was read; prefill first")]
+    NoRequest,
+    /// A replayed trace ran out of tokens before generation ended (`spechost simulate`).
+    #[error(
+        "the trace ended before generation did (it is truncated or hand-made); record it again with `spechost trace`"
+    )]
+    TraceEnded,
     /// The model file does not exist.
     #[error(
         "model file {path} not found; fetch the default models with `spechost models fetch` or pass --model PATH to a .gguf file"

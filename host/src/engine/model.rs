@@ -405,8 +405,8 @@ impl Target {
 #[cfg(target_arch = "x86_64")]
 fn use_batch_products(wanted: bool) {
     if !wanted {
-        super::batch_backend::disable();
-    } else if !super::batch_backend::enable() {
+        super::kernels::backend::disable();
+    } else if !super::kernels::backend::enable() {
         tracing::info!(
             "batches: llama.cpp computes every matrix product (this CPU lacks AVX-512 VNNI)"
         );

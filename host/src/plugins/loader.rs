@@ -18,9 +18,9 @@ use super::policy::PluginPolicy;
 use super::registry::{self, PluginKind};
 use super::sandbox::{self, EpochTicker, HostState, SandboxLimits, Services};
 use super::source::PluginSource;
+use super::spec::SourceSpec;
 use super::state::{DEFAULT_MAX_STATE_BYTES, StateSlot};
 use crate::cascade::{DraftModelFactory, ModelFacts, PolicySetup};
-use super::spec::SourceSpec;
 
 /// The spechost-sdk version whose plugins this host loads (same minor as the WIT package).
 const SDK_VERSION: &str = "0.3";

@@ -11,7 +11,7 @@
 //!   or all).
 //!
 //! Updates compile and smoke-test plugins on a blocking thread, then publish atomically
-//! (`hotswap.rs`); a refused update answers 422 and changes nothing.
+//! (`registry/`); a refused update answers 422 and changes nothing.
 //!
 //! Wrong tokens are rate-limited per client address ([`AuthFailures`]): an address may fail
 //! [`AUTH_FAILURE_BURST`] times, then once per [`AUTH_FAILURE_REFILL`]; past that its attempts
@@ -31,11 +31,11 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use super::error::ApiError;
 use super::extract::{ApiBytes, ApiJson};
-use super::hotswap::{
-    DefaultsUpdate, PluginInfo, PolicyInfo, ReloadReport, Snapshot, Speculation, UpdateError,
-};
 use super::metrics::ReloadOutcome;
 use super::plugin_dirs::PluginDirs;
+use super::registry::{
+    DefaultsUpdate, PluginInfo, PolicyInfo, ReloadReport, Snapshot, Speculation, UpdateError,
+};
 use super::state::AppState;
 use crate::cascade::CascadeMode;
 use crate::plugins::{SourceSpec, parse_cascade};
@@ -254,7 +254,8 @@ pub struct CascadeUpdateBody {
     /// directories, or `none`).
     pub cascade: Option<String>,
     /// New default draft length.
-    pub draft_max: Option<usize>,
+    #[serde(rename = "draft_max")]
+    pub max_draft_len: Option<usize>,
     /// New default cascade mode.
     pub mode: Option<CascadeMode>,
     /// New default policy (a name, or a `.wasm` path inside the plugin directories, then
@@ -307,7 +308,7 @@ pub async fn update(
         .map_err(|e| refused(&state, ApiError::invalid_param("policy", e.to_string())))?;
     let update = DefaultsUpdate {
         cascade,
-        draft_max: body.draft_max,
+        max_draft_len: body.max_draft_len,
         mode: body.mode,
         policy,
         plugin_configs: body

@@ -211,14 +211,14 @@ async fn tokenize(
     state: &AppState,
     messages: Vec<(String, String)>,
 ) -> Result<Vec<Token>, ApiError> {
-    let target = std::sync::Arc::clone(&state.target);
+    let tokenizer = std::sync::Arc::clone(&state.tokenizer);
     let contents = state.message_contents;
     let tokenized = tokio::task::spawn_blocking(move || {
         let pairs: Vec<(&str, &str)> = messages
             .iter()
             .map(|(role, content)| (role.as_str(), content.as_str()))
             .collect();
-        target.tokenize_messages(&pairs, contents)
+        tokenizer.tokenize_messages(&pairs, contents)
     })
     .await
     .map_err(|e| ApiError::internal(format!("tokenizing the conversation failed: {e}")))?;

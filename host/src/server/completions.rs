@@ -138,7 +138,7 @@ async fn tokenize(state: &AppState, prompt: Prompt) -> Result<Vec<Token>, ApiErr
             ));
         }
         Prompt::Tokens(tokens) => {
-            let vocab_size = state.target.vocab_size();
+            let vocab_size = state.tokenizer.vocab_size();
             if let Some(token) = tokens.iter().find(|&&token| token >= vocab_size) {
                 return Err(ApiError::invalid_param(
                     "prompt",
@@ -148,8 +148,8 @@ async fn tokenize(state: &AppState, prompt: Prompt) -> Result<Vec<Token>, ApiErr
             return Ok(tokens);
         }
     };
-    let target = std::sync::Arc::clone(&state.target);
-    tokio::task::spawn_blocking(move || target.tokenize_raw(&text))
+    let tokenizer = std::sync::Arc::clone(&state.tokenizer);
+    tokio::task::spawn_blocking(move || tokenizer.tokenize_raw(&text))
         .await
         .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))
 }

@@ -9,7 +9,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::hotswap::UpdateError;
+use super::registry::UpdateError;
 use super::scheduler::Rejected;
 
 /// An error answer of the API. Build it with the constructors; each names the fix in its
@@ -63,6 +63,19 @@ impl ApiError {
         Self {
             param: Some(param),
             ..Self::invalid(message)
+        }
+    }
+
+    /// The same error, about the request parameter `param` when it is a 400 (a refusal of
+    /// another kind is not the parameter's fault).
+    pub fn about_param(self, param: &'static str) -> Self {
+        if self.status == StatusCode::BAD_REQUEST {
+            Self {
+                param: Some(param),
+                ..self
+            }
+        } else {
+            self
         }
     }
 

@@ -27,15 +27,15 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::connections::ClientConnection;
 use super::error::ApiError;
-use super::hotswap::{CascadeChoice, ResolvedPolicy};
 use super::metrics::{Endpoint, RequestOutcome};
+use super::registry::{CascadeChoice, ResolvedPolicy};
 use super::scheduler::{Event, Finished, Job};
 use super::state::AppState;
 use super::wire::{CommonParams, SourceReport, SpeculativeReport};
-use crate::cascade::Token;
 use crate::cascade::CascadeMode;
+use crate::cascade::Token;
+use crate::engine::{Request, SamplingParams, StopReason, StopStrings, check_max_draft_len};
 use crate::plugins::parse_cascade;
-use crate::engine::{Request, SamplingParams, StopReason, StopStrings};
 
 /// How often a client that closed its sending side is written to while its answer is not
 /// ready: a client that went away is noticed (and its request cancelled) within about this.
@@ -49,7 +49,7 @@ pub struct Plan {
     sampling: SamplingParams,
     stop: StopStrings,
     cascade: CascadeChoice,
-    draft_max: usize,
+    max_draft_len: usize,
     mode: CascadeMode,
     policy: Option<ResolvedPolicy>,
     /// Stream the answer.
@@ -110,15 +110,21 @@ impl Plan {
             None => CascadeChoice::Default,
             Some(spec) => CascadeChoice::Named(cascade_names(spec)?),
         };
-        let sources = snapshot.resolve(&cascade)?;
-        state.registry.check_draft_model(&sources)?;
-        let limit = state.limits.draft_max;
-        let draft_max = speculative.draft_max.unwrap_or(snapshot.defaults.draft_max);
-        if draft_max == 0 || draft_max > limit {
+        let cascade_error = |error| ApiError::from(error).about_param("speculative.cascade");
+        let sources = snapshot.resolve(&cascade).map_err(cascade_error)?;
+        state
+            .registry
+            .check_draft_model(&sources)
+            .map_err(cascade_error)?;
+        let limit = state.limits.max_draft_len;
+        let max_draft_len = speculative
+            .max_draft_len
+            .unwrap_or(snapshot.defaults.max_draft_len);
+        if check_max_draft_len(max_draft_len, limit).is_err() {
             return Err(ApiError::invalid_param(
                 "speculative.draft_max",
                 format!(
-                    "speculative.draft_max must be between 1 and {limit} (the server's --draft-max), got {draft_max}; use speculative.cascade `none` to decode without speculation"
+                    "speculative.draft_max must be between 1 and {limit} (the server's --draft-max), got {max_draft_len}; use speculative.cascade `none` to decode without speculation"
                 ),
             ));
         }
@@ -131,17 +137,18 @@ impl Plan {
                 let names: Vec<String> =
                     sources.iter().map(|s| s.plugin.name().to_owned()).collect();
                 let registry = Arc::clone(&state.registry);
-                let resolved = snapshot.policy(&spec)?;
-                if registry.policy_checked(&resolved, &names, draft_max) {
+                let policy_error = |error| ApiError::from(error).about_param("speculative.policy");
+                let resolved = snapshot.policy(&spec).map_err(policy_error)?;
+                if registry.policy_checked(&resolved, &names, max_draft_len) {
                     Some(resolved)
                 } else {
                     // Opening the policy runs its code: never on the async threads.
                     let checked = tokio::task::spawn_blocking(move || {
-                        registry.check_policy(resolved, names, draft_max)
+                        registry.check_policy(resolved, names, max_draft_len)
                     })
                     .await
                     .map_err(|e| ApiError::internal(format!("checking the policy failed: {e}")))?;
-                    Some(checked?)
+                    Some(checked.map_err(policy_error)?)
                 }
             }
             _ => None,
@@ -152,7 +159,7 @@ impl Plan {
             sampling,
             stop,
             cascade,
-            draft_max,
+            max_draft_len,
             mode: speculative.mode.unwrap_or(snapshot.defaults.mode),
             policy,
             stream: params.stream,
@@ -204,7 +211,7 @@ impl Plan {
                 max_tokens: self.max_tokens,
                 sampling: self.sampling.clone(),
                 stop: self.stop.clone(),
-                draft_max: self.draft_max,
+                max_draft_len: self.max_draft_len,
             },
             cascade: self.cascade.clone(),
             mode: self.mode,
@@ -439,7 +446,7 @@ pub fn speculative_report(finished: &Finished) -> SpeculativeReport {
     let stats = &finished.outcome.stats;
     SpeculativeReport {
         cascade: finished.cascade.clone(),
-        draft_max: finished.draft_max,
+        max_draft_len: finished.max_draft_len,
         mode: finished.mode,
         policy: finished.policy.clone(),
         rounds: stats.rounds,

@@ -14,7 +14,7 @@
 //! 3. A slot (`slot`) takes the job: one std thread per slot owns one llama.cpp context and the
 //!    plugin instances it keeps across requests (`pool`), and runs the engine's round loop.
 //! 4. Between prompt chunks and before every round the slot checks whether the client went away
-//!    (stop), and before every round whether the plugin registry (`hotswap`) published new
+//!    (stop), and before every round whether the plugin registry (`registry`) published new
 //!    sources for this request (swap the cascade, begun again with the context so far).
 //! 5. Text flows back over a channel and is returned whole or as server-sent events, with
 //!    `usage` and a `speculative` block (per-source drafted, accepted, rounds won, acceptance,
@@ -65,11 +65,11 @@ mod error;
 mod extract;
 mod generation;
 mod hosts;
-mod hotswap;
 mod metrics;
 mod models;
 mod plugin_dirs;
 mod pool;
+mod registry;
 mod router;
 mod scheduler;
 mod slot;

@@ -19,8 +19,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::hotswap::{ResolvedPolicy, ResolvedSource, Snapshot, SourceKey};
 use super::metrics::{Metrics, PluginHealthDelta, PluginInstances};
+use super::registry::{ResolvedPolicy, ResolvedSource, Snapshot, SourceKey};
 use crate::cascade::{
     AcceptanceHistory, Cascade, CascadeSettings, Decision, DraftSource, Feedback, ModelFacts,
     PolicySetup, Proposal, RoundPolicy, RoundRecord, SourceFault, Token,

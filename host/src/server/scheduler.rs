@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::hotswap::{CascadeChoice, ResolvedPolicy};
 use super::metrics::Endpoint;
+use super::registry::{CascadeChoice, ResolvedPolicy};
 use crate::cascade::CascadeMode;
 use crate::engine::{Outcome, Request};
 
@@ -64,7 +64,7 @@ pub struct Finished {
     /// Names of the sources the last round drafted with.
     pub cascade: Vec<String>,
     /// The draft length the request ran with.
-    pub draft_max: usize,
+    pub max_draft_len: usize,
     /// The cascade mode the request ran with.
     pub mode: CascadeMode,
     /// The policy and its settings, if the request had one.

@@ -27,16 +27,14 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::hotswap::{CascadeChoice, Registry, ResolvedPolicy, ResolvedSource, SourceKey};
 use super::metrics::{Metrics, RequestOutcome};
 use super::pool::SourcePool;
+use super::registry::{CascadeChoice, Registry, ResolvedPolicy, ResolvedSource, SourceKey};
 use super::scheduler::{Event, Finished, Job, Queue};
 use super::startup::SlotHandles;
 use crate::cascade::CascadeSettings;
 use crate::config::ServeConfig;
-use crate::engine::{
-    DEFAULT_COST_REPETITIONS, RoundControl, RoundDecision, Session, StopReason,
-};
+use crate::engine::{DEFAULT_COST_REPETITIONS, RoundControl, RoundDecision, Session, StopReason};
 use crate::plugins::save_plugin_states;
 
 /// Least time between two saves of the plugins' state by one slot (with `--state-dir`).
@@ -89,21 +87,21 @@ impl<'a> Slot<'a> {
 
     /// Measures the verify cost curve up to `draft_max`, when drafts can be verified on this
     /// target: done once, before the server listens.
-    pub fn prepare(&mut self, draft_max: usize) {
+    pub fn prepare(&mut self, max_draft_len: usize) {
         if self.session.target().can_roll_back() {
-            self.measure_verify_curve(draft_max);
+            self.measure_verify_curve(max_draft_len);
         }
     }
 
     /// Measures the verify cost curve for batches of 1 to `draft_max + 1` tokens (as far as
     /// the context and batch allow) after a short and a long context, within
     /// [`VERIFY_CURVE_BUDGET`].
-    fn measure_verify_curve(&mut self, draft_max: usize) {
+    fn measure_verify_curve(&mut self, max_draft_len: usize) {
         let long = VERIFY_CURVE_LONG_CONTEXT.min(self.session.ctx_size() as usize / 2);
         let started = Instant::now();
         match self.session.measure_verify_curve(
             &[VERIFY_CURVE_SHORT_CONTEXT, long],
-            draft_max + 1,
+            max_draft_len + 1,
             DEFAULT_COST_REPETITIONS,
             VERIFY_CURVE_BUDGET,
         ) {
@@ -245,7 +243,7 @@ impl<'a> Slot<'a> {
                     .generation(job.endpoint, RequestOutcome::Completed, stats, swaps);
                 let _ = job.events.send(Event::Done(Box::new(Finished {
                     cascade: cascade.source_names(),
-                    draft_max: job.request.draft_max,
+                    max_draft_len: job.request.max_draft_len,
                     mode: job.mode,
                     policy: job.policy.as_ref().map(ResolvedPolicy::label),
                     swaps,

@@ -27,18 +27,18 @@ use anyhow::Context as _;
 
 use super::admin::AuthFailures;
 use super::connections::{self, fit_file_limit};
-use super::hotswap::{Registry, Speculation, load_startup_plugins, load_startup_policies};
 use super::metrics::Metrics;
 use super::plugin_dirs::PluginDirs;
+use super::registry::{Registry, Speculation, load_startup_plugins, load_startup_policies};
 use super::router::router;
 use super::scheduler::Queue;
 use super::slot::Slot;
-use super::state::{AppState, RequestLimits, Shared};
+use super::state::{AppState, PromptTokenizer, RequestLimits, Shared};
 use super::watch;
 use crate::config::ServeConfig;
-use crate::plugins::SourceSpec;
 use crate::engine::{EngineError, Session, Target};
 use crate::plugins::PluginHost;
+use crate::plugins::SourceSpec;
 use crate::stack::{Decoding, Stack, StackConfig};
 
 /// Runs the server until Ctrl-C or SIGTERM.
@@ -88,7 +88,7 @@ pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
                     // Dropped unsent when the server does not start.
                     if let Ok(handles) = handles.recv() {
                         let mut slot = Slot::new(index, session, handles, config);
-                        slot.prepare(config.draft_max);
+                        slot.prepare(config.max_draft_len);
                         let _ = prepared.send(());
                         drop(prepared);
                         slot.run();
@@ -118,7 +118,7 @@ pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
         }
         let first = first.map(|session| {
             let mut slot = Slot::new(0, session, handles(), config);
-            slot.prepare(config.draft_max);
+            slot.prepare(config.max_draft_len);
             slot
         });
         // The server listens once every slot measured its verify costs (a slot that ended
@@ -196,7 +196,7 @@ fn start_shared(
 ) -> anyhow::Result<Shared> {
     let defaults = Speculation {
         cascade: config.cascade.iter().map(SourceSpec::name).collect(),
-        draft_max: config.draft_max,
+        max_draft_len: config.max_draft_len,
         mode: config.cascade_mode,
         policy: Some(config.policy.clone()),
     };
@@ -210,13 +210,13 @@ fn start_shared(
     )?);
     Ok(Shared {
         model_id: config.model_id.clone(),
-        target: Arc::clone(target),
+        tokenizer: Arc::clone(target) as Arc<dyn PromptTokenizer>,
         limits: RequestLimits {
             default_max_tokens: config.default_max_tokens,
             max_tokens_limit: config.max_tokens_limit,
             max_body_bytes: config.max_body_bytes,
             ctx_size,
-            draft_max: config.draft_max,
+            max_draft_len: config.max_draft_len,
             body_timeout: config.connections.body_timeout,
         },
         sampling: config.sampling.clone(),

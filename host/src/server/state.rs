@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use super::admin::AuthFailures;
 use super::hosts::AllowedHosts;
-use super::hotswap::Registry;
 use super::metrics::Metrics;
 use super::plugin_dirs::PluginDirs;
+use super::registry::Registry;
 use super::scheduler::Queue;
-use crate::engine::{MessageContents, SamplingParams, Target};
+use crate::cascade::Token;
+use crate::engine::{EngineError, MessageContents, SamplingParams, Target};
 
 /// Limits and defaults of requests.
 #[derive(Debug, Clone)]
@@ -26,17 +27,51 @@ pub struct RequestLimits {
     /// Context size of every slot, in tokens: prompt plus `max_tokens` must fit.
     pub ctx_size: u32,
     /// The most `speculative.draft_max` a request may ask for (`--draft-max`).
-    pub draft_max: usize,
+    pub max_draft_len: usize,
     /// Time to send a request's body once its headers arrived.
     pub body_timeout: Duration,
+}
+
+/// What handlers need of the target: a request's prompt as tokens. Tokenizing runs off the
+/// async threads (a long conversation takes a while). The target implements it; the router's
+/// tests use one without a model.
+pub trait PromptTokenizer: Send + Sync {
+    /// Number of tokens in the vocabulary: a prompt given as token ids must stay below it.
+    fn vocab_size(&self) -> u32;
+    /// `messages` (role, content) through the chat template, ready for the assistant's turn.
+    fn tokenize_messages(
+        &self,
+        messages: &[(&str, &str)],
+        contents: MessageContents,
+    ) -> Result<Vec<Token>, EngineError>;
+    /// A completion prompt's text, special tokens parsed.
+    fn tokenize_raw(&self, text: &str) -> Vec<Token>;
+}
+
+impl PromptTokenizer for Target {
+    fn vocab_size(&self) -> u32 {
+        Target::vocab_size(self)
+    }
+
+    fn tokenize_messages(
+        &self,
+        messages: &[(&str, &str)],
+        contents: MessageContents,
+    ) -> Result<Vec<Token>, EngineError> {
+        Target::tokenize_messages(self, messages, contents)
+    }
+
+    fn tokenize_raw(&self, text: &str) -> Vec<Token> {
+        Target::tokenize_raw(self, text)
+    }
 }
 
 /// Everything handlers share.
 pub struct Shared {
     /// The model's name in the API.
     pub model_id: String,
-    /// The target, for tokenizing prompts in handlers (slots generate with it).
-    pub target: Arc<Target>,
+    /// The target's tokenizer, for prompts in handlers (slots generate with the target).
+    pub tokenizer: Arc<dyn PromptTokenizer>,
     /// Limits and defaults of requests.
     pub limits: RequestLimits,
     /// Sampling of requests that give none (the seed is drawn per request).

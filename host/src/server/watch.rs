@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::hotswap::Registry;
 use super::metrics::{Metrics, ReloadOutcome};
+use super::registry::Registry;
 use crate::plugins::file_sha256;
 
 /// How often the watched files are checked.

@@ -8,8 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cascade::{SourceStats, Token, ratio};
 use crate::cascade::CascadeMode;
+use crate::cascade::{SourceStats, Token, ratio};
 use crate::engine::GenerationStats;
 
 /// `prompt` of a completion request.
@@ -61,7 +61,8 @@ pub struct SpeculativeParams {
     /// Policy plugin choosing the draft length.
     pub policy: Option<String>,
     /// Most draft tokens per round.
-    pub draft_max: Option<usize>,
+    #[serde(rename = "draft_max")]
+    pub max_draft_len: Option<usize>,
     /// How the cascade picks a draft.
     pub mode: Option<CascadeMode>,
 }
@@ -238,7 +239,8 @@ pub struct SpeculativeReport {
     /// Sources of the cascade the last round used, in order.
     pub cascade: Vec<String>,
     /// Most draft tokens per round.
-    pub draft_max: usize,
+    #[serde(rename = "draft_max")]
+    pub max_draft_len: usize,
     /// How the cascade picked drafts.
     pub mode: CascadeMode,
     /// The policy that chose each round's draft length (`null`: `draft_max` every round).

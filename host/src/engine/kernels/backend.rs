@@ -1,5 +1,5 @@
 //! A ggml backend that computes the Q8_0, Q5_0 and Q4_0 matrix products of batches (verify batches,
-//! prompts) with [`quant_matmul`](super::quant_matmul): one pass over each weight matrix per
+//! prompts) with `quant_matmul`: one pass over each weight matrix per
 //! batch instead of llama.cpp's one vector dot product per (weight row, batch row), and the
 //! same bits.
 //!
@@ -55,13 +55,13 @@ thread_local! {
 }
 
 /// How many matrix products the backend has computed for decodes made by this thread.
-pub(super) fn computed_on_this_thread() -> u64 {
+pub(in crate::engine) fn computed_on_this_thread() -> u64 {
     COMPUTED.get()
 }
 
 /// Registers the device with ggml, once per process, and turns it on; returns whether it is on
 /// (not on a CPU without AVX-512 VNNI). Contexts made afterwards use it.
-pub(super) fn enable() -> bool {
+pub(in crate::engine) fn enable() -> bool {
     if !quant_matmul::kernel_available() {
         return false;
     }
@@ -71,12 +71,12 @@ pub(super) fn enable() -> bool {
 }
 
 /// Turns the device off: contexts made afterwards leave every matrix product to llama.cpp.
-pub(super) fn disable() {
+pub(in crate::engine) fn disable() {
     ENABLED.store(false, Ordering::Release);
 }
 
 /// Whether contexts made now use the device.
-pub(super) fn enabled() -> bool {
+pub(in crate::engine) fn enabled() -> bool {
     ENABLED.load(Ordering::Acquire)
 }
 

@@ -1,6 +1,7 @@
-//! The results of a benchmark as one serialisable value, and its markdown and CSV renderings.
+//! The results of a benchmark as one serialisable value; `render` writes it as markdown and CSV.
 
-use std::fmt::Write as _;
+mod render;
+
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -85,7 +86,8 @@ pub struct ConfigurationReport {
     /// Source names in order; empty for plain decoding.
     pub cascade: Vec<String>,
     /// Most draft tokens per round; `null` for plain decoding.
-    pub draft_max: Option<usize>,
+    #[serde(rename = "draft_max")]
+    pub max_draft_len: Option<usize>,
     /// Generation tokens per second of each measured pass, in order.
     pub tokens_per_second_by_pass: Vec<f64>,
     /// Median, min and max of `tokens_per_second_by_pass`.
@@ -191,7 +193,7 @@ impl Report {
                         });
                         let mut totals = Totals::default();
                         passes.iter().for_each(|pass| totals.add(pass));
-                        let positions = configuration.draft_max.unwrap_or(0);
+                        let positions = configuration.max_draft_len.unwrap_or(0);
                         let outputs_match = !mismatches
                             .iter()
                             .any(|m| m.workload == run.workload.name && m.configuration == label);
@@ -205,7 +207,7 @@ impl Report {
                                 .iter()
                                 .map(crate::plugins::SourceSpec::name)
                                 .collect(),
-                            draft_max: configuration.draft_max,
+                            max_draft_len: configuration.max_draft_len,
                             speedup,
                             ideal_speedup,
                             efficiency: speedup
@@ -261,244 +263,8 @@ impl Report {
             mixed,
         }
     }
-
-    /// The mixed-set table, in markdown; empty with one workload.
-    pub fn mixed_markdown(&self) -> String {
-        if self.mixed.is_empty() {
-            return String::new();
-        }
-        let names: Vec<&str> = self.workloads.iter().map(|w| w.name.as_str()).collect();
-        let mut out = format!(
-            "All workloads together (the mixed set: {}), each pass's generated tokens over its time:\n\n",
-            names.join(", ")
-        );
-        out.push_str("| configuration | tok/s (median) | tok/s min–max | speedup |\n");
-        out.push_str("|---|--:|--:|--:|\n");
-        for m in &self.mixed {
-            let _ = writeln!(
-                out,
-                "| {} | {:.1} | {:.1}–{:.1} | {} |",
-                m.label,
-                m.tokens_per_second.median,
-                m.tokens_per_second.min,
-                m.tokens_per_second.max,
-                m.speedup
-                    .map_or_else(|| "–".to_owned(), |s| format!("{s:.2}x")),
-            );
-        }
-        out
-    }
-
-    /// The results table, in markdown.
-    pub fn markdown_table(&self) -> String {
-        let mut out = String::new();
-        out.push_str(
-            "| workload | configuration | tok/s (median) | tok/s min–max | speedup | ideal | efficiency | acceptance | accepted/draft round | rounds won per pass | drafting | verifying | output |\n",
-        );
-        out.push_str("|---|---|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|---|\n");
-        for workload in &self.workloads {
-            for c in &workload.configurations {
-                let plain = c.cascade.is_empty();
-                let dash = || "–".to_owned();
-                let _ = writeln!(
-                    out,
-                    "| {} | {} | {:.1} | {:.1}–{:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                    workload.name,
-                    c.label,
-                    c.tokens_per_second.median,
-                    c.tokens_per_second.min,
-                    c.tokens_per_second.max,
-                    c.speedup.map_or_else(dash, |s| format!("{s:.2}x")),
-                    c.ideal_speedup.map_or_else(dash, |s| format!("{s:.2}x")),
-                    c.efficiency.map_or_else(dash, percent),
-                    if plain { dash() } else { percent(c.acceptance) },
-                    if plain {
-                        dash()
-                    } else {
-                        format!("{:.2}", c.mean_accepted_per_draft_round)
-                    },
-                    if plain {
-                        dash()
-                    } else {
-                        self.rounds_won(c, ", ")
-                    },
-                    percent(c.draft_share),
-                    percent(c.verify_share),
-                    match (c.outputs_match, plain) {
-                        (false, _) => "**DIFFERS**",
-                        (true, true) => "baseline",
-                        (true, false) => "same",
-                    },
-                );
-            }
-        }
-        out
-    }
-
-    /// `lookup 59 (58%)` for each source: rounds won per measured pass, and share of rounds.
-    fn rounds_won(&self, c: &ConfigurationReport, separator: &str) -> String {
-        let passes = self.repeat.max(1) as f64;
-        c.sources
-            .iter()
-            .map(|s| {
-                format!(
-                    "{} {:.0} ({})",
-                    s.stats.name,
-                    s.stats.won as f64 / passes,
-                    percent(s.won_share)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(separator)
-    }
-
-    /// `results.md`: the setup, the table, any mismatches and the charts.
-    pub fn markdown(&self, charts: &[(&str, &str)]) -> String {
-        let mut out = String::from("# spechost bench\n\n");
-        let _ = writeln!(
-            out,
-            "Model `{}`, {} threads, context {} tokens, greedy; {} measured pass(es) after {} warm-up pass(es){}.",
-            self.model.display(),
-            self.threads,
-            self.ctx_size,
-            self.repeat,
-            self.warmup,
-            self.max_tokens_cap
-                .map_or_else(String::new, |cap| format!(", max_tokens capped at {cap}"))
-        );
-        out.push_str(
-            "tok/s counts generated tokens after each request's first over the time after it; speedup is the ratio of medians to plain decoding.\n\n",
-        );
-        for workload in &self.workloads {
-            let _ = writeln!(
-                out,
-                "- `{}`: {} requests from `{}`",
-                workload.name,
-                workload.requests,
-                workload.path.display()
-            );
-        }
-        out.push('\n');
-        out.push_str(&self.markdown_table());
-        out.push('\n');
-        let mixed = self.mixed_markdown();
-        if !mixed.is_empty() {
-            out.push_str(&mixed);
-            out.push('\n');
-        }
-        if self.outputs_match {
-            out.push_str("Every greedy output matched plain decoding token for token.\n");
-        } else {
-            let _ = writeln!(
-                out,
-                "**{} greedy output(s) differ from plain decoding:**\n",
-                self.mismatches.len()
-            );
-            for m in &self.mismatches {
-                let _ = writeln!(
-                    out,
-                    "- {} · {} · request `{}` (pass {}): first difference at token {}",
-                    m.workload, m.configuration, m.request, m.pass, m.first_difference
-                );
-            }
-        }
-        let faults: Vec<String> = self
-            .workloads
-            .iter()
-            .flat_map(|w| w.configurations.iter().map(move |c| (w, c)))
-            .flat_map(|(w, c)| {
-                c.sources
-                    .iter()
-                    .filter(|s| s.stats.faults > 0)
-                    .map(move |s| {
-                        format!(
-                            "{} · {} · {}: {} faults",
-                            w.name, c.label, s.stats.name, s.stats.faults
-                        )
-                    })
-            })
-            .collect();
-        if !faults.is_empty() {
-            out.push_str("\nSource faults (counted as empty proposals):\n\n");
-            for fault in faults {
-                let _ = writeln!(out, "- {fault}");
-            }
-        }
-        out.push('\n');
-        out.push_str(&self.verify_cost_markdown());
-        out.push('\n');
-        for (title, file) in charts {
-            let _ = writeln!(out, "![{title}]({file})");
-        }
-        out
-    }
-
-    /// The verify cost curve of each workload, in markdown, with how the ideal speedup follows
-    /// from it.
-    pub fn verify_cost_markdown(&self) -> String {
-        let mut out = format!(
-            "Verify cost: one `llama_decode` of n tokens with logits at every position, after the workload's median-length prompt (median of {} runs). \
-             `ideal` is the speedup the configuration's rounds would give if drafting and bookkeeping were free: committed tokens × cost(1) / Σ cost(tokens verified) over its rounds; `efficiency` is measured / ideal.\n",
-            self.cost_repeat
-        );
-        for workload in &self.workloads {
-            let curve = &workload.verify_cost;
-            let _ = writeln!(
-                out,
-                "\n`{}`, context {} tokens:\n",
-                workload.name, curve.context_tokens
-            );
-            out.push_str(&super::ceiling::points_markdown(&curve.points));
-        }
-        out
-    }
-
-    /// `results.csv`: one row per workload and configuration.
-    pub fn csv(&self) -> String {
-        let mut out = String::from(
-            "workload,configuration,cascade,draft_max,requests,generated_tokens,tok_s_median,tok_s_min,tok_s_max,speedup,ideal_speedup,efficiency,acceptance,mean_accepted_per_draft_round,mean_committed_per_round,draft_share,verify_share,rounds_won,outputs_match\n",
-        );
-        for workload in &self.workloads {
-            for c in &workload.configurations {
-                let passes = self.repeat.max(1) as u64;
-                let rounds_won = c
-                    .sources
-                    .iter()
-                    .map(|s| format!("{}={}", s.stats.name, s.stats.won / passes))
-                    .collect::<Vec<_>>()
-                    .join(";");
-                let fields = [
-                    workload.name.clone(),
-                    c.label.clone(),
-                    c.cascade.join(","),
-                    c.draft_max.map_or_else(String::new, |k| k.to_string()),
-                    workload.requests.to_string(),
-                    c.generated_tokens.to_string(),
-                    format!("{:.3}", c.tokens_per_second.median),
-                    format!("{:.3}", c.tokens_per_second.min),
-                    format!("{:.3}", c.tokens_per_second.max),
-                    c.speedup.map_or_else(String::new, |s| format!("{s:.4}")),
-                    c.ideal_speedup
-                        .map_or_else(String::new, |s| format!("{s:.4}")),
-                    c.efficiency.map_or_else(String::new, |s| format!("{s:.4}")),
-                    format!("{:.4}", c.acceptance),
-                    format!("{:.4}", c.mean_accepted_per_draft_round),
-                    format!("{:.4}", c.mean_committed_per_round),
-                    format!("{:.4}", c.draft_share),
-                    format!("{:.4}", c.verify_share),
-                    rounds_won,
-                    c.outputs_match.to_string(),
-                ];
-                let row: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
-                out.push_str(&row.join(","));
-                out.push('\n');
-            }
-        }
-        out
-    }
 }
 
-/// Tok/s of each pass.
 /// The mixed-set rows: for configuration `c` and pass `p`, the totals of pass `p` of `c` on
 /// every workload, added.
 fn mixed_reports(configurations: &[Configuration], workloads: &[WorkloadRun]) -> Vec<MixedReport> {
@@ -534,27 +300,16 @@ fn mixed_reports(configurations: &[Configuration], workloads: &[WorkloadRun]) ->
         .collect()
 }
 
+/// Tok/s of each pass.
 fn rates(passes: &[Totals]) -> Vec<f64> {
     passes.iter().map(Totals::tokens_per_second).collect()
-}
-
-fn percent(fraction: f64) -> String {
-    format!("{:.1}%", 100.0 * fraction)
-}
-
-/// A CSV field, quoted (RFC 4180) when it holds a comma, a quote or a line break.
-fn csv_field(field: &str) -> String {
-    if field.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", field.replace('"', "\"\""))
-    } else {
-        field.to_owned()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
+    use super::render::csv_field;
     use super::*;
     use crate::bench::ceiling::VerifyCosts;
     use crate::bench::workload::Workload;
@@ -569,7 +324,7 @@ mod tests {
             },
             workloads: vec!["w/edit.jsonl".into()],
             cascades: vec!["lookup,suffix".into()],
-            draft_maxes: vec![4],
+            max_draft_lens: vec![4],
             repeat: 2,
             cost_repeat: 1,
             ..BenchArgs::default()
@@ -616,7 +371,7 @@ mod tests {
                         SourceSpec::Builtin("lookup".into()),
                         SourceSpec::Builtin("suffix".into()),
                     ],
-                    draft_max: Some(4),
+                    max_draft_len: Some(4),
                     policy: Some(crate::plugins::parse_policy("fixed").expect("valid policy")),
                     mode: crate::cascade::CascadeMode::First,
                 },
@@ -675,7 +430,7 @@ mod tests {
             Configuration::plain(),
             Configuration {
                 cascade: vec![SourceSpec::Builtin("lookup".into())],
-                draft_max: Some(4),
+                max_draft_len: Some(4),
                 policy: None,
                 mode: crate::cascade::CascadeMode::First,
             },

@@ -1,0 +1,523 @@
+//! The round protocol, written once: every request, decoded or replayed from a trace, goes
+//! through a [`Generation`], and what a round's draft is checked against comes from a
+//! [`Verifier`].
+//!
+//! One request, in order ([`generate`] drives it for one sequence):
+//! 1. the verifier reads the prompt ([`Verifier::prefill`]; the caller's [`RoundControl`] may
+//!    stop it between chunks) and gives the target's first token, which is committed;
+//! 2. the cascade begins with the prompt and that token, its policy with the verify costs after
+//!    the prompt ([`Verifier::verify_costs`], cut to the request's `max_draft_len + 1`);
+//! 3. each round ([`Generation::next_round`]): the control may stop the request or replace the
+//!    cascade (begun again with the whole context so far); the cascade proposes a draft of at
+//!    most the round's limit ([`RoundLimits`]); the verifier returns the target's tokens for
+//!    `[last, draft..]`, equal to the draft as far as it matches, then one of its own
+//!    ([`Verifier::verify`]); [`Generation::settle`] commits them (text streamed, stop strings,
+//!    end of generation, `max_tokens`) and tells the cascade how its draft fared;
+//! 4. [`Generation::finish`] ends the cascade and returns the output with its stats.
+//!
+//! Every committed token is the verifier's, so the output is the target's whatever the cascade
+//! drafts. A verifier of several sequences (a batch of requests) drives one [`Generation`] per
+//! sequence and verifies their rounds together; a tree of drafts is a verifier that returns the
+//! path the target agreed with. Neither needs another copy of this protocol.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::budget::RoundLimits;
+use super::error::EngineError;
+use super::sample::SamplingParams;
+use super::stats::GenerationStats;
+use super::text::{StopStrings, TextStream};
+use super::verify::DEFAULT_MAX_DRAFT_LEN;
+use crate::cascade::{Cascade, Draft, ModelFacts, RoundTiming, SourceStats, Token};
+
+/// One generation request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Prompt tokens (already templated).
+    pub prompt: Vec<Token>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// How the target's tokens are chosen.
+    pub sampling: SamplingParams,
+    /// Generation ends before any of these strings.
+    pub stop: StopStrings,
+    /// Most draft tokens verified per round (the policy chooses up to this many); 0 decodes
+    /// without speculation.
+    pub max_draft_len: usize,
+}
+
+impl Request {
+    /// A request with no stop strings and the default draft length.
+    pub fn new(prompt: Vec<Token>, max_tokens: usize, sampling: SamplingParams) -> Self {
+        Self {
+            prompt,
+            max_tokens,
+            sampling,
+            stop: StopStrings::default(),
+            max_draft_len: DEFAULT_MAX_DRAFT_LEN,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model produced an end-of-generation token.
+    EndOfGeneration,
+    /// `max_tokens` were generated.
+    MaxTokens,
+    /// A stop string appeared.
+    StopString,
+    /// The caller's [`RoundControl`] stopped generation (the client went away).
+    Cancelled,
+}
+
+/// What the caller decides before a round.
+pub enum RoundDecision {
+    /// Run the round with the current cascade.
+    Continue,
+    /// End generation now, with [`StopReason::Cancelled`].
+    Stop,
+    /// Run this and later rounds with another cascade. The current cascade ends (its counters
+    /// are kept in the outcome's per-source stats) and the new one begins with the whole context
+    /// so far, so the new sources draft from exactly where the old ones stopped.
+    Replace(Cascade),
+}
+
+/// Consulted between rounds: whether generation goes on, and with which cascade.
+///
+/// Called before every round after the first token, never inside one, so a replaced cascade
+/// or a stop always falls between two verified rounds. Greedy output does not depend on the
+/// decisions: every committed token is the target's own.
+pub trait RoundControl {
+    /// Decides the next round; [`RoundDecision::Continue`] keeps going as before.
+    fn before_round(&mut self) -> RoundDecision;
+
+    /// Asked before each chunk of the prompt after the first (a long prompt is read in chunks
+    /// of the batch size): `true` ends the request now, with [`StopReason::Cancelled`] and no
+    /// output. Default: never.
+    fn stop_prefill(&mut self) -> bool {
+        false
+    }
+}
+
+impl<F: FnMut() -> RoundDecision> RoundControl for F {
+    fn before_round(&mut self) -> RoundDecision {
+        self()
+    }
+}
+
+/// The result of a request.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Generated tokens, in order (an end-of-generation token is included).
+    pub tokens: Vec<Token>,
+    /// Generated text, as streamed.
+    pub text: String,
+    /// Why generation ended.
+    pub stop_reason: StopReason,
+    /// What it cost and how speculation did.
+    pub stats: GenerationStats,
+}
+
+/// How reading a prompt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefill {
+    /// Every token was read; the target's first token follows it.
+    Done {
+        /// The target's token after the prompt.
+        first: Token,
+    },
+    /// Stopped before the end, after reading this many tokens.
+    Stopped {
+        /// Prompt tokens read.
+        read: usize,
+    },
+}
+
+/// What one round verifies: the last committed token and the draft after it, at `n_past`
+/// (the committed context's length before `last`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundDraft {
+    /// The last committed token, not yet in the target's cache.
+    pub last: Token,
+    /// The draft to verify after it (empty: plain decoding).
+    pub tokens: Vec<Token>,
+    /// Position of `last`.
+    pub n_past: usize,
+    /// The most draft tokens the round could verify (the request's, cut to the tokens, batch
+    /// and context left).
+    pub max_draft_len: usize,
+}
+
+/// What a round's draft is checked against: the target (a llama.cpp context) or a recording of
+/// it. The protocol ([`Generation`]) calls it; it never sees the cascade.
+pub trait Verifier {
+    /// What draft sources are told about the target.
+    fn facts(&self) -> ModelFacts;
+
+    /// Most tokens one verify batch holds.
+    fn batch_size(&self) -> usize;
+
+    /// Whether drafts can be verified at all (a recurrent target cannot roll back).
+    fn can_verify_drafts(&self) -> bool;
+
+    /// Whether `token` ends generation.
+    fn is_eog(&self, token: Token) -> bool;
+
+    /// The bytes `token` stands for in generated text (nothing for special tokens), into `out`.
+    fn token_bytes(&self, token: Token, out: &mut Vec<u8>);
+
+    /// What verifying `n` tokens costs after a context of `context_len` tokens (`[n - 1]`), for
+    /// policies; empty when unknown.
+    fn verify_costs(&self, context_len: usize) -> Vec<Duration>;
+
+    /// Reads `request`'s prompt, asking `stop` before each chunk after the first, and gives the
+    /// target's first token (sampled as `request.sampling` says; later tokens use the same
+    /// sampler).
+    fn prefill(
+        &mut self,
+        request: &Request,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Prefill, EngineError>;
+
+    /// Verifies `round`: returns the target's tokens at its positions, in order, while they
+    /// equal the draft, then the first one that does not (or the one after the whole draft),
+    /// each sampled exactly once; afterwards the verifier holds the context plus the accepted
+    /// draft tokens, nothing of the rejected ones.
+    fn verify(&mut self, round: &RoundDraft) -> Result<Vec<Token>, EngineError>;
+}
+
+/// Generates `request` on `verifier`, drafting with `cascade` and asking `control` between
+/// rounds; `on_text` gets each piece of text as soon as it is final. On return `cascade` is the
+/// one the last round used.
+pub fn generate(
+    verifier: &mut dyn Verifier,
+    request: &Request,
+    cascade: &mut Cascade,
+    on_text: &mut dyn FnMut(&str),
+    control: &mut dyn RoundControl,
+) -> Result<Outcome, EngineError> {
+    let started = Instant::now();
+    let first = match verifier.prefill(request, &mut || control.stop_prefill())? {
+        Prefill::Done { first } => first,
+        Prefill::Stopped { read } => {
+            tracing::debug!(
+                read,
+                prompt = request.prompt.len(),
+                "request stopped while reading its prompt"
+            );
+            return Ok(Outcome {
+                tokens: Vec::new(),
+                text: String::new(),
+                stop_reason: StopReason::Cancelled,
+                stats: GenerationStats {
+                    prompt_tokens: read,
+                    prompt_time: started.elapsed(),
+                    ..GenerationStats::default()
+                },
+            });
+        }
+    };
+    let prompt_time = started.elapsed();
+    let mut generation = Generation::start(&*verifier, request, cascade, first, on_text);
+    generation.stats.prompt_time = prompt_time;
+    while let Some(round) = generation.next_round(control) {
+        let _round = tracing::debug_span!(
+            "round",
+            n = generation.stats.rounds + 1,
+            max_draft_len = round.max_draft_len
+        )
+        .entered();
+        let verify_started = Instant::now();
+        let target = verifier.verify(&round)?;
+        generation.settle(&*verifier, &round, &target, verify_started.elapsed());
+    }
+    Ok(generation.finish())
+}
+
+/// One request's progress through the protocol, between rounds.
+pub struct Generation<'g> {
+    request: &'g Request,
+    cascade: &'g mut Cascade,
+    output: Output<'g>,
+    stats: GenerationStats,
+    facts: ModelFacts,
+    batch_size: usize,
+    verify_costs: Vec<Duration>,
+    /// Whether drafts can be verified for this request at all.
+    can_speculate: bool,
+    /// Whether the current cascade drafts.
+    speculate: bool,
+    /// The last committed token, not yet verified into the cache.
+    last: Token,
+    /// Committed context length before `last`.
+    n_past: usize,
+    stop: Option<StopReason>,
+    started: Instant,
+    /// The draft of the round in flight and the time it took to make.
+    pending: Option<(Draft, Duration)>,
+}
+
+impl<'g> Generation<'g> {
+    /// Starts `request` after its prompt was read and the target gave `first`: commits it and
+    /// begins the cascade.
+    pub fn start(
+        verifier: &dyn Verifier,
+        request: &'g Request,
+        cascade: &'g mut Cascade,
+        first: Token,
+        on_text: &'g mut dyn FnMut(&str),
+    ) -> Self {
+        let can_speculate = request.max_draft_len > 0 && verifier.can_verify_drafts();
+        if !verifier.can_verify_drafts() && !cascade.is_empty() {
+            tracing::warn!(
+                "recurrent or hybrid model: its state cannot be rolled back with seq_rm, so drafts cannot be verified; decoding without speculation"
+            );
+        }
+        let mut verify_costs = verifier.verify_costs(request.prompt.len());
+        verify_costs.truncate(request.max_draft_len + 1);
+        let mut generation = Self {
+            request,
+            output: Output::new(request, on_text),
+            stats: GenerationStats {
+                prompt_tokens: request.prompt.len(),
+                ..GenerationStats::default()
+            },
+            facts: verifier.facts(),
+            batch_size: verifier.batch_size(),
+            verify_costs,
+            can_speculate,
+            speculate: false,
+            last: first,
+            n_past: request.prompt.len(),
+            stop: None,
+            started: Instant::now(),
+            pending: None,
+            cascade,
+        };
+        generation.stop = generation.output.commit(verifier, first);
+        generation.begin_cascade();
+        generation
+    }
+
+    /// Begins the current cascade with the context so far, if drafts can be verified.
+    fn begin_cascade(&mut self) {
+        self.speculate = self.can_speculate && !self.cascade.is_empty();
+        if !self.speculate {
+            return;
+        }
+        let started = Instant::now();
+        let context = [self.request.prompt.as_slice(), &self.output.tokens].concat();
+        self.cascade.begin(
+            &self.facts,
+            &context,
+            self.request.max_draft_len,
+            &self.verify_costs,
+        );
+        self.stats.draft_time += started.elapsed();
+    }
+
+    /// Ends the current cascade, keeping its counters.
+    fn end_cascade(&mut self) {
+        if self.speculate {
+            self.cascade.end();
+            merge_source_stats(&mut self.stats.sources, self.cascade.stats());
+        }
+    }
+
+    /// The next round to verify, after asking `control`; `None` once generation has ended.
+    pub fn next_round(&mut self, control: &mut dyn RoundControl) -> Option<RoundDraft> {
+        if self.stop.is_some() {
+            return None;
+        }
+        match control.before_round() {
+            RoundDecision::Continue => {}
+            RoundDecision::Stop => {
+                self.stop = Some(StopReason::Cancelled);
+                return None;
+            }
+            RoundDecision::Replace(replacement) => {
+                let started = Instant::now();
+                self.end_cascade();
+                *self.cascade = replacement;
+                self.stats.draft_time += started.elapsed();
+                self.begin_cascade();
+            }
+        }
+        let max_draft_len = if self.speculate {
+            RoundLimits {
+                remaining_tokens: self.request.max_tokens - self.output.tokens.len(),
+                batch_size: self.batch_size,
+                free_context: (self.facts.context_size as usize).saturating_sub(self.n_past),
+            }
+            .max_draft_len(self.request.max_draft_len)
+        } else {
+            0
+        };
+        let started = Instant::now();
+        let draft = if self.speculate {
+            self.cascade.propose(max_draft_len)
+        } else {
+            Draft::default()
+        };
+        let draft_time = started.elapsed();
+        self.stats.draft_time += draft_time;
+        let round = RoundDraft {
+            last: self.last,
+            tokens: draft.tokens.clone(),
+            n_past: self.n_past,
+            max_draft_len,
+        };
+        self.pending = Some((draft, draft_time));
+        Some(round)
+    }
+
+    /// Commits the target's tokens of `round` (what the verifier returned for it, after
+    /// `verify_time`) and tells the cascade how its draft fared.
+    pub fn settle(
+        &mut self,
+        verifier: &dyn Verifier,
+        round: &RoundDraft,
+        target: &[Token],
+        verify_time: Duration,
+    ) {
+        let (draft, draft_time) = self.pending.take().unwrap_or_default();
+        let drafted = round.tokens.len();
+        self.stats.verify_time += verify_time;
+        self.stats.rounds += 1;
+        self.stats.count_verify_batch(drafted + 1);
+        if drafted > 0 {
+            self.stats.draft_rounds += 1;
+            self.stats.drafted += drafted as u64;
+        }
+        let mut committed = Vec::with_capacity(target.len());
+        let mut n_accepted = 0;
+        for (position, &token) in target.iter().enumerate() {
+            let matches = round.tokens.get(position) == Some(&token);
+            n_accepted += usize::from(matches);
+            committed.push(token);
+            self.stop = self.output.commit(verifier, token);
+            if self.stop.is_some() || !matches {
+                break;
+            }
+        }
+        self.stats.accepted += n_accepted as u64;
+        self.n_past += n_accepted + 1;
+        if let Some(&last) = committed.last() {
+            self.last = last;
+        }
+        tracing::debug!(drafted, accepted = n_accepted, "round");
+        if self.speculate {
+            let started = Instant::now();
+            let committed_text = if self.cascade.wants_text() {
+                text_of(verifier, &committed)
+            } else {
+                String::new()
+            };
+            let timing = RoundTiming {
+                draft_time,
+                verify_time,
+            };
+            self.cascade
+                .accept(&draft, n_accepted, &committed, timing, &committed_text);
+            self.stats.draft_time += started.elapsed();
+        }
+    }
+
+    /// Ends the request: the output, why it ended, and its stats.
+    pub fn finish(mut self) -> Outcome {
+        self.stats.generation_time = self.started.elapsed();
+        self.end_cascade();
+        let stop_reason = self.stop.unwrap_or(StopReason::Cancelled);
+        let (tokens, text) = self.output.finish(stop_reason);
+        self.stats.generated_tokens = tokens.len();
+        Outcome {
+            tokens,
+            text,
+            stop_reason,
+            stats: self.stats,
+        }
+    }
+}
+
+/// The text of `tokens`, lossily decoded (a character split across tokens at either end becomes
+/// U+FFFD): for content-aware policies, not for output.
+fn text_of(verifier: &dyn Verifier, tokens: &[Token]) -> String {
+    let mut bytes = Vec::new();
+    let mut piece = Vec::new();
+    for &token in tokens {
+        if !verifier.is_eog(token) {
+            verifier.token_bytes(token, &mut piece);
+            bytes.extend_from_slice(&piece);
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Adds the counters of a finished cascade to a request's per-source stats: a source already
+/// there (the same name, before a cascade was replaced) is summed, a new one is appended.
+fn merge_source_stats(sources: &mut Vec<SourceStats>, finished: Vec<SourceStats>) {
+    for source in finished {
+        match sources.iter_mut().find(|s| s.name == source.name) {
+            Some(existing) => existing.add(&source),
+            None => sources.push(source),
+        }
+    }
+}
+
+/// Committed tokens, their text, and the checks that end generation.
+struct Output<'r> {
+    max_tokens: usize,
+    tokens: Vec<Token>,
+    text: String,
+    stream: TextStream,
+    piece: Vec<u8>,
+    on_text: &'r mut dyn FnMut(&str),
+}
+
+impl<'r> Output<'r> {
+    fn new(request: &Request, on_text: &'r mut dyn FnMut(&str)) -> Self {
+        Self {
+            max_tokens: request.max_tokens,
+            tokens: Vec::new(),
+            text: String::new(),
+            stream: TextStream::new(request.stop.clone()),
+            piece: Vec::new(),
+            on_text,
+        }
+    }
+
+    /// Appends `token` to the output and streams its text; says whether generation must end.
+    fn commit(&mut self, verifier: &dyn Verifier, token: Token) -> Option<StopReason> {
+        self.tokens.push(token);
+        if verifier.is_eog(token) {
+            return Some(StopReason::EndOfGeneration);
+        }
+        verifier.token_bytes(token, &mut self.piece);
+        let released = self.stream.push(&self.piece);
+        self.emit(&released.text);
+        if released.stopped {
+            return Some(StopReason::StopString);
+        }
+        (self.tokens.len() >= self.max_tokens).then_some(StopReason::MaxTokens)
+    }
+
+    fn emit(&mut self, text: &str) {
+        if !text.is_empty() {
+            (self.on_text)(text);
+            self.text.push_str(text);
+        }
+    }
+
+    fn finish(mut self, stop_reason: StopReason) -> (Vec<Token>, String) {
+        if stop_reason != StopReason::StopString {
+            let rest = self.stream.finish();
+            self.emit(&rest);
+        }
+        (self.tokens, self.text)
+    }
+}
