@@ -1,4 +1,4 @@
-//! The host side of `wit/drafter.wit`: the only `bindgen!` call in spechost.
+//! The host side of `sdk/wit/drafter.wit`: the only `bindgen!` call in spechost.
 //!
 //! Generated code stays in the private `generated` module. This file re-exports, to the rest of
 //! `plugins` only, the few generated items the host needs, and converts the WIT records to and
@@ -17,14 +17,14 @@ use crate::cascade::{
 
 mod generated {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../sdk/wit",
         world: "drafter",
     });
 }
 
 mod policy_world {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../sdk/wit",
         world: "policy",
         with: {
             "spechost:drafter/types": super::generated::spechost::drafter::types,

@@ -1,4 +1,4 @@
-//! The only code generated from `wit/drafter.wit`, and the glue between it and the SDK's traits.
+//! The only code generated from `wit/drafter.wit` (in this crate), and the glue between it and the SDK's traits.
 //!
 //! `wit_bindgen::generate!` runs twice, once per world, each in a private module: `drafter_world`
 //! (world `drafter`: imports `host`, `state` and `draft-model`, exports `drafter-api`) and
@@ -24,7 +24,7 @@ use self::drafter_world::spechost::drafter::types as wit;
 #[allow(unsafe_code, missing_docs)]
 pub mod drafter_world {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "drafter",
         pub_export_macro: true,
         default_bindings_module: "spechost_sdk::__private::drafter",
@@ -34,7 +34,7 @@ pub mod drafter_world {
 #[allow(unsafe_code, missing_docs)]
 pub mod policy_world {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "policy",
         pub_export_macro: true,
         default_bindings_module: "spechost_sdk::__private::policy",
