@@ -38,7 +38,7 @@ impl ModelFacts {
 
 /// What a drafter proposes as the continuation of the context it has been fed.
 ///
-/// The host checks every proposal: more tokens than the `max_len` it asked for, a token id
+/// The host checks every proposal: more tokens than the `max_draft_len` it asked for, a token id
 /// `>= vocab_size`, or a confidence list of the wrong length or outside `[0, 1]` is a fault
 /// (the proposal is dropped and the plugin restarted). [`crate::testing::Harness`] applies the
 /// same checks natively, so such bugs show up in unit tests first.

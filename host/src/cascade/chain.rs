@@ -163,19 +163,19 @@ impl Slot {
         }
     }
 
-    /// Asks for up to `max_len` tokens; the proposal is cut to `max_len` and kept for feedback.
-    /// Returns its length. A source already asked this round is not asked again (its
+    /// Asks for up to `max_draft_len` tokens; the proposal is cut to `max_draft_len` and kept for
+    /// feedback. Returns its length. A source already asked this round is not asked again (its
     /// proposal's length is returned), whatever order the policy gave.
-    fn ask(&mut self, max_len: usize) -> usize {
+    fn ask(&mut self, max_draft_len: usize) -> usize {
         if let Some(proposal) = &self.proposal {
             return proposal.tokens.len();
         }
         self.stats.asked += 1;
         let mut proposal = self
-            .call("propose", |s| s.propose(max_len))
+            .call("propose", |s| s.propose(max_draft_len))
             .unwrap_or_default();
         self.proposal_time = self.last_call_time;
-        proposal.truncate(max_len);
+        proposal.truncate(max_draft_len);
         if !proposal.tokens.is_empty() {
             self.stats.proposed += 1;
         }
@@ -320,11 +320,11 @@ impl Cascade {
     }
 
     /// Ordered mode: asks sources in order until one proposes at least `min_len` tokens.
-    fn first_long_enough(&mut self, max_len: usize) -> Option<usize> {
+    fn first_long_enough(&mut self, max_draft_len: usize) -> Option<usize> {
         let min_len = self.settings.min_len.max(1);
         for &index in &self.order {
             let slot = &mut self.slots[index];
-            if !slot.excluded && slot.ask(max_len) >= min_len {
+            if !slot.excluded && slot.ask(max_draft_len) >= min_len {
                 return Some(index);
             }
         }
@@ -333,7 +333,7 @@ impl Cascade {
 
     /// Scored mode: the cheap sources' best proposal by expected accepted length; expensive
     /// sources only when that falls under the threshold.
-    fn best_scored(&mut self, max_len: usize) -> Option<usize> {
+    fn best_scored(&mut self, max_draft_len: usize) -> Option<usize> {
         let min_len = self.settings.min_len.max(1);
         let mut best: Option<(usize, f64)> = None;
         for expensive in [false, true] {
@@ -347,7 +347,7 @@ impl Cascade {
                 if slot.excluded || slot.source.is_expensive() != expensive {
                     continue;
                 }
-                if slot.ask(max_len) < min_len {
+                if slot.ask(max_draft_len) < min_len {
                     continue;
                 }
                 let Some(proposal) = slot.proposal.as_ref() else {
@@ -587,7 +587,7 @@ mod tests {
             self.note(format!("{} begin {prompt:?}", self.name));
             Ok(())
         }
-        fn propose(&mut self, _max_len: usize) -> Result<Proposal, SourceFault> {
+        fn propose(&mut self, _max_draft_len: usize) -> Result<Proposal, SourceFault> {
             self.reply
                 .clone()
                 .map(Proposal::from_tokens)
@@ -699,7 +699,7 @@ mod tests {
         fn begin(&mut self, _facts: &ModelFacts, _prompt: &[Token]) -> Result<(), SourceFault> {
             Ok(())
         }
-        fn propose(&mut self, _max_len: usize) -> Result<Proposal, SourceFault> {
+        fn propose(&mut self, _max_draft_len: usize) -> Result<Proposal, SourceFault> {
             *self.asked.lock().expect("counter") += 1;
             Ok(self.proposal.clone())
         }
@@ -1008,7 +1008,7 @@ mod tests {
         fn begin(&mut self, _facts: &ModelFacts, _prompt: &[Token]) -> Result<(), SourceFault> {
             Ok(())
         }
-        fn propose(&mut self, _max_len: usize) -> Result<Proposal, SourceFault> {
+        fn propose(&mut self, _max_draft_len: usize) -> Result<Proposal, SourceFault> {
             std::thread::sleep(self.delay);
             Ok(Proposal {
                 tokens: self.tokens.clone(),

@@ -47,14 +47,22 @@ pub(super) use self::policy_world::exports::spechost::drafter::policy_api::{
 };
 pub(super) use self::policy_world::{Policy, PolicyPre};
 
-/// The WIT package version this host speaks; plugins must be built against the same minor.
-pub(super) const WIT_VERSION: &str = "0.3.0";
-/// The interface a drafter component must export, exactly as it appears in its type.
-pub(super) const DRAFTER_API_EXPORT: &str = "spechost:drafter/drafter-api@0.3.0";
-/// The interface a policy component must export, exactly as it appears in its type.
-pub(super) const POLICY_API_EXPORT: &str = "spechost:drafter/policy-api@0.3.0";
-/// The draft-model import, as it appears in a component's type when the plugin uses it.
-pub(super) const DRAFT_MODEL_IMPORT: &str = "spechost:drafter/draft-model@0.3.0";
+/// The WIT package version this host speaks; plugins must be built against the same minor. The
+/// SDK owns the WIT and writes its version once; every interface name below is derived from it.
+pub(super) use spechost_sdk::WIT_VERSION;
+
+/// The interface a drafter component must export.
+pub(super) const DRAFTER_API: &str = "drafter-api";
+/// The interface a policy component must export.
+pub(super) const POLICY_API: &str = "policy-api";
+/// The draft-model import; a plugin that uses the draft model imports it.
+pub(super) const DRAFT_MODEL: &str = "draft-model";
+
+/// `interface` of the WIT package, named as it appears in a component's type:
+/// `spechost:drafter/<interface>@<WIT_VERSION>`.
+pub(super) fn interface_name(interface: &str) -> String {
+    format!("{}/{interface}@{WIT_VERSION}", spechost_sdk::WIT_PACKAGE)
+}
 
 impl From<&cascade::ModelFacts> for ModelFacts {
     fn from(facts: &cascade::ModelFacts) -> Self {
@@ -153,11 +161,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn export_name_matches_package_and_version() {
-        let expected = format!("spechost:drafter/drafter-api@{WIT_VERSION}");
+    fn interface_names_carry_package_and_version() {
+        let name = interface_name(DRAFTER_API);
         assert_eq!(
-            DRAFTER_API_EXPORT, expected,
-            "export name drifted from package/version"
+            name,
+            format!("spechost:drafter/drafter-api@{WIT_VERSION}"),
+            "drafter export name"
         );
     }
 

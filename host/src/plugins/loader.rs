@@ -9,8 +9,8 @@ use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
 use super::bindings::{
-    DRAFT_MODEL_IMPORT, DRAFTER_API_EXPORT, Drafter, DrafterPre, POLICY_API_EXPORT, PolicyPre,
-    WIT_VERSION,
+    DRAFT_MODEL, DRAFTER_API, Drafter, DrafterPre, POLICY_API, PolicyPre, WIT_VERSION,
+    interface_name,
 };
 use super::cache::{self, CompileCache};
 use super::error::LoadError;
@@ -22,8 +22,6 @@ use super::state::{DEFAULT_MAX_STATE_BYTES, StateSlot};
 use crate::cascade::{DraftModelFactory, ModelFacts, PolicySetup};
 use crate::config::SourceSpec;
 
-/// The spechost-sdk version whose plugins this host loads (same minor as the WIT package).
-const SDK_VERSION: &str = "0.3";
 /// The first 8 bytes of a WebAssembly binary: magic then version/layer.
 const WASM_MAGIC: &[u8; 4] = b"\0asm";
 /// Version and layer bytes of a core module (`01 00 00 00`); components use layer `01 00`.
@@ -207,7 +205,7 @@ impl PluginHost {
         let uses_draft_model = component
             .component_type()
             .imports(&self.engine)
-            .any(|(import, _)| import == DRAFT_MODEL_IMPORT);
+            .any(|(import, _)| import == interface_name(DRAFT_MODEL));
         let pre = self
             .linker
             .instantiate_pre(&component)
@@ -261,16 +259,16 @@ impl PluginHost {
                 reason: format!("{error:#}"),
             })?;
 
-        let expected = match kind {
-            PluginKind::Drafter => DRAFTER_API_EXPORT,
-            PluginKind::Policy => POLICY_API_EXPORT,
-        };
+        let expected = interface_name(match kind {
+            PluginKind::Drafter => DRAFTER_API,
+            PluginKind::Policy => POLICY_API,
+        });
         let exports: Vec<String> = component
             .component_type()
             .exports(&self.engine)
             .map(|(export, _)| export.to_owned())
             .collect();
-        if !exports_interface(&exports, expected) {
+        if !exports_interface(&exports, &expected) {
             return Err(LoadError::MissingExport {
                 plugin: name.to_owned(),
                 expected,
@@ -279,7 +277,7 @@ impl PluginHost {
                 } else {
                     exports.join(", ")
                 },
-                sdk_version: SDK_VERSION,
+                sdk_version: sdk_version(),
             });
         }
         Ok((component, cache::hex(&sha256)))
@@ -291,7 +289,7 @@ fn incompatible(plugin: &str, error: wasmtime::Error) -> LoadError {
     LoadError::Incompatible {
         plugin: plugin.to_owned(),
         reason: format!("{error:#}"),
-        sdk_version: SDK_VERSION,
+        sdk_version: sdk_version(),
     }
 }
 
@@ -514,10 +512,16 @@ fn exports_interface(exports: &[String], expected: &str) -> bool {
         .any(|export| export == expected || export.starts_with(&compatible_prefix))
 }
 
-/// `0.3` for `0.3.0`: the part of a version that must match for semver compatibility when
+/// `0.7` for `0.7.1`: the part of a version that must match for semver compatibility when
 /// the major is 0.
 fn compatible_minor(version: &str) -> &str {
     version.rsplit_once('.').map_or(version, |(minor, _)| minor)
+}
+
+/// The spechost-sdk version whose plugins this host loads, as error messages name it: the WIT
+/// package's major.minor, which the SDK's own version shares.
+fn sdk_version() -> &'static str {
+    compatible_minor(WIT_VERSION)
 }
 
 #[cfg(test)]
@@ -551,18 +555,21 @@ mod tests {
         let has = |names: &[&str]| {
             exports_interface(
                 &names.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-                DRAFTER_API_EXPORT,
+                &interface_name(DRAFTER_API),
             )
         };
-        assert!(has(&["spechost:drafter/drafter-api@0.3.0"]));
+        let minor = compatible_minor(WIT_VERSION);
+        assert!(has(&[&interface_name(DRAFTER_API)]));
         assert!(has(&[
             "wasi:cli/run@0.2.0",
-            "spechost:drafter/drafter-api@0.3.3"
+            &format!("spechost:drafter/drafter-api@{minor}.3")
         ]));
-        assert!(!has(&["spechost:drafter/drafter-api@0.1.0"]));
-        assert!(!has(&["spechost:drafter/drafter-api@0.2.0"]));
-        assert!(!has(&["spechost:drafter/drafter-api@0.30.0"]));
-        assert!(!has(&["spechost:drafter/policy-api@0.3.0"]));
+        for retired in ["0.1.0", "0.2.0", "0.3.0"] {
+            let export = format!("spechost:drafter/drafter-api@{retired}");
+            assert!(!has(&[&export]), "{export} is refused");
+        }
+        assert!(!has(&[&format!("spechost:drafter/drafter-api@{minor}0.0")]));
+        assert!(!has(&[&interface_name(POLICY_API)]));
         assert!(!has(&[]));
     }
 }

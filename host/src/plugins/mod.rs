@@ -1,5 +1,6 @@
-//! The wasmtime host for drafter plugins: WebAssembly components that speak
-//! `spechost:drafter@0.3.0` (`wit/drafter.wit`) and run sandboxed as cascade sources.
+//! The wasmtime host for plugins: WebAssembly components that speak the `spechost:drafter` WIT
+//! (`sdk/wit/drafter.wit`, at [`spechost_sdk::WIT_VERSION`]) and run sandboxed as cascade sources
+//! (drafters) or draft-length policies.
 //!
 //! # Load steps, in order
 //!
@@ -11,7 +12,8 @@
 //! 3. **Component** ([`PluginHost::load`]): the cascade entry is resolved (a built-in name is
 //!    searched for as `<name>.wasm`, see [`PluginHost::builtin_search_dirs`]; a path is used as
 //!    is), read, checked to be a component rather than a core module, compiled or fetched from
-//!    the cache, and checked to export `spechost:drafter/drafter-api@0.3.0`.
+//!    the cache, and checked to export `spechost:drafter/drafter-api` at a patch of the WIT's
+//!    major.minor (`policy-api` for a policy).
 //! 4. **Linker** (built in step 1): WASI 0.2, synchronous, with an empty context (no
 //!    preopened directories, no environment, no arguments, no sockets or name lookup) and
 //!    timers that fire at once (so a guest cannot sleep past its deadline inside the host),

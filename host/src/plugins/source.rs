@@ -379,8 +379,8 @@ impl DraftSource for PluginSource {
         self.ensure_session()
     }
 
-    fn propose(&mut self, max_len: usize) -> Result<Proposal, SourceFault> {
-        if !self.is_active() || max_len == 0 {
+    fn propose(&mut self, max_draft_len: usize) -> Result<Proposal, SourceFault> {
+        if !self.is_active() || max_draft_len == 0 {
             return Ok(Proposal::empty());
         }
         self.ensure_session()?;
@@ -389,7 +389,7 @@ impl DraftSource for PluginSource {
             return Ok(Proposal::empty());
         };
         arm_call(&mut live.store, deadline_ticks);
-        let asked = u32::try_from(max_len).unwrap_or(u32::MAX);
+        let asked = u32::try_from(max_draft_len).unwrap_or(u32::MAX);
         let api = live.drafter.spechost_drafter_drafter_api();
         let proposal = match api.session().call_propose(&mut live.store, session, asked) {
             Ok(proposal) => Proposal::from(proposal),
@@ -399,7 +399,7 @@ impl DraftSource for PluginSource {
             .request
             .as_ref()
             .map_or(0, |request| request.facts.vocab_size);
-        match check_proposal(&proposal, max_len, vocab_size) {
+        match check_proposal(&proposal, max_draft_len, vocab_size) {
             Ok(()) => Ok(proposal),
             Err(what) => Err(self.fault(what)),
         }
@@ -515,11 +515,15 @@ fn describe_failure(
 }
 
 /// Checks a proposal against what was asked and the vocabulary; `Err` says what is wrong.
-fn check_proposal(proposal: &Proposal, max_len: usize, vocab_size: u32) -> Result<(), String> {
+fn check_proposal(
+    proposal: &Proposal,
+    max_draft_len: usize,
+    vocab_size: u32,
+) -> Result<(), String> {
     let n_tokens = proposal.tokens.len();
-    if n_tokens > max_len {
+    if n_tokens > max_draft_len {
         return Err(format!(
-            "proposed {n_tokens} tokens, at most {max_len} were asked for"
+            "proposed {n_tokens} tokens, at most {max_draft_len} were asked for"
         ));
     }
     if let Some(token) = proposal.tokens.iter().find(|&&token| token >= vocab_size) {

@@ -42,9 +42,9 @@ impl<D: Drafter> api::GuestSession for SessionCell<D> {
         self.0.borrow_mut().feed(&tokens);
     }
 
-    fn propose(&self, max_len: u32) -> wit::Proposal {
-        let max_len = usize_from(max_len);
-        let Proposal { tokens, confidence } = self.0.borrow_mut().propose(max_len);
+    fn propose(&self, max_draft_len: u32) -> wit::Proposal {
+        let max_draft_len = usize_from(max_draft_len);
+        let Proposal { tokens, confidence } = self.0.borrow_mut().propose(max_draft_len);
         wit::Proposal { tokens, confidence }
     }
 
@@ -98,9 +98,9 @@ pub(crate) mod draft_model {
         wit::feed(tokens);
     }
 
-    pub(crate) fn propose(max_len: usize, p_min: f32) -> Vec<DraftedToken> {
-        let max_len = u32::try_from(max_len).unwrap_or(u32::MAX);
-        wit::propose(max_len, p_min)
+    pub(crate) fn propose(max_draft_len: usize, p_min: f32) -> Vec<DraftedToken> {
+        let max_draft_len = u32::try_from(max_draft_len).unwrap_or(u32::MAX);
+        wit::propose(max_draft_len, p_min)
             .into_iter()
             .map(|drafted| DraftedToken {
                 token: drafted.token,

@@ -1,9 +1,11 @@
-//! The only code generated from `wit/drafter.wit` (in this crate), and the glue between it and the SDK's traits.
+//! The only code generated from `wit/drafter.wit`, and the glue between it and the SDK's traits.
 //!
-//! `wit_bindgen::generate!` runs twice, once per world, each in a private module: `drafter_world`
+//! `wit_bindgen::generate!` runs twice, once per world, each in its own module: `drafter_world`
 //! (world `drafter`: imports `host`, `state` and `draft-model`, exports `drafter-api`) and
 //! `policy_world` (world `policy`: imports `host`, exports `policy-api`). The second reuses the
 //! first's `types` and `host` interfaces through `with:`, so each WIT type exists once in Rust.
+//! Both calls are written by `build.rs`, because `with:` keys carry the package version and the
+//! version is written once, in `version.rs`.
 //!
 //! Nothing generated appears in a public signature. [`drafter::SessionCell`] implements the
 //! generated drafter traits for any [`crate::Drafter`], [`policy::PolicyCell`] the policy traits
@@ -19,31 +21,7 @@ use crate::types::ModelFacts;
 
 use self::drafter_world::spechost::drafter::types as wit;
 
-// The generated ABI code is unsafe by nature, and its items, reachable only through the hidden
-// `__private` module, are not API; both allowances stop at these modules.
-#[allow(unsafe_code, missing_docs)]
-pub mod drafter_world {
-    wit_bindgen::generate!({
-        path: "wit",
-        world: "drafter",
-        pub_export_macro: true,
-        default_bindings_module: "spechost_sdk::__private::drafter",
-    });
-}
-
-#[allow(unsafe_code, missing_docs)]
-pub mod policy_world {
-    wit_bindgen::generate!({
-        path: "wit",
-        world: "policy",
-        pub_export_macro: true,
-        default_bindings_module: "spechost_sdk::__private::policy",
-        with: {
-            "spechost:drafter/types@0.3.0": crate::bindings::drafter_world::spechost::drafter::types,
-            "spechost:drafter/host@0.3.0": crate::bindings::drafter_world::spechost::drafter::host,
-        },
-    });
-}
+include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 
 fn model_facts(facts: wit::ModelFacts) -> ModelFacts {
     let wit::ModelFacts {

@@ -21,14 +21,18 @@ pub fn facts(vocab_size: u32) -> ModelFacts {
 
 /// Checks `proposal` the way the host does before using it.
 ///
-/// A proposal is valid when it has at most `max_len` tokens, every token is below
+/// A proposal is valid when it has at most `max_draft_len` tokens, every token is below
 /// `facts.vocab_size`, and its confidence is either empty or one value in `[0, 1]` per token.
 /// The error says which rule was broken, with the values involved.
-pub fn validate(proposal: &Proposal, max_len: usize, facts: &ModelFacts) -> Result<(), String> {
+pub fn validate(
+    proposal: &Proposal,
+    max_draft_len: usize,
+    facts: &ModelFacts,
+) -> Result<(), String> {
     let Proposal { tokens, confidence } = proposal;
-    if tokens.len() > max_len {
+    if tokens.len() > max_draft_len {
         return Err(format!(
-            "proposed {} tokens but max_len was {max_len}; never return more than max_len tokens",
+            "proposed {} tokens but max_draft_len was {max_draft_len}; never return more than max_draft_len tokens",
             tokens.len()
         ));
     }
@@ -124,14 +128,14 @@ impl<D: Drafter> Harness<D> {
         self.drafter.feed(tokens);
     }
 
-    /// Asks the drafter for up to `max_len` tokens ([`Drafter::propose`]).
+    /// Asks the drafter for up to `max_draft_len` tokens ([`Drafter::propose`]).
     ///
     /// # Panics
     ///
     /// If the proposal breaks a rule the host enforces (see [`validate`]).
-    pub fn propose(&mut self, max_len: usize) -> Proposal {
-        let proposal = self.drafter.propose(max_len);
-        if let Err(error) = validate(&proposal, max_len, &self.facts) {
+    pub fn propose(&mut self, max_draft_len: usize) -> Proposal {
+        let proposal = self.drafter.propose(max_draft_len);
+        if let Err(error) = validate(&proposal, max_draft_len, &self.facts) {
             panic!(
                 "{} broke the proposal contract: {error} (proposal: {proposal:?})",
                 type_name::<D>()
@@ -157,8 +161,9 @@ impl<D: Drafter> Harness<D> {
     ///
     /// Feeds `prompt`, then runs rounds until `output` is used up. Each round:
     ///
-    /// 1. asks for a proposal of up to `max_len` tokens, capped so that at least one output token
-    ///    is left for the target to commit after the draft (no proposal when only one is left);
+    /// 1. asks for a proposal of up to `max_draft_len` tokens, capped so that at least one output
+    ///    token is left for the target to commit after the draft (no proposal when only one is
+    ///    left);
     /// 2. accepts the longest prefix of the proposal that matches `output`;
     /// 3. sends feedback: `won` if the proposal was not empty, `n_accepted`, and as
     ///    `target_token` the output token right after the accepted prefix;
@@ -167,7 +172,12 @@ impl<D: Drafter> Harness<D> {
     /// # Panics
     ///
     /// If a proposal breaks the contract (see [`Harness::propose`]).
-    pub fn replay(&mut self, prompt: &[Token], output: &[Token], max_len: usize) -> ReplayStats {
+    pub fn replay(
+        &mut self,
+        prompt: &[Token],
+        output: &[Token],
+        max_draft_len: usize,
+    ) -> ReplayStats {
         let mut stats = ReplayStats::default();
         self.feed(prompt);
         let mut position = 0;
@@ -175,7 +185,7 @@ impl<D: Drafter> Harness<D> {
             let rest = &output[position..];
             // The round ends with a token from the target, so the draft may cover at most all
             // but the last remaining output token.
-            let budget = max_len.min(rest.len() - 1);
+            let budget = max_draft_len.min(rest.len() - 1);
             let mut n_accepted = 0;
             if budget > 0 {
                 let proposal = self.propose(budget);
@@ -271,9 +281,9 @@ mod tests {
             self.context.extend_from_slice(tokens);
         }
 
-        fn propose(&mut self, max_len: usize) -> Proposal {
+        fn propose(&mut self, max_draft_len: usize) -> Proposal {
             let start = self.context.len();
-            let end = (start + max_len).min(STREAM.len());
+            let end = (start + max_draft_len).min(STREAM.len());
             let mut tokens = STREAM[start..end].to_vec();
             if let Some(token) = tokens.get_mut(self.wrong_at) {
                 *token = 0;
@@ -301,9 +311,9 @@ mod tests {
 
         fn feed(&mut self, _tokens: &[Token]) {}
 
-        fn propose(&mut self, max_len: usize) -> Proposal {
+        fn propose(&mut self, max_draft_len: usize) -> Proposal {
             match self.rule.as_str() {
-                "length" => Proposal::tokens(vec![1; max_len + 1]),
+                "length" => Proposal::tokens(vec![1; max_draft_len + 1]),
                 "vocab" => Proposal::tokens([1, 100]),
                 "confidence_length" => Proposal::with_confidence([1, 2], [0.5]),
                 "confidence_range" => Proposal::with_confidence([1, 2], [0.5, 1.5]),
@@ -321,7 +331,7 @@ mod tests {
     fn perfect_drafter_gets_every_token_but_the_targets() {
         let mut harness = oracle("");
         let stats = harness.replay(&STREAM[..PROMPT_LEN], &STREAM[PROMPT_LEN..], 4);
-        // 10 output tokens at max_len 4: rounds commit 4 + 1, then 4 + 1.
+        // 10 output tokens at max_draft_len 4: rounds commit 4 + 1, then 4 + 1.
         let expected = ReplayStats {
             rounds: 2,
             proposals: 2,
@@ -363,7 +373,7 @@ mod tests {
     }
 
     #[test]
-    fn zero_max_len_asks_for_nothing() {
+    fn zero_max_draft_len_asks_for_nothing() {
         let mut harness = oracle("");
         let stats = harness.replay(&[1], &[2, 3, 4], 0);
         assert_eq!(stats.rounds, 3, "{stats:?}");
@@ -385,7 +395,7 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "proposed 4 tokens but max_len was 3")]
+    #[should_panic(expected = "proposed 4 tokens but max_draft_len was 3")]
     fn panics_on_too_long_proposal() {
         Harness::<Broken>::new("break=length", facts(100))
             .expect("valid config")

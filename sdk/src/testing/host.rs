@@ -24,8 +24,8 @@ pub fn set_state_limit(max_bytes: Option<usize>) {
 ///
 /// `next_token` gives the draft model's greedy next token after a context (the tokens fed since
 /// the last reset, followed by those drafted so far in the current call), or `None` to stop
-/// drafting. The SDK keeps the context and applies `max_len` and `p_min` the way the host does.
-/// Installing again replaces the fake.
+/// drafting. The SDK keeps the context and applies `max_draft_len` and `p_min` the way the host
+/// does. Installing again replaces the fake.
 ///
 /// Native only, for tests.
 pub fn install_draft_model(next_token: impl FnMut(&[Token]) -> Option<DraftedToken> + 'static) {

@@ -27,9 +27,9 @@
 //!     fn feed(&mut self, tokens: &[Token]) {
 //!         self.0.extend_from_slice(tokens);
 //!     }
-//!     fn propose(&mut self, max_len: usize) -> Proposal {
+//!     fn propose(&mut self, max_draft_len: usize) -> Proposal {
 //!         match self.0.last() {
-//!             Some(&last) if max_len > 0 => Proposal::tokens([last]),
+//!             Some(&last) if max_draft_len > 0 => Proposal::tokens([last]),
 //!             _ => Proposal::empty(),
 //!         }
 //!     }
