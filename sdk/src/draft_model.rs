@@ -36,7 +36,7 @@
 //! assert_eq!(tokens, [2, 3, 4, 5]);
 //! ```
 
-use crate::types::{DraftedToken, Token};
+use crate::records::{DraftedToken, Token};
 
 /// Whether the host has a draft model loaded. When it has not, [`reset`] and [`feed`] do nothing
 /// and [`propose`] returns nothing.
@@ -78,7 +78,7 @@ pub(crate) use self::native as backend;
 pub(crate) mod native {
     use std::cell::RefCell;
 
-    use crate::types::{DraftedToken, Token};
+    use crate::records::{DraftedToken, Token};
 
     /// A fake's next-token function: the greedy next token after a context, or `None` to stop.
     pub(crate) type NextToken = Box<dyn FnMut(&[Token]) -> Option<DraftedToken>>;

@@ -1,6 +1,6 @@
 //! The [`Drafter`] trait: what a plugin author implements.
 
-use crate::types::{Feedback, ModelFacts, Proposal, Token};
+use crate::records::{Feedback, ModelFacts, Proposal, Token};
 
 /// A source of draft tokens, one value per generation request.
 ///

@@ -7,38 +7,17 @@
 //! Both calls are written by `build.rs`, because `with:` keys carry the package version and the
 //! version is written once, in `version.rs`.
 //!
-//! Nothing generated appears in a public signature. [`drafter::SessionCell`] implements the
-//! generated drafter traits for any [`crate::Drafter`], [`policy::PolicyCell`] the policy traits
-//! for any [`crate::Policy`], both converting WIT records to and from the plain types of
-//! [`crate::types`] and [`crate::policy_types`]; the export macros reach them through the hidden
-//! `__private` module. The import wrappers used by [`crate::log`], [`crate::state`] and
-//! [`crate::draft_model`] on `wasm32` live here too.
+//! The records and the `level` enum are used as generated: [`crate::records`] and [`crate::log`]
+//! re-export them by name, so they pass between the traits and the host with no conversion.
+//! The rest stays private: [`drafter::SessionCell`] implements the generated drafter traits for
+//! any [`crate::Drafter`], [`policy::PolicyCell`] the policy traits for any [`crate::Policy`],
+//! and the export macros reach them through the hidden `__private` module. The import wrappers
+//! used by [`crate::log`], [`crate::state`] and [`crate::draft_model`] on `wasm32` live here too.
 
 pub mod drafter;
 pub mod policy;
 
-use crate::types::ModelFacts;
-
-use self::drafter_world::spechost::drafter::types as wit;
-
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
-
-fn model_facts(facts: wit::ModelFacts) -> ModelFacts {
-    let wit::ModelFacts {
-        vocab_size,
-        bos,
-        eos,
-        eog,
-        context_size,
-    } = facts;
-    ModelFacts {
-        vocab_size,
-        bos,
-        eos,
-        eog,
-        context_size,
-    }
-}
 
 /// Makes every panic also log its message and location at error level, before the default hook
 /// runs and the instance traps.
@@ -70,15 +49,5 @@ fn forward_panics_to_host_log() {}
 /// Sends a log line through the host's `log` import.
 #[cfg(target_arch = "wasm32")]
 pub(crate) fn host_log(level: crate::log::Level, message: &str) {
-    use self::drafter_world::spechost::drafter::host;
-    use crate::log::Level;
-
-    let level = match level {
-        Level::Trace => host::Level::Trace,
-        Level::Debug => host::Level::Debug,
-        Level::Info => host::Level::Info,
-        Level::Warn => host::Level::Warn,
-        Level::Error => host::Level::Error,
-    };
-    host::log(level, message);
+    self::drafter_world::spechost::drafter::host::log(level, message);
 }

@@ -4,7 +4,7 @@ use std::any::type_name;
 use std::fmt;
 
 use crate::drafter::Drafter;
-use crate::types::{Feedback, ModelFacts, Proposal, Token};
+use crate::records::{Feedback, ModelFacts, Proposal, Token};
 
 /// Model facts for tests: a vocabulary of `vocab_size` tokens, no special tokens, and a context
 /// of 4096 tokens.

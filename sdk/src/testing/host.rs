@@ -1,6 +1,6 @@
 //! Native stand-ins for the host's `state` and `draft-model` imports, per test thread.
 
-use crate::types::{DraftedToken, Token};
+use crate::records::{DraftedToken, Token};
 use crate::{draft_model, state};
 
 /// Empties this thread's state slot, as if the host had never loaded or been given a blob.

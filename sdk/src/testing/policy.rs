@@ -36,8 +36,7 @@ use std::any::type_name;
 use std::fmt;
 
 use crate::policy::Policy;
-use crate::policy_types::{Decision, PolicySetup, RoundRecord, SourceRound};
-use crate::types::ModelFacts;
+use crate::records::{Decision, ModelFacts, PolicySetup, RoundRecord, SourceRound};
 
 /// The name of the one source in [`policy_setup`] and in the records the helpers build.
 pub const TEST_SOURCE: &str = "test";
