@@ -37,7 +37,9 @@
 //! Around them: [`config::Config`] parses the plugin's `key=value` settings, [`log`] writes to
 //! the host's log, and [`testing`] runs drafters ([`testing::Harness`]) and policies
 //! ([`testing::PolicyHarness`]) natively, checking them as the host would and standing in for
-//! the host's state and draft model, so plugins are unit-tested without WebAssembly.
+//! the host's state and draft model, so plugins are unit-tested without WebAssembly. The rules
+//! a proposal must follow are one function, [`check_proposal`], which the host and the harness
+//! both call.
 //!
 //! # Versions
 //!
@@ -102,6 +104,7 @@
 
 pub mod adaptive;
 mod bindings;
+mod check;
 pub mod config;
 pub mod draft_model;
 mod drafter;
@@ -113,6 +116,7 @@ pub mod state;
 pub mod testing;
 mod version;
 
+pub use crate::check::{ProposalError, check_proposal};
 pub use crate::drafter::Drafter;
 pub use crate::log::{Level, log};
 pub use crate::policy::Policy;

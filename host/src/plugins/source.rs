@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use spechost_sdk::check_proposal;
 use wasmtime::component::ResourceAny;
 use wasmtime::{Store, Trap};
 
@@ -399,9 +400,14 @@ impl DraftSource for PluginSource {
             .request
             .as_ref()
             .map_or(0, |request| request.facts.vocab_size);
-        match check_proposal(&proposal, max_draft_len, vocab_size) {
+        match check_proposal(
+            &proposal.tokens,
+            &proposal.confidence,
+            max_draft_len,
+            vocab_size,
+        ) {
             Ok(()) => Ok(proposal),
-            Err(what) => Err(self.fault(what)),
+            Err(broken) => Err(self.fault(broken.to_string())),
         }
     }
 
@@ -514,96 +520,10 @@ fn describe_failure(
     }
 }
 
-/// Checks a proposal against what was asked and the vocabulary; `Err` says what is wrong.
-fn check_proposal(
-    proposal: &Proposal,
-    max_draft_len: usize,
-    vocab_size: u32,
-) -> Result<(), String> {
-    let n_tokens = proposal.tokens.len();
-    if n_tokens > max_draft_len {
-        return Err(format!(
-            "proposed {n_tokens} tokens, at most {max_draft_len} were asked for"
-        ));
-    }
-    if let Some(token) = proposal.tokens.iter().find(|&&token| token >= vocab_size) {
-        return Err(format!(
-            "proposed token {token}, vocabulary has {vocab_size} tokens"
-        ));
-    }
-    let n_confidence = proposal.confidence.len();
-    if n_confidence != 0 && n_confidence != n_tokens {
-        return Err(format!(
-            "gave {n_confidence} confidence values for {n_tokens} tokens, must give none or one per token"
-        ));
-    }
-    if let Some((position, value)) = proposal
-        .confidence
-        .iter()
-        .enumerate()
-        .find(|(_, value)| !(0.0..=1.0).contains(*value))
-    {
-        return Err(format!(
-            "gave confidence {value} at position {position}, must be in [0,1]"
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
-
-    fn proposal(tokens: &[Token], confidence: &[f32]) -> Proposal {
-        Proposal {
-            tokens: tokens.to_vec(),
-            confidence: confidence.to_vec(),
-        }
-    }
-
-    #[test]
-    fn accepts_proposal_within_bounds() {
-        assert_eq!(
-            check_proposal(&proposal(&[1, 2], &[0.9, 0.0]), 2, 3),
-            Ok(())
-        );
-        assert_eq!(check_proposal(&proposal(&[], &[]), 0, 3), Ok(()));
-        assert_eq!(check_proposal(&proposal(&[2], &[]), 8, 3), Ok(()));
-    }
-
-    #[test]
-    fn rejects_proposal_longer_than_asked() {
-        let tokens = vec![0; 10_000];
-        let err = check_proposal(&proposal(&tokens, &[]), 8, 49_152).expect_err("too long");
-        assert_eq!(err, "proposed 10000 tokens, at most 8 were asked for");
-    }
-
-    #[test]
-    fn rejects_token_outside_vocabulary() {
-        let err = check_proposal(&proposal(&[5, 49_152], &[]), 8, 49_152).expect_err("oov");
-        assert_eq!(err, "proposed token 49152, vocabulary has 49152 tokens");
-    }
-
-    #[test]
-    fn rejects_confidence_outside_unit_interval() {
-        for (value, shown) in [(f32::NAN, "NaN"), (-1.0, "-1"), (7.0, "7")] {
-            let err = check_proposal(&proposal(&[1], &[value]), 8, 10).expect_err("bad confidence");
-            assert_eq!(
-                err,
-                format!("gave confidence {shown} at position 0, must be in [0,1]")
-            );
-        }
-    }
-
-    #[test]
-    fn rejects_confidence_count_mismatch() {
-        let err = check_proposal(&proposal(&[1, 2], &[0.5]), 8, 10).expect_err("count mismatch");
-        assert!(
-            err.contains("1 confidence values for 2 tokens"),
-            "message: {err}"
-        );
-    }
 
     #[test]
     fn describes_deadline_memory_and_panic_faults() {
