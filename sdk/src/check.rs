@@ -163,12 +163,22 @@ pub fn check_proposal(
 mod tests {
     use super::*;
 
+    /// A case: its name, the proposal's tokens and confidence, the `max_draft_len` asked for,
+    /// and the verdict (the fault's text when a rule is broken).
+    type Case = (
+        &'static str,
+        &'static [Token],
+        &'static [f32],
+        usize,
+        Result<(), &'static str>,
+    );
+
     /// The one table of proposal cases: what the host faults and the harness fails on.
     #[test]
     fn every_rule_accepts_and_refuses_what_it_should() {
         const VOCAB_SIZE: u32 = 10;
         #[rustfmt::skip]
-        let cases: &[(&str, &[Token], &[f32], usize, Result<(), &str>)] = &[
+        let cases: &[Case] = &[
             ("empty, nothing asked", &[], &[], 0, Ok(())),
             ("empty", &[], &[], 8, Ok(())),
             ("as long as asked", &[1, 9], &[], 2, Ok(())),

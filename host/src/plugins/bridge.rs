@@ -13,7 +13,7 @@ use super::bindings::{DraftModelHost, DraftedToken};
 use super::sandbox::HostState;
 use crate::cascade::{DraftModel, DraftModelFactory, Token};
 
-/// Longest draft a plugin may ask the draft model for in one call; a larger `max-len` is cut.
+/// Longest draft a plugin may ask the draft model for in one call; a larger `max-draft-len` is cut.
 pub const MAX_BRIDGE_DRAFT_LEN: usize = 256;
 
 /// The draft model as one instance sees it.
