@@ -30,8 +30,8 @@ pub trait DraftModel: Send {
     fn feed(&mut self, tokens: &[Token]);
 
     /// Greedily drafts up to `max_draft_len` tokens after the context, stopping after the first
-    /// token whose probability is below `p_min` (that token is included). The drafted tokens are not
-    /// added to the context. Returns nothing when the model fails (the failure is logged) or
+    /// token whose probability is below `p_min` (that token is included). The drafted tokens are
+    /// not added to the context. Returns nothing when the model fails (the failure is logged) or
     /// the context is full.
     fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Vec<DraftedToken>;
 }

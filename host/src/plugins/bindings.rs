@@ -2,8 +2,11 @@
 //!
 //! Generated code stays in the private `generated` module. This file re-exports, to the rest of
 //! `plugins` only, the few generated items the host needs, and converts the WIT records to and
-//! from the [`cascade`](crate::cascade) types with `From`. Nothing generated is visible outside
-//! `plugins`, so a change to the WIT breaks compilation here and nowhere else.
+//! from the [`cascade`](crate::cascade) types with `From`, building or destructuring each one
+//! field by field. Nothing generated is visible outside `plugins`, so a change to a WIT record
+//! breaks the host's compilation here and nowhere else (and, on the guest side, spechost-sdk's).
+//! The interface names the loader checks are derived from [`spechost_sdk::WIT_VERSION`], the
+//! one place the version is written.
 //!
 //! Both worlds are bound: `drafter` here, `policy` in `policy_world`, which reuses the
 //! interfaces the two share (`types`, `host`) through `with`, so each host import is
@@ -78,9 +81,18 @@ impl From<&cascade::ModelFacts> for ModelFacts {
 
 impl From<Proposal> for cascade::Proposal {
     fn from(proposal: Proposal) -> Self {
-        cascade::Proposal {
-            tokens: proposal.tokens,
-            confidence: proposal.confidence,
+        // Destructured, as every record the guest sends: a field added to the WIT fails to
+        // compile here until the host decides what to do with it.
+        let Proposal { tokens, confidence } = proposal;
+        cascade::Proposal { tokens, confidence }
+    }
+}
+
+impl From<cascade::DraftedToken> for DraftedToken {
+    fn from(drafted: cascade::DraftedToken) -> Self {
+        DraftedToken {
+            token: drafted.token,
+            prob: drafted.prob,
         }
     }
 }
@@ -139,11 +151,17 @@ impl From<&CascadeSetup> for PolicySetup {
 
 impl From<Decision> for CascadeDecision {
     fn from(decision: Decision) -> Self {
+        let Decision {
+            max_draft_len,
+            shadow_len,
+            order,
+            exclude,
+        } = decision;
         Self {
-            max_draft_len: decision.max_draft_len as usize,
-            shadow_len: decision.shadow_len as usize,
-            order: decision.order,
-            exclude: decision.exclude,
+            max_draft_len: max_draft_len as usize,
+            shadow_len: shadow_len as usize,
+            order,
+            exclude,
         }
     }
 }

@@ -89,10 +89,7 @@ impl DraftModelHost for HostState {
             model
                 .propose(max_draft_len, p_min)
                 .into_iter()
-                .map(|drafted| DraftedToken {
-                    token: drafted.token,
-                    prob: drafted.prob,
-                })
+                .map(DraftedToken::from)
                 .collect()
         })
     }

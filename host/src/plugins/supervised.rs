@@ -276,7 +276,11 @@ impl<W: World> Supervised<W> {
             self.live = Some(live);
             if std::mem::take(&mut self.crashed) {
                 self.restarts += 1;
-                tracing::debug!(plugin = %self.name(), restarts = self.restarts, "restarted plugin instance");
+                tracing::debug!(
+                    plugin = %self.name(),
+                    restarts = self.restarts,
+                    "restarted plugin instance"
+                );
             }
         }
         let (Some(live), Some(request)) = (self.live.as_mut(), self.request.as_mut()) else {

@@ -87,7 +87,7 @@ impl Drafter for Draft {
         if tokens.len() < self.min_len {
             return Proposal::empty();
         }
-        Proposal { tokens, confidence }
+        Proposal::with_confidence(tokens, confidence)
     }
 }
 

@@ -24,8 +24,8 @@ pub fn facts(vocab_size: u32) -> ModelFacts {
 ///
 /// Calls are passed straight to the drafter, except that [`Harness::propose`] checks the
 /// proposal with [`check_proposal`], as the host does, and [`Harness::feed`] checks that the
-/// test feeds only tokens of the vocabulary. The call order is up to the test; the host's order is described on
-/// [`Drafter`].
+/// test feeds only tokens of the vocabulary. The call order is up to the test; the host's order
+/// is described on [`Drafter`].
 pub struct Harness<D: Drafter> {
     drafter: D,
     facts: ModelFacts,
