@@ -13,10 +13,8 @@ pub fn facts(vocab_size: u32) -> ModelFacts {
     const TEST_CONTEXT_SIZE: u32 = 4096;
     ModelFacts {
         vocab_size,
-        bos: None,
-        eos: None,
-        eog: Vec::new(),
         context_size: TEST_CONTEXT_SIZE,
+        ..ModelFacts::default()
     }
 }
 
@@ -88,9 +86,14 @@ impl<D: Drafter> Harness<D> {
     /// If the proposal breaks a rule the host enforces (see [`check_proposal`]).
     pub fn propose(&mut self, max_draft_len: usize) -> Proposal {
         let proposal = self.drafter.propose(max_draft_len);
-        let Proposal { tokens, confidence } = &proposal;
-        if let Err(error) = check_proposal(tokens, confidence, max_draft_len, self.facts.vocab_size)
-        {
+        let vocab_size = self.facts.vocab_size;
+        let checked = check_proposal(
+            &proposal.tokens,
+            &proposal.confidence,
+            max_draft_len,
+            vocab_size,
+        );
+        if let Err(error) = checked {
             panic!(
                 "{} broke the proposal contract: it {error}; {} (proposal: {proposal:?})",
                 type_name::<D>(),

@@ -47,7 +47,7 @@ pub fn policy_setup(max_draft_len: u32) -> PolicySetup {
     PolicySetup {
         sources: vec![TEST_SOURCE.to_owned()],
         max_draft_len,
-        verify_us: Vec::new(),
+        ..PolicySetup::default()
     }
 }
 
