@@ -31,29 +31,18 @@ pub struct Loaded<W: World> {
     inner: Arc<LoadedInner<W>>,
 }
 
-struct LoadedInner<W: World> {
-    name: Arc<str>,
-    path: PathBuf,
-    sha256: String,
-    pre: W::Pre,
-    engine: Engine,
-    /// The host's limits: those of instances made without limits of their own.
-    limits: SandboxLimits,
-    extras: W::Extras,
-    /// Keeps deadlines enforced for as long as this plugin can run.
-    _ticker: Arc<EpochTicker>,
-}
-
-/// Everything a [`Loaded`] is made of, as the host's loader gathers it.
-pub(super) struct LoadedParts<W: World> {
+/// What a [`Loaded`] shares between its clones, as the host's loader gathers it.
+pub(super) struct LoadedInner<W: World> {
     pub(super) name: Arc<str>,
     pub(super) path: PathBuf,
     pub(super) sha256: String,
     pub(super) pre: W::Pre,
     pub(super) engine: Engine,
+    /// The host's limits: those of instances made without limits of their own.
     pub(super) limits: SandboxLimits,
     pub(super) extras: W::Extras,
-    pub(super) ticker: Arc<EpochTicker>,
+    /// Keeps deadlines enforced for as long as this plugin can run.
+    pub(super) _ticker: Arc<EpochTicker>,
 }
 
 impl<W: World> Clone for Loaded<W> {
@@ -76,28 +65,9 @@ impl<W: World> fmt::Debug for Loaded<W> {
 }
 
 impl<W: World> Loaded<W> {
-    pub(super) fn new(parts: LoadedParts<W>) -> Self {
-        let LoadedParts {
-            name,
-            path,
-            sha256,
-            pre,
-            engine,
-            limits,
-            extras,
-            ticker,
-        } = parts;
+    pub(super) fn new(inner: LoadedInner<W>) -> Self {
         Self {
-            inner: Arc::new(LoadedInner {
-                name,
-                path,
-                sha256,
-                pre,
-                engine,
-                limits,
-                extras,
-                _ticker: ticker,
-            }),
+            inner: Arc::new(inner),
         }
     }
 

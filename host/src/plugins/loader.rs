@@ -11,7 +11,7 @@ use wasmtime::{Config, Engine};
 use super::bindings::{DRAFT_MODEL, DRAFTER_API, Drafter, POLICY_API, WIT_VERSION, interface_name};
 use super::cache::{self, CompileCache};
 use super::error::LoadError;
-use super::loaded::{Loaded, LoadedParts, LoadedPlugin, LoadedPolicy};
+use super::loaded::{Loaded, LoadedInner, LoadedPlugin, LoadedPolicy};
 use super::registry::{self, PluginKind};
 use super::sandbox::{self, EpochTicker, HostState, SandboxLimits};
 use super::state::{DEFAULT_MAX_STATE_BYTES, StateSlot};
@@ -198,7 +198,7 @@ impl PluginHost {
             .instantiate_pre(&component)
             .and_then(W::pre)
             .map_err(|error| incompatible(&name, error))?;
-        let plugin = Loaded::new(LoadedParts {
+        let plugin = Loaded::new(LoadedInner {
             name: name.into(),
             path,
             sha256,
@@ -206,7 +206,7 @@ impl PluginHost {
             engine: self.engine.clone(),
             limits: self.limits.clone(),
             extras: extras(&component),
-            ticker: Arc::clone(&self.ticker),
+            _ticker: Arc::clone(&self.ticker),
         });
         Supervised::check_starts(&plugin, &self.limits)?;
         tracing::info!(
