@@ -373,11 +373,13 @@ mod without_a_model {
             "got {err:?}"
         );
         let message = err.to_string();
+        let version = spechost_sdk::WIT_VERSION;
+        let (minor, _patch) = version.rsplit_once('.').expect("major.minor.patch");
         for needle in [
             "hostile_old_wit",
-            "spechost:drafter/drafter-api@0.3.0",
+            &format!("spechost:drafter/drafter-api@{version}"),
             "spechost:drafter/drafter-api@0.1.0",
-            "rebuild it against spechost-sdk 0.3",
+            &format!("rebuild it against spechost-sdk {minor}"),
         ] {
             assert!(message.contains(needle), "`{needle}` not in: {message}");
         }
@@ -407,7 +409,7 @@ mod without_a_model {
 
         fn feed(&mut self, _tokens: &[Token]) {}
 
-        fn propose(&mut self, max_len: usize, _p_min: f32) -> Vec<DraftedToken> {
+        fn propose(&mut self, max_draft_len: usize, _p_min: f32) -> Vec<DraftedToken> {
             std::thread::sleep(self.delay);
             let calls = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
             assert!(
@@ -415,7 +417,7 @@ mod without_a_model {
                 "the host ran the draft model {calls} times, {:?} of native work, inside guest calls with a {DEFAULT_CALL_DEADLINE:?} deadline: work the host does on a plugin's behalf is unbounded",
                 self.delay * calls
             );
-            (0..max_len.min(64) as Token)
+            (0..max_draft_len.min(64) as Token)
                 .map(|i| DraftedToken {
                     token: 10 + i,
                     prob: 0.9,

@@ -198,7 +198,7 @@ impl DraftModel for Clairvoyant {
         *self.fed.get_mut().expect("fed") += tokens.len();
     }
 
-    fn propose(&mut self, max_len: usize, _p_min: f32) -> Vec<DraftedToken> {
+    fn propose(&mut self, max_draft_len: usize, _p_min: f32) -> Vec<DraftedToken> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let generated = self
             .fed
@@ -209,7 +209,7 @@ impl DraftModel for Clairvoyant {
             .output
             .iter()
             .skip(generated)
-            .take(max_len)
+            .take(max_draft_len)
             .map(|&token| DraftedToken { token, prob: 1.0 })
             .collect();
         std::thread::sleep(self.delay * drafted.len() as u32);

@@ -39,7 +39,7 @@
 use std::collections::VecDeque;
 
 use crate::config::Config;
-use crate::policy_types::{Decision, RoundRecord, SourceRound};
+use crate::records::{Decision, RoundRecord, SourceRound};
 
 /// The acceptance rate of the most recent drafted tokens.
 ///

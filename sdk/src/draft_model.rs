@@ -12,7 +12,7 @@
 //!
 //! Built natively, for tests, the calls go to a fake installed on the current thread with
 //! [`crate::testing::install_draft_model`]: a function from a context to the next token. The SDK
-//! keeps the context and applies `max_len` and `p_min` as the host does; without a fake,
+//! keeps the context and applies `max_draft_len` and `p_min` as the host does; without a fake,
 //! [`available`] is false.
 //!
 //! ```
@@ -36,7 +36,7 @@
 //! assert_eq!(tokens, [2, 3, 4, 5]);
 //! ```
 
-use crate::types::{DraftedToken, Token};
+use crate::records::{DraftedToken, Token};
 
 /// Whether the host has a draft model loaded. When it has not, [`reset`] and [`feed`] do nothing
 /// and [`propose`] returns nothing.
@@ -58,13 +58,13 @@ pub fn feed(tokens: &[Token]) {
     backend::feed(tokens);
 }
 
-/// Greedily drafts up to `max_len` tokens continuing the context.
+/// Greedily drafts up to `max_draft_len` tokens continuing the context.
 ///
 /// Stops early after the first token whose probability is below `p_min`; that token is still
 /// returned, so the caller sees why drafting stopped (and usually drops it). The drafted tokens
 /// are not added to the context: [`feed`] the ones the target commits.
-pub fn propose(max_len: usize, p_min: f32) -> Vec<DraftedToken> {
-    backend::propose(max_len, p_min)
+pub fn propose(max_draft_len: usize, p_min: f32) -> Vec<DraftedToken> {
+    backend::propose(max_draft_len, p_min)
 }
 
 #[cfg(target_arch = "wasm32")]
@@ -78,7 +78,7 @@ pub(crate) use self::native as backend;
 pub(crate) mod native {
     use std::cell::RefCell;
 
-    use crate::types::{DraftedToken, Token};
+    use crate::records::{DraftedToken, Token};
 
     /// A fake's next-token function: the greedy next token after a context, or `None` to stop.
     pub(crate) type NextToken = Box<dyn FnMut(&[Token]) -> Option<DraftedToken>>;
@@ -127,7 +127,7 @@ pub(crate) mod native {
         });
     }
 
-    pub(crate) fn propose(max_len: usize, p_min: f32) -> Vec<DraftedToken> {
+    pub(crate) fn propose(max_draft_len: usize, p_min: f32) -> Vec<DraftedToken> {
         FAKE.with_borrow_mut(|fake| {
             let Some(Fake {
                 next_token,
@@ -140,7 +140,7 @@ pub(crate) mod native {
             // the host never adds them to the context either.
             let fed = context.len();
             let mut drafted = Vec::new();
-            while drafted.len() < max_len {
+            while drafted.len() < max_draft_len {
                 let Some(next) = next_token(context) else {
                     break;
                 };
@@ -196,7 +196,7 @@ mod tests {
     }
 
     #[test]
-    fn proposes_up_to_max_len_from_the_fed_context() {
+    fn proposes_up_to_max_draft_len_from_the_fed_context() {
         install_sequence();
         assert!(available());
         feed(&[10]);

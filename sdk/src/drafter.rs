@@ -1,6 +1,6 @@
 //! The [`Drafter`] trait: what a plugin author implements.
 
-use crate::types::{Feedback, ModelFacts, Proposal, Token};
+use crate::records::{Feedback, ModelFacts, Proposal, Token};
 
 /// A source of draft tokens, one value per generation request.
 ///
@@ -40,14 +40,14 @@ pub trait Drafter: Sized + 'static {
     /// never sent twice, so keep whatever history you need.
     fn feed(&mut self, tokens: &[Token]);
 
-    /// Proposes up to `max_len` tokens continuing the context fed so far.
+    /// Proposes up to `max_draft_len` tokens continuing the context fed so far.
     ///
     /// Called at most once per round, only when the host wants a draft from this drafter.
     /// Return [`Proposal::empty`] when there is nothing worth proposing; the cascade then asks its
-    /// next source. Never return more than `max_len` tokens or a token `>= vocab_size`: the host
-    /// treats that as a fault and the proposal is lost. Keep the work per call small and
+    /// next source. Never return more than `max_draft_len` tokens or a token `>= vocab_size`: the
+    /// host treats that as a fault and the proposal is lost. Keep the work per call small and
     /// independent of the context length: it is on the critical path of every round.
-    fn propose(&mut self, max_len: usize) -> Proposal;
+    fn propose(&mut self, max_draft_len: usize) -> Proposal;
 
     /// Tells the drafter how its last proposal fared.
     ///

@@ -16,7 +16,7 @@
 ///         Ok(Silent)
 ///     }
 ///     fn feed(&mut self, _tokens: &[Token]) {}
-///     fn propose(&mut self, _max_len: usize) -> Proposal {
+///     fn propose(&mut self, _max_draft_len: usize) -> Proposal {
 ///         Proposal::empty()
 ///     }
 /// }

@@ -7,20 +7,7 @@
 
 use std::fmt;
 
-/// Severity of a log message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Level {
-    /// Very detailed, per-token diagnostics.
-    Trace,
-    /// Per-call diagnostics.
-    Debug,
-    /// Normal operation worth noting once.
-    Info,
-    /// Something is wrong but the plugin carries on.
-    Warn,
-    /// The plugin cannot do its job.
-    Error,
-}
+pub use crate::bindings::drafter_world::spechost::drafter::host::Level;
 
 impl fmt::Display for Level {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,7 +1,6 @@
 //! The [`Policy`] trait: what the author of an adaptive draft-length policy implements.
 
-use crate::policy_types::{Decision, PolicySetup, RoundRecord};
-use crate::types::ModelFacts;
+use crate::records::{Decision, ModelFacts, PolicySetup, RoundRecord};
 
 /// Chooses each round's draft length (adaptive K), one value per generation request.
 ///

@@ -90,18 +90,18 @@ impl BigramModel {
         }
     }
 
-    /// Follows the most frequent next token from `bigram` for up to `max_len` steps, while each
-    /// step's ratio is at least `min_prob`, stopping after an end-of-generation token.
+    /// Follows the most frequent next token from `bigram` for up to `max_draft_len` steps, while
+    /// each step's ratio is at least `min_prob`, stopping after an end-of-generation token.
     fn chain(
         &self,
         mut bigram: (Token, Token),
-        max_len: usize,
+        max_draft_len: usize,
         min_prob: f32,
         facts: &ModelFacts,
     ) -> Proposal {
         let mut proposal = Proposal::empty();
         let mut probability = 1.0;
-        while proposal.len() < max_len {
+        while proposal.len() < max_draft_len {
             let Some(followers) = self.followers.get(&bigram) else {
                 break;
             };
@@ -210,10 +210,10 @@ impl Drafter for MarkovDrafter {
         });
     }
 
-    fn propose(&mut self, max_len: usize) -> Proposal {
+    fn propose(&mut self, max_draft_len: usize) -> Proposal {
         let proposal = match self.tail {
             Tail::Two(first, second) => MODEL.with_borrow(|model| {
-                model.chain((first, second), max_len, self.min_prob, &self.facts)
+                model.chain((first, second), max_draft_len, self.min_prob, &self.facts)
             }),
             Tail::Empty | Tail::One(_) => Proposal::empty(),
         };
@@ -294,7 +294,7 @@ mod tests {
     }
 
     #[test]
-    fn respects_max_len_and_stops_after_end_of_generation() {
+    fn respects_max_draft_len_and_stops_after_end_of_generation() {
         let mut harness = fresh("");
         harness.feed(&[1, 2, 1, 2, 1, 2]);
         assert_eq!(harness.propose(0).tokens, [] as [Token; 0]);

@@ -29,11 +29,11 @@ pub trait DraftModel: Send {
     /// Appends committed tokens to the context.
     fn feed(&mut self, tokens: &[Token]);
 
-    /// Greedily drafts up to `max_len` tokens after the context, stopping after the first token
-    /// whose probability is below `p_min` (that token is included). The drafted tokens are not
-    /// added to the context. Returns nothing when the model fails (the failure is logged) or
+    /// Greedily drafts up to `max_draft_len` tokens after the context, stopping after the first
+    /// token whose probability is below `p_min` (that token is included). The drafted tokens are
+    /// not added to the context. Returns nothing when the model fails (the failure is logged) or
     /// the context is full.
-    fn propose(&mut self, max_len: usize, p_min: f32) -> Vec<DraftedToken>;
+    fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Vec<DraftedToken>;
 }
 
 /// Makes one [`DraftModel`] context per source that asks for one. Shared by every plugin

@@ -94,8 +94,8 @@ pub trait DraftSource: Send {
     /// Starts a request: the source resets its per-request state and takes `prompt` as context.
     fn begin(&mut self, facts: &ModelFacts, prompt: &[Token]) -> Result<(), SourceFault>;
 
-    /// Proposes up to `max_len` tokens continuing the context. May return fewer, or none.
-    fn propose(&mut self, max_len: usize) -> Result<Proposal, SourceFault>;
+    /// Proposes up to `max_draft_len` tokens continuing the context. May return fewer, or none.
+    fn propose(&mut self, max_draft_len: usize) -> Result<Proposal, SourceFault>;
 
     /// Tells the source how its last proposal fared. Default: ignored.
     fn feedback(&mut self, _feedback: Feedback) -> Result<(), SourceFault> {

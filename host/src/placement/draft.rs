@@ -60,11 +60,11 @@ impl DraftModelFactory for PinnedDraftFactory {
                         Call::Reset => model.reset(),
                         Call::Feed(tokens) => model.feed(&tokens),
                         Call::Propose {
-                            max_len,
+                            max_draft_len,
                             p_min,
                             reply,
                         } => {
-                            let _ = reply.send(model.propose(max_len, p_min));
+                            let _ = reply.send(model.propose(max_draft_len, p_min));
                         }
                     }
                 }
@@ -85,7 +85,7 @@ enum Call {
     Reset,
     Feed(Vec<Token>),
     Propose {
-        max_len: usize,
+        max_draft_len: usize,
         p_min: f32,
         reply: mpsc::Sender<Vec<DraftedToken>>,
     },
@@ -116,10 +116,10 @@ impl DraftModel for PinnedDraftModel {
         self.send(Call::Feed(tokens.to_vec()));
     }
 
-    fn propose(&mut self, max_len: usize, p_min: f32) -> Vec<DraftedToken> {
+    fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Vec<DraftedToken> {
         let (reply, answer) = mpsc::channel();
         self.send(Call::Propose {
-            max_len,
+            max_draft_len,
             p_min,
             reply,
         });
@@ -177,14 +177,14 @@ mod tests {
             self.record(format!("feed {tokens:?}"));
         }
 
-        fn propose(&mut self, max_len: usize, _p_min: f32) -> Vec<DraftedToken> {
-            self.record(format!("propose {max_len}"));
+        fn propose(&mut self, max_draft_len: usize, _p_min: f32) -> Vec<DraftedToken> {
+            self.record(format!("propose {max_draft_len}"));
             vec![
                 DraftedToken {
                     token: 7,
                     prob: 0.9
                 };
-                max_len
+                max_draft_len
             ]
         }
     }

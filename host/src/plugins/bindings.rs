@@ -1,9 +1,12 @@
-//! The host side of `wit/drafter.wit`: the only `bindgen!` call in spechost.
+//! The host side of `sdk/wit/drafter.wit`: the only `bindgen!` call in spechost.
 //!
 //! Generated code stays in the private `generated` module. This file re-exports, to the rest of
 //! `plugins` only, the few generated items the host needs, and converts the WIT records to and
-//! from the [`cascade`](crate::cascade) types with `From`. Nothing generated is visible outside
-//! `plugins`, so a change to the WIT breaks compilation here and nowhere else.
+//! from the [`cascade`](crate::cascade) types with `From`, building or destructuring each one
+//! field by field. Nothing generated is visible outside `plugins`, so a change to a WIT record
+//! breaks the host's compilation here and nowhere else (and, on the guest side, spechost-sdk's).
+//! The interface names the loader checks are derived from [`spechost_sdk::WIT_VERSION`], the
+//! one place the version is written.
 //!
 //! Both worlds are bound: `drafter` here, `policy` in `policy_world`, which reuses the
 //! interfaces the two share (`types`, `host`) through `with`, so each host import is
@@ -17,14 +20,14 @@ use crate::cascade::{
 
 mod generated {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../sdk/wit",
         world: "drafter",
     });
 }
 
 mod policy_world {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../sdk/wit",
         world: "policy",
         with: {
             "spechost:drafter/types": super::generated::spechost::drafter::types,
@@ -47,14 +50,22 @@ pub(super) use self::policy_world::exports::spechost::drafter::policy_api::{
 };
 pub(super) use self::policy_world::{Policy, PolicyPre};
 
-/// The WIT package version this host speaks; plugins must be built against the same minor.
-pub(super) const WIT_VERSION: &str = "0.3.0";
-/// The interface a drafter component must export, exactly as it appears in its type.
-pub(super) const DRAFTER_API_EXPORT: &str = "spechost:drafter/drafter-api@0.3.0";
-/// The interface a policy component must export, exactly as it appears in its type.
-pub(super) const POLICY_API_EXPORT: &str = "spechost:drafter/policy-api@0.3.0";
-/// The draft-model import, as it appears in a component's type when the plugin uses it.
-pub(super) const DRAFT_MODEL_IMPORT: &str = "spechost:drafter/draft-model@0.3.0";
+/// The WIT package version this host speaks; plugins must be built against the same minor. The
+/// SDK owns the WIT and writes its version once; every interface name below is derived from it.
+pub(super) use spechost_sdk::WIT_VERSION;
+
+/// The interface a drafter component must export.
+pub(super) const DRAFTER_API: &str = "drafter-api";
+/// The interface a policy component must export.
+pub(super) const POLICY_API: &str = "policy-api";
+/// The draft-model import; a plugin that uses the draft model imports it.
+pub(super) const DRAFT_MODEL: &str = "draft-model";
+
+/// `interface` of the WIT package, named as it appears in a component's type:
+/// `spechost:drafter/<interface>@<WIT_VERSION>`.
+pub(super) fn interface_name(interface: &str) -> String {
+    format!("{}/{interface}@{WIT_VERSION}", spechost_sdk::WIT_PACKAGE)
+}
 
 impl From<&cascade::ModelFacts> for ModelFacts {
     fn from(facts: &cascade::ModelFacts) -> Self {
@@ -70,9 +81,18 @@ impl From<&cascade::ModelFacts> for ModelFacts {
 
 impl From<Proposal> for cascade::Proposal {
     fn from(proposal: Proposal) -> Self {
-        cascade::Proposal {
-            tokens: proposal.tokens,
-            confidence: proposal.confidence,
+        // Destructured, as every record the guest sends: a field added to the WIT fails to
+        // compile here until the host decides what to do with it.
+        let Proposal { tokens, confidence } = proposal;
+        cascade::Proposal { tokens, confidence }
+    }
+}
+
+impl From<cascade::DraftedToken> for DraftedToken {
+    fn from(drafted: cascade::DraftedToken) -> Self {
+        DraftedToken {
+            token: drafted.token,
+            prob: drafted.prob,
         }
     }
 }
@@ -131,11 +151,17 @@ impl From<&CascadeSetup> for PolicySetup {
 
 impl From<Decision> for CascadeDecision {
     fn from(decision: Decision) -> Self {
+        let Decision {
+            max_draft_len,
+            shadow_len,
+            order,
+            exclude,
+        } = decision;
         Self {
-            max_draft_len: decision.max_draft_len as usize,
-            shadow_len: decision.shadow_len as usize,
-            order: decision.order,
-            exclude: decision.exclude,
+            max_draft_len: max_draft_len as usize,
+            shadow_len: shadow_len as usize,
+            order,
+            exclude,
         }
     }
 }
@@ -153,11 +179,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn export_name_matches_package_and_version() {
-        let expected = format!("spechost:drafter/drafter-api@{WIT_VERSION}");
+    fn interface_names_carry_package_and_version() {
+        let name = interface_name(DRAFTER_API);
         assert_eq!(
-            DRAFTER_API_EXPORT, expected,
-            "export name drifted from package/version"
+            name,
+            format!("spechost:drafter/drafter-api@{WIT_VERSION}"),
+            "drafter export name"
         );
     }
 

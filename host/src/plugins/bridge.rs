@@ -13,7 +13,7 @@ use super::bindings::{DraftModelHost, DraftedToken};
 use super::sandbox::HostState;
 use crate::cascade::{DraftModel, DraftModelFactory, Token};
 
-/// Longest draft a plugin may ask the draft model for in one call; a larger `max-len` is cut.
+/// Longest draft a plugin may ask the draft model for in one call; a larger `max-draft-len` is cut.
 pub const MAX_BRIDGE_DRAFT_LEN: usize = 256;
 
 /// The draft model as one instance sees it.
@@ -82,17 +82,14 @@ impl DraftModelHost for HostState {
         self.with_draft_model((), |model| model.feed(&tokens));
     }
 
-    fn propose(&mut self, max_len: u32, p_min: f32) -> Vec<DraftedToken> {
-        let max_len = (max_len as usize).min(MAX_BRIDGE_DRAFT_LEN);
+    fn propose(&mut self, max_draft_len: u32, p_min: f32) -> Vec<DraftedToken> {
+        let max_draft_len = (max_draft_len as usize).min(MAX_BRIDGE_DRAFT_LEN);
         let p_min = if p_min.is_finite() { p_min } else { 0.0 };
         self.with_draft_model(Vec::new(), |model| {
             model
-                .propose(max_len, p_min)
+                .propose(max_draft_len, p_min)
                 .into_iter()
-                .map(|drafted| DraftedToken {
-                    token: drafted.token,
-                    prob: drafted.prob,
-                })
+                .map(DraftedToken::from)
                 .collect()
         })
     }

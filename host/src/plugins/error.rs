@@ -96,7 +96,7 @@ pub enum LoadError {
         /// The plugin name.
         plugin: String,
         /// The export the host needs.
-        expected: &'static str,
+        expected: String,
         /// What the component exports instead, comma-separated.
         found: String,
         /// The SDK version to rebuild against.

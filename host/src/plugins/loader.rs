@@ -1,29 +1,25 @@
-//! [`PluginHost`] (engine, linker, ticker, compile cache) and [`LoadedPlugin`] (one checked,
-//! linked component, ready to be instantiated cheaply).
+//! [`PluginHost`]: the engine, the linker, the deadline ticker and the compile cache, and the
+//! load steps that turn a cascade or policy entry into a [`Loaded`] component.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
-use super::bindings::{
-    DRAFT_MODEL_IMPORT, DRAFTER_API_EXPORT, Drafter, DrafterPre, POLICY_API_EXPORT, PolicyPre,
-    WIT_VERSION,
-};
+use super::bindings::{DRAFT_MODEL, DRAFTER_API, Drafter, POLICY_API, WIT_VERSION, interface_name};
 use super::cache::{self, CompileCache};
 use super::error::LoadError;
-use super::policy::PluginPolicy;
+use super::loaded::{Loaded, LoadedInner, LoadedPlugin, LoadedPolicy};
 use super::registry::{self, PluginKind};
-use super::sandbox::{self, EpochTicker, HostState, SandboxLimits, Services};
-use super::source::PluginSource;
-use super::spec::SourceSpec;
+use super::sandbox::{self, EpochTicker, HostState, SandboxLimits};
 use super::state::{DEFAULT_MAX_STATE_BYTES, StateSlot};
-use crate::cascade::{DraftModelFactory, ModelFacts, PolicySetup};
+use super::supervised::Supervised;
+use super::world::{DraftModelCell, DrafterExtras, World};
+use crate::cascade::DraftModelFactory;
+use super::spec::SourceSpec;
 
-/// The spechost-sdk version whose plugins this host loads (same minor as the WIT package).
-const SDK_VERSION: &str = "0.3";
 /// The first 8 bytes of a WebAssembly binary: magic then version/layer.
 const WASM_MAGIC: &[u8; 4] = b"\0asm";
 /// Version and layer bytes of a core module (`01 00 00 00`); components use layer `01 00`.
@@ -46,10 +42,6 @@ pub struct PluginHostConfig {
     /// keeps it in memory for the life of the process.
     pub state_dir: Option<PathBuf>,
 }
-
-/// The draft model, attached to the host once it is loaded (after the plugins, so that a
-/// misspelt cascade fails before any model loads) and seen by every plugin loaded from it.
-type DraftModelCell = Arc<OnceLock<Arc<dyn DraftModelFactory>>>;
 
 /// The wasmtime host for plugins: one engine, its deadline ticker, the linker with the
 /// sandbox's imports, and the compile cache. Create one per process and load every plugin
@@ -170,66 +162,61 @@ impl PluginHost {
 
     /// Loads a `--policy` entry (a built-in policy or a component file).
     pub fn load_policy(&self, spec: &SourceSpec) -> Result<LoadedPolicy, LoadError> {
-        let name = spec.name();
-        let path = self.resolve(spec, PluginKind::Policy)?;
-        let (component, sha256) = self.compile(&path, &name, PluginKind::Policy)?;
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .and_then(PolicyPre::new)
-            .map_err(|error| incompatible(&name, error))?;
-        let policy = LoadedPolicy {
-            inner: Arc::new(LoadedPolicyInner {
-                name: name.into(),
-                path: path.clone(),
-                sha256,
-                pre,
-                engine: self.engine.clone(),
-                limits: self.limits.clone(),
-                _ticker: Arc::clone(&self.ticker),
-            }),
-        };
-        PluginPolicy::check_starts(&policy)?;
-        tracing::info!(policy = policy.name(), path = %path.display(), sha256 = &policy.sha256()[..16], "loaded policy plugin");
-        Ok(policy)
+        self.load_world(spec, |_component| ())
     }
 
-    /// Steps 3 and 5 for a drafter: compile, link, and start one instance to check that it
-    /// starts under the host's limits.
+    /// Steps 3 and 5 for a drafter, whose state slot opens once it is linked.
     fn load_drafter(
         &self,
         spec: &SourceSpec,
         state_file: Option<PathBuf>,
     ) -> Result<LoadedPlugin, LoadError> {
         let name = spec.name();
-        let path = self.resolve(spec, PluginKind::Drafter)?;
-        let (component, sha256) = self.compile(&path, &name, PluginKind::Drafter)?;
-        let uses_draft_model = component
-            .component_type()
-            .imports(&self.engine)
-            .any(|(import, _)| import == DRAFT_MODEL_IMPORT);
+        self.load_world(spec, |component| DrafterExtras {
+            state: StateSlot::open(&name, state_file, DEFAULT_MAX_STATE_BYTES),
+            draft_model: Arc::clone(&self.draft_model),
+            uses_draft_model: component
+                .component_type()
+                .imports(&self.engine)
+                .any(|(import, _)| import == interface_name(DRAFT_MODEL)),
+        })
+    }
+
+    /// Steps 3 and 5 for a plugin of world `W`: compile, link, gather what the world needs
+    /// besides the component (`extras`), and start one instance to check that it starts under
+    /// the host's limits.
+    fn load_world<W: World>(
+        &self,
+        spec: &SourceSpec,
+        extras: impl FnOnce(&Component) -> W::Extras,
+    ) -> Result<Loaded<W>, LoadError> {
+        let name = spec.name();
+        let path = self.resolve(spec, W::KIND)?;
+        let (component, sha256) = self.compile(&path, &name, W::KIND)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
-            .and_then(DrafterPre::new)
+            .and_then(W::pre)
             .map_err(|error| incompatible(&name, error))?;
-        let state = StateSlot::open(&name, state_file, DEFAULT_MAX_STATE_BYTES);
-        let plugin = LoadedPlugin {
-            inner: Arc::new(Loaded {
-                name: name.into(),
-                path: path.clone(),
-                sha256,
-                pre,
-                engine: self.engine.clone(),
-                limits: self.limits.clone(),
-                state,
-                draft_model: Arc::clone(&self.draft_model),
-                uses_draft_model,
-                _ticker: Arc::clone(&self.ticker),
-            }),
-        };
-        PluginSource::check_starts(&plugin, &self.limits)?;
-        tracing::info!(plugin = plugin.name(), path = %path.display(), sha256 = &plugin.sha256()[..16], uses_draft_model, "loaded drafter plugin");
+        let plugin = Loaded::new(LoadedInner {
+            name: name.into(),
+            path,
+            sha256,
+            pre,
+            engine: self.engine.clone(),
+            limits: self.limits.clone(),
+            extras: extras(&component),
+            _ticker: Arc::clone(&self.ticker),
+        });
+        Supervised::check_starts(&plugin, &self.limits)?;
+        tracing::info!(
+            plugin = plugin.name(),
+            kind = W::KIND.as_str(),
+            path = %plugin.path().display(),
+            sha256 = &plugin.sha256()[..16],
+            "loaded {} plugin",
+            W::KIND.as_str()
+        );
         Ok(plugin)
     }
 
@@ -261,16 +248,16 @@ impl PluginHost {
                 reason: format!("{error:#}"),
             })?;
 
-        let expected = match kind {
-            PluginKind::Drafter => DRAFTER_API_EXPORT,
-            PluginKind::Policy => POLICY_API_EXPORT,
-        };
+        let expected = interface_name(match kind {
+            PluginKind::Drafter => DRAFTER_API,
+            PluginKind::Policy => POLICY_API,
+        });
         let exports: Vec<String> = component
             .component_type()
             .exports(&self.engine)
             .map(|(export, _)| export.to_owned())
             .collect();
-        if !exports_interface(&exports, expected) {
+        if !exports_interface(&exports, &expected) {
             return Err(LoadError::MissingExport {
                 plugin: name.to_owned(),
                 expected,
@@ -279,7 +266,7 @@ impl PluginHost {
                 } else {
                     exports.join(", ")
                 },
-                sdk_version: SDK_VERSION,
+                sdk_version: sdk_version(),
             });
         }
         Ok((component, cache::hex(&sha256)))
@@ -291,194 +278,7 @@ fn incompatible(plugin: &str, error: wasmtime::Error) -> LoadError {
     LoadError::Incompatible {
         plugin: plugin.to_owned(),
         reason: format!("{error:#}"),
-        sdk_version: SDK_VERSION,
-    }
-}
-
-/// A checked, compiled and linked drafter component. Cheap to clone; make sources with
-/// [`LoadedPlugin::source`].
-#[derive(Clone)]
-pub struct LoadedPlugin {
-    inner: Arc<Loaded>,
-}
-
-struct Loaded {
-    name: Arc<str>,
-    path: PathBuf,
-    sha256: String,
-    pre: DrafterPre<HostState>,
-    engine: Engine,
-    /// Limits of sources made with [`LoadedPlugin::source`].
-    limits: SandboxLimits,
-    /// The plugin's cross-request state, shared by all its instances.
-    state: StateSlot,
-    draft_model: DraftModelCell,
-    /// Whether the component imports `draft-model` (it then counts as an expensive source).
-    uses_draft_model: bool,
-    /// Keeps deadlines enforced for as long as this plugin can run.
-    _ticker: Arc<EpochTicker>,
-}
-
-impl fmt::Debug for LoadedPlugin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LoadedPlugin")
-            .field("name", &self.inner.name)
-            .field("path", &self.inner.path)
-            .field("sha256", &self.inner.sha256)
-            .finish_non_exhaustive()
-    }
-}
-
-impl LoadedPlugin {
-    /// The name sources of this plugin show: the built-in name or the file stem.
-    pub fn name(&self) -> &str {
-        &self.inner.name
-    }
-
-    /// The file the plugin was loaded from.
-    pub fn path(&self) -> &Path {
-        &self.inner.path
-    }
-
-    /// The sha256 of the `.wasm` file, in hex.
-    pub fn sha256(&self) -> &str {
-        &self.inner.sha256
-    }
-
-    /// Whether the plugin drives the host's draft model (it imports `draft-model`): such a
-    /// source is expensive, and the scored cascade asks it only when cheap sources fall short.
-    pub fn uses_draft_model(&self) -> bool {
-        self.inner.uses_draft_model
-    }
-
-    /// The plugin's cross-request state; [`StateSlot::persist`] writes it to its file.
-    pub fn state(&self) -> &StateSlot {
-        &self.inner.state
-    }
-
-    /// A draft source running a fresh instance of this plugin under the host's limits,
-    /// configured with `config` (the plugin's own `key=value,...` string, empty when none was
-    /// given). The session opens at [`DraftSource::begin`](crate::cascade::DraftSource::begin),
-    /// where a config the plugin rejects becomes a fault.
-    ///
-    /// Cheap: the component is already compiled and linked, so this only instantiates it. State
-    /// the plugin keeps outside its sessions lives as long as this source, until the instance
-    /// traps.
-    pub fn source(&self, config: impl Into<String>) -> PluginSource {
-        PluginSource::start(self.clone(), config.into(), self.inner.limits.clone())
-    }
-
-    /// Checks, in a throw-away instance, that the plugin accepts `config` for a model with
-    /// `facts`: its `open` must return `ok`. Run before generation so a bad setting is a
-    /// configuration error, not a fault in the middle of a request.
-    pub fn check_config(&self, config: &str, facts: &ModelFacts) -> Result<(), LoadError> {
-        PluginSource::check_config(self, config, facts, &self.inner.limits)
-    }
-
-    /// Like [`Self::source`], under other limits than the host's.
-    pub fn source_with_limits(
-        &self,
-        config: impl Into<String>,
-        limits: SandboxLimits,
-    ) -> PluginSource {
-        PluginSource::start(self.clone(), config.into(), limits)
-    }
-
-    pub(super) fn shared_name(&self) -> Arc<str> {
-        Arc::clone(&self.inner.name)
-    }
-
-    pub(super) fn engine(&self) -> &Engine {
-        &self.inner.engine
-    }
-
-    pub(super) fn pre(&self) -> &DrafterPre<HostState> {
-        &self.inner.pre
-    }
-
-    /// The host services an instance of this plugin gets.
-    pub(super) fn services(&self) -> Services {
-        Services {
-            state: Some(self.inner.state.clone()),
-            draft_model: self.inner.draft_model.get().cloned(),
-        }
-    }
-}
-
-/// A checked, compiled and linked policy component. Cheap to clone; make per-request policies
-/// with [`LoadedPolicy::policy`].
-#[derive(Clone)]
-pub struct LoadedPolicy {
-    inner: Arc<LoadedPolicyInner>,
-}
-
-struct LoadedPolicyInner {
-    name: Arc<str>,
-    path: PathBuf,
-    sha256: String,
-    pre: PolicyPre<HostState>,
-    engine: Engine,
-    limits: SandboxLimits,
-    /// Keeps deadlines enforced for as long as this policy can run.
-    _ticker: Arc<EpochTicker>,
-}
-
-impl fmt::Debug for LoadedPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LoadedPolicy")
-            .field("name", &self.inner.name)
-            .field("path", &self.inner.path)
-            .field("sha256", &self.inner.sha256)
-            .finish_non_exhaustive()
-    }
-}
-
-impl LoadedPolicy {
-    /// The built-in name or the file stem.
-    pub fn name(&self) -> &str {
-        &self.inner.name
-    }
-
-    /// The file the policy was loaded from.
-    pub fn path(&self) -> &Path {
-        &self.inner.path
-    }
-
-    /// The sha256 of the `.wasm` file, in hex.
-    pub fn sha256(&self) -> &str {
-        &self.inner.sha256
-    }
-
-    /// A policy running a fresh instance of this component, configured with `config`.
-    pub fn policy(&self, config: impl Into<String>) -> PluginPolicy {
-        PluginPolicy::start(self.clone(), config.into())
-    }
-
-    /// Checks, in a throw-away instance, that the policy accepts `config` for `facts` and
-    /// `setup`: a bad setting is a configuration error before generation starts.
-    pub fn check_config(
-        &self,
-        config: &str,
-        facts: &ModelFacts,
-        setup: &PolicySetup,
-    ) -> Result<(), LoadError> {
-        PluginPolicy::check_config(self, config, facts, setup)
-    }
-
-    pub(super) fn shared_name(&self) -> Arc<str> {
-        Arc::clone(&self.inner.name)
-    }
-
-    pub(super) fn engine(&self) -> &Engine {
-        &self.inner.engine
-    }
-
-    pub(super) fn pre(&self) -> &PolicyPre<HostState> {
-        &self.inner.pre
-    }
-
-    pub(super) fn limits(&self) -> &SandboxLimits {
-        &self.inner.limits
+        sdk_version: sdk_version(),
     }
 }
 
@@ -514,10 +314,16 @@ fn exports_interface(exports: &[String], expected: &str) -> bool {
         .any(|export| export == expected || export.starts_with(&compatible_prefix))
 }
 
-/// `0.3` for `0.3.0`: the part of a version that must match for semver compatibility when
+/// `0.7` for `0.7.1`: the part of a version that must match for semver compatibility when
 /// the major is 0.
 fn compatible_minor(version: &str) -> &str {
     version.rsplit_once('.').map_or(version, |(minor, _)| minor)
+}
+
+/// The spechost-sdk version whose plugins this host loads, as error messages name it: the WIT
+/// package's major.minor, which the SDK's own version shares.
+fn sdk_version() -> &'static str {
+    compatible_minor(WIT_VERSION)
 }
 
 #[cfg(test)]
@@ -551,18 +357,21 @@ mod tests {
         let has = |names: &[&str]| {
             exports_interface(
                 &names.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-                DRAFTER_API_EXPORT,
+                &interface_name(DRAFTER_API),
             )
         };
-        assert!(has(&["spechost:drafter/drafter-api@0.3.0"]));
+        let minor = compatible_minor(WIT_VERSION);
+        assert!(has(&[&interface_name(DRAFTER_API)]));
         assert!(has(&[
             "wasi:cli/run@0.2.0",
-            "spechost:drafter/drafter-api@0.3.3"
+            &format!("spechost:drafter/drafter-api@{minor}.3")
         ]));
-        assert!(!has(&["spechost:drafter/drafter-api@0.1.0"]));
-        assert!(!has(&["spechost:drafter/drafter-api@0.2.0"]));
-        assert!(!has(&["spechost:drafter/drafter-api@0.30.0"]));
-        assert!(!has(&["spechost:drafter/policy-api@0.3.0"]));
+        for retired in ["0.1.0", "0.2.0", "0.3.0"] {
+            let export = format!("spechost:drafter/drafter-api@{retired}");
+            assert!(!has(&[&export]), "{export} is refused");
+        }
+        assert!(!has(&[&format!("spechost:drafter/drafter-api@{minor}0.0")]));
+        assert!(!has(&[&interface_name(POLICY_API)]));
         assert!(!has(&[]));
     }
 }

@@ -1,5 +1,6 @@
-//! The wasmtime host for drafter plugins: WebAssembly components that speak
-//! `spechost:drafter@0.3.0` (`wit/drafter.wit`) and run sandboxed as cascade sources.
+//! The wasmtime host for plugins: WebAssembly components that speak the `spechost:drafter` WIT
+//! (`sdk/wit/drafter.wit`, version [`spechost_sdk::WIT_VERSION`]) and run sandboxed, as cascade
+//! sources ([`DrafterWorld`]) or as draft-length policies ([`PolicyWorld`]).
 //!
 //! # Load steps, in order
 //!
@@ -8,29 +9,37 @@
 //! 2. **Compile cache**: a component is compiled once per (sha256 of the `.wasm`, engine
 //!    compatibility hash) and kept as `<cache_dir>/components/<key>.cwasm`, written atomically.
 //!    A corrupt entry is reported, recompiled and overwritten.
-//! 3. **Component** ([`PluginHost::load`]): the cascade entry is resolved (a built-in name is
-//!    searched for as `<name>.wasm`, see [`PluginHost::builtin_search_dirs`]; a path is used as
-//!    is), read, checked to be a component rather than a core module, compiled or fetched from
-//!    the cache, and checked to export `spechost:drafter/drafter-api@0.3.0`.
+//! 3. **Component** ([`PluginHost::load`], [`PluginHost::load_policy`]): the entry is resolved
+//!    (a built-in name is searched for as `<name>.wasm` or `policy_<name>.wasm`, see
+//!    [`PluginHost::builtin_search_dirs`]; a path is used as is), read, checked to be a
+//!    component rather than a core module, compiled or fetched from the cache, and checked to
+//!    export `spechost:drafter/drafter-api` (`policy-api` for a policy) at a patch of the WIT's
+//!    major.minor; other versions are refused naming the SDK to rebuild with.
 //! 4. **Linker** (built in step 1): WASI 0.2, synchronous, with an empty context (no
 //!    preopened directories, no environment, no arguments, no sockets or name lookup) and
 //!    timers that fire at once (so a guest cannot sleep past its deadline inside the host),
-//!    plus the `spechost:drafter/host` import `log`, rate-limited into `tracing` with the
-//!    plugin's name.
-//! 5. **`InstancePre`** ([`LoadedPlugin`]): imports resolved once, so instantiating is cheap.
-//!    One trial instance checks that the plugin starts under the host's [`SandboxLimits`].
-//! 6. **`Store<HostState>`** per source ([`LoadedPlugin::source`]): a fresh instance under
-//!    [`SandboxLimits`] (memory, tables, instances, a deadline per guest call). The source
-//!    keeps it until it traps, then replaces it.
+//!    plus the `spechost:drafter` imports: `log` (rate-limited into `tracing` with the plugin's
+//!    name), `state` and `draft-model`.
+//! 5. **`InstancePre`** ([`Loaded`]: [`LoadedPlugin`] or [`LoadedPolicy`]): imports resolved
+//!    once, so instantiating is cheap. One trial instance checks that the plugin starts under
+//!    the host's [`SandboxLimits`].
+//! 6. **`Store<HostState>`** per source ([`LoadedPlugin::source`]) or policy
+//!    ([`LoadedPolicy::policy`]): a fresh instance under [`SandboxLimits`] (memory, tables,
+//!    instances, a deadline per guest call), kept until it traps, then replaced.
 //!
 //! # Faults
 //!
-//! A [`PluginSource`] turns every misbehaviour into a [`SourceFault`](crate::cascade::SourceFault)
-//! the cascade counts as an empty proposal, and warns naming the plugin and what it did: a trap
-//! (with the guest's panic message), the deadline, the memory limit, a proposal that is too long,
-//! holds ids outside the vocabulary or confidences outside [0, 1], or a config the plugin
-//! rejected. A trap kills the instance; the next call re-creates it, re-opens the session and
-//! replays the context. After `max_faults` faults the source is quarantined for the run.
+//! Drafters and policies are supervised by one generic type (`supervised.rs`), so both turn
+//! every misbehaviour into a [`SourceFault`](crate::cascade::SourceFault) the same way, and warn
+//! naming the plugin and what it did: a trap (with the guest's panic message), the deadline, the
+//! memory limit, or a config the plugin rejected. A trap kills the instance; the next call
+//! re-creates it and re-opens the session, and a [`PluginSource`] replays the request's context
+//! into it (a [`PluginPolicy`] starts afresh). After `max_faults` faults the plugin is
+//! quarantined for the run. A source also faults a proposal that breaks the rules of
+//! [`spechost_sdk::check_proposal`] (too long, ids outside the vocabulary, confidences outside
+//! [0, 1]): the same function the SDK's test harness applies to plugins in their unit tests.
+//! The cascade counts a source's fault as an empty proposal; a policy's makes the round plain
+//! decoding.
 //!
 //! # Example
 //!
@@ -54,13 +63,15 @@
 //! ```
 //!
 //! Not here: which sources a request uses and in what order (`cascade`), the command line
-//! and `--plugin-config` (`config`), and the target model (`engine`). Nothing generated from the
-//! WIT leaves this module.
+//! and `--plugin-config` (`config`), and the target model (`engine`). Nothing generated
+//! from the WIT leaves this module: `bindings.rs` converts it to the cascade's own records, so a
+//! change to a WIT record breaks compilation there, and in spechost-sdk, and nowhere else.
 
 mod bindings;
 mod bridge;
 mod cache;
 mod error;
+mod loaded;
 mod loader;
 mod log;
 mod policy;
@@ -69,11 +80,14 @@ mod sandbox;
 mod source;
 mod spec;
 mod state;
+mod supervised;
+mod world;
 
 pub use self::bridge::MAX_BRIDGE_DRAFT_LEN;
 pub use self::cache::file_sha256;
 pub use self::error::LoadError;
-pub use self::loader::{LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
+pub use self::loaded::{Loaded, LoadedPlugin, LoadedPolicy};
+pub use self::loader::{PluginHost, PluginHostConfig};
 pub use self::log::{LOG_BURST, LOG_LINES_PER_SECOND, MAX_LOG_MESSAGE_CHARS};
 pub use self::policy::PluginPolicy;
 pub use self::registry::{BUILTIN_POLICIES, BUILTINS, PluginKind};
@@ -85,3 +99,4 @@ pub use self::sandbox::{
 pub use self::source::PluginSource;
 pub use self::spec::{PolicySpec, SourceSpec, SpecError, parse_cascade, parse_policy};
 pub use self::state::{DEFAULT_MAX_STATE_BYTES, StateSlot, save_plugin_states};
+pub use self::world::{DrafterWorld, PolicyWorld, World};

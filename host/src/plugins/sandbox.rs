@@ -15,7 +15,7 @@
 //!   call the guest is blocked in; with WASI's timers a plugin could `sleep` through its
 //!   deadline. Without them a sleeping plugin just spins, and the deadline stops it.
 //!
-//! Not here: what happens after a fault (restart, quarantine: `source.rs`).
+//! Not here: what happens after a fault (restart, quarantine: `supervised.rs`).
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -285,7 +285,7 @@ impl CallClock {
 
 /// What the host offers a plugin instance beyond WASI and logging.
 #[derive(Clone, Default)]
-pub(super) struct Services {
+pub struct Services {
     /// The plugin's cross-request state (WIT `state`).
     pub(super) state: Option<StateSlot>,
     /// The draft model (WIT `draft-model`), when the process has one.
@@ -293,7 +293,7 @@ pub(super) struct Services {
 }
 
 /// Everything a plugin's `Store` holds.
-pub(super) struct HostState {
+pub struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
     pub(super) name: Arc<str>,

@@ -65,12 +65,14 @@ impl Drafter for Draft {
         draft_model::feed(tokens);
     }
 
-    fn propose(&mut self, max_len: usize) -> Proposal {
-        let max_len = self.max_len.map_or(max_len, |cap| cap.min(max_len));
-        if max_len == 0 {
+    fn propose(&mut self, max_draft_len: usize) -> Proposal {
+        let max_draft_len = self
+            .max_len
+            .map_or(max_draft_len, |cap| cap.min(max_draft_len));
+        if max_draft_len == 0 {
             return Proposal::empty();
         }
-        let drafted = draft_model::propose(max_len, self.p_min);
+        let drafted = draft_model::propose(max_draft_len, self.p_min);
         let mut tokens = Vec::with_capacity(drafted.len());
         let mut confidence = Vec::with_capacity(drafted.len());
         let mut survive = 1.0f32;
@@ -85,7 +87,7 @@ impl Drafter for Draft {
         if tokens.len() < self.min_len {
             return Proposal::empty();
         }
-        Proposal { tokens, confidence }
+        Proposal::with_confidence(tokens, confidence)
     }
 }
 

@@ -19,7 +19,7 @@
 //! [`Lookup::feed`] indexes each new token once: for every `n` in `min_ngram..=max_ngram` it
 //! records, in one hash map per `n`, that the `n`-gram ending just before the token was last seen
 //! followed by it. [`Lookup::propose`] then does at most `max_ngram - min_ngram + 1` lookups and
-//! copies at most `max_len` tokens. Neither depends on the context length.
+//! copies at most `max_draft_len` tokens. Neither depends on the context length.
 //!
 //! # Confidence
 //!
@@ -98,8 +98,8 @@ impl Drafter for Lookup {
         }
     }
 
-    fn propose(&mut self, max_len: usize) -> Proposal {
-        if max_len == 0 {
+    fn propose(&mut self, max_draft_len: usize) -> Proposal {
+        if max_draft_len == 0 {
             return Proposal::empty();
         }
         let mut suffix_hashes = [0; NGRAM_LIMIT];
@@ -115,7 +115,7 @@ impl Drafter for Lookup {
             if self.context[start - n..start] != self.context[len - n..] {
                 continue;
             }
-            let continuation = &self.context[start..(start + max_len).min(len)];
+            let continuation = &self.context[start..(start + max_draft_len).min(len)];
             // Generation stops at an end-of-generation token; drafting past it is wasted.
             let end = continuation
                 .iter()
@@ -190,8 +190,8 @@ mod tests {
         harness
     }
 
-    fn proposed(config: &str, context: &[Token], max_len: usize) -> Vec<Token> {
-        lookup(config, context).propose(max_len).tokens
+    fn proposed(config: &str, context: &[Token], max_draft_len: usize) -> Vec<Token> {
+        lookup(config, context).propose(max_draft_len).tokens
     }
 
     #[test]
@@ -220,7 +220,7 @@ mod tests {
     }
 
     #[test]
-    fn proposal_stops_at_max_len_and_at_the_end_of_the_context() {
+    fn proposal_stops_at_max_draft_len_and_at_the_end_of_the_context() {
         assert_eq!(proposed("", &[5, 6, 7, 8, 9, 5, 6], 2), [7, 8]);
         assert_eq!(proposed("", &[1, 2, 1, 2], 10), [1, 2]);
     }
@@ -241,7 +241,7 @@ mod tests {
     }
 
     #[test]
-    fn zero_max_len_proposes_nothing() {
+    fn zero_max_draft_len_proposes_nothing() {
         assert!(proposed("", &[1, 2, 3, 1, 2], 0).is_empty());
     }
 
@@ -277,12 +277,12 @@ mod tests {
                 let chunk: Vec<Token> = (0..random.below(3) + 1).map(|_| random.below(4)).collect();
                 harness.feed(&chunk);
                 context.extend_from_slice(&chunk);
-                let max_len = random.below(6) as usize;
-                let expected = brute_force(&context, min_ngram, max_ngram, max_len);
-                let actual = harness.propose(max_len).tokens;
+                let max_draft_len = random.below(6) as usize;
+                let expected = brute_force(&context, min_ngram, max_ngram, max_draft_len);
+                let actual = harness.propose(max_draft_len).tokens;
                 assert_eq!(
                     actual, expected,
-                    "config {config:?}, max_len {max_len}, context {context:?}"
+                    "config {config:?}, max_draft_len {max_draft_len}, context {context:?}"
                 );
             }
         }
@@ -347,7 +347,7 @@ mod tests {
         context: &[Token],
         min_ngram: usize,
         max_ngram: usize,
-        max_len: usize,
+        max_draft_len: usize,
     ) -> Vec<Token> {
         let len = context.len();
         for n in (min_ngram..=max_ngram.min(len)).rev() {
@@ -355,7 +355,7 @@ mod tests {
             // Occurrences starting at `i` that are followed by at least one token.
             if let Some(i) = (0..len - n).rev().find(|&i| &context[i..i + n] == suffix) {
                 let start = i + n;
-                return context[start..(start + max_len).min(len)].to_vec();
+                return context[start..(start + max_draft_len).min(len)].to_vec();
             }
         }
         Vec::new()

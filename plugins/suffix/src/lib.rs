@@ -88,8 +88,8 @@
 //! request trie (creating missing children) and, with `use_global`, in the cache's trie
 //! (following existing children only): `O(max_depth)` steps per token, whatever the context
 //! length. A step is a hash lookup for the two shallowest levels and a scan of a few siblings
-//! below. [`Suffix::propose`] walks at most `max_len` steps from each suffix node, longest match
-//! first, and stops early once no shorter match can win.
+//! below. [`Suffix::propose`] walks at most `max_draft_len` steps from each suffix node, longest
+//! match first, and stops early once no shorter match can win.
 //!
 //! One guest call must finish within the host's deadline, so bulk work is sliced: of a feed
 //! longer than about 2^16 / `max_depth` tokens (a long prompt; 1024 at the default depth), only
@@ -339,8 +339,8 @@ impl Drafter for Suffix {
         }
     }
 
-    fn propose(&mut self, max_len: usize) -> Proposal {
-        if max_len == 0 {
+    fn propose(&mut self, max_draft_len: usize) -> Proposal {
+        if max_draft_len == 0 {
             return Proposal::empty();
         }
         let Settings {
@@ -350,7 +350,7 @@ impl Drafter for Suffix {
             ..
         } = self.settings;
         let limits = Limits {
-            max_len,
+            max_draft_len,
             min_token_prob,
             alpha,
             beta,
@@ -582,7 +582,7 @@ mod tests {
     }
 
     /// The proposal of a fresh session fed `context`, without the cache.
-    fn proposal(config: &str, context: &[Token], max_len: usize) -> Proposal {
+    fn proposal(config: &str, context: &[Token], max_draft_len: usize) -> Proposal {
         let config = if config.is_empty() {
             "use_global=false".to_owned()
         } else {
@@ -590,11 +590,11 @@ mod tests {
         };
         let mut harness = fresh(&config);
         harness.feed(context);
-        harness.propose(max_len)
+        harness.propose(max_draft_len)
     }
 
-    fn proposed(config: &str, context: &[Token], max_len: usize) -> Vec<Token> {
-        proposal(config, context, max_len).tokens
+    fn proposed(config: &str, context: &[Token], max_draft_len: usize) -> Vec<Token> {
+        proposal(config, context, max_draft_len).tokens
     }
 
     fn assert_confidence(actual: &[f32], expected: &[f64]) {
@@ -733,10 +733,13 @@ mod tests {
     }
 
     #[test]
-    fn respects_max_len() {
+    fn respects_max_draft_len() {
         let context = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4];
-        for max_len in 0..6 {
-            assert_eq!(proposed("", &context, max_len), context[4..4 + max_len]);
+        for max_draft_len in 0..6 {
+            assert_eq!(
+                proposed("", &context, max_draft_len),
+                context[4..4 + max_draft_len]
+            );
         }
     }
 
@@ -770,8 +773,11 @@ mod tests {
             trie_counts(&pieces.drafter().trie),
             trie_counts(&at_once.drafter().trie)
         );
-        for max_len in [1, 4, 8] {
-            assert_eq!(pieces.propose(max_len), at_once.propose(max_len));
+        for max_draft_len in [1, 4, 8] {
+            assert_eq!(
+                pieces.propose(max_draft_len),
+                at_once.propose(max_draft_len)
+            );
         }
     }
 

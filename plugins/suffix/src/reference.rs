@@ -5,8 +5,8 @@
 //! The rule, as the crate docs state it: for each suffix of the context of length `m` that a
 //! trie holds, follow the most frequent continuation, each token's path probability being the
 //! product of `count(child) / continued(node)` along the way; stop below `min_token_prob`, after
-//! `min(max_len, floor(alpha * m + beta))` tokens, after an end-of-generation token, or at the
-//! end of a text. The path with the highest sum of path probabilities wins, on a tie the longer
+//! `min(max_draft_len, floor(alpha * m + beta))` tokens, after an end-of-generation token, or at
+//! the end of a text. The path with the highest sum of path probabilities wins, on a tie the longer
 //! match; the cache's best path replaces the request's only if it wins that comparison.
 
 use std::collections::BTreeMap;
@@ -48,20 +48,20 @@ pub(crate) struct Walk {
 /// The proposal settings the rule needs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Rule {
-    pub(crate) max_len: usize,
+    pub(crate) max_draft_len: usize,
     pub(crate) min_token_prob: f64,
     pub(crate) alpha: f64,
     pub(crate) beta: f64,
 }
 
 impl Rule {
-    /// `min(max_len, floor(alpha * m + beta))`, at least 0.
+    /// `min(max_draft_len, floor(alpha * m + beta))`, at least 0.
     fn cap(&self, match_len: usize) -> usize {
         let cap = (self.alpha * match_len as f64 + self.beta).floor();
         if cap <= 0.0 {
             0
         } else {
-            (cap as usize).min(self.max_len)
+            (cap as usize).min(self.max_draft_len)
         }
     }
 }
@@ -241,7 +241,7 @@ mod tests {
         config: String,
         facts: ModelFacts,
         max_depth: usize,
-        /// The rule's settings; `max_len` is drawn for each proposal.
+        /// The rule's settings; `max_draft_len` is drawn for each proposal.
         rule: Rule,
         use_global: bool,
         alphabet: u32,
@@ -269,7 +269,7 @@ mod tests {
                 facts,
                 max_depth,
                 rule: Rule {
-                    max_len: 0,
+                    max_draft_len: 0,
                     min_token_prob,
                     alpha,
                     beta,
@@ -341,7 +341,7 @@ mod tests {
                 &context,
                 |harness, fed, random| {
                     let rule = Rule {
-                        max_len: random.below(10) as usize,
+                        max_draft_len: random.below(10) as usize,
                         ..case.rule
                     };
                     let request = Reference::request(fed, case.max_depth);
@@ -351,10 +351,11 @@ mod tests {
                         .then(|| cache.best_walk(fed, &rule, &case.facts))
                         .flatten();
                     let what = format!(
-                        "case {case_index} ({}), context {fed:?}, max_len {}, responses {responses:?}",
-                        case.config, rule.max_len
+                        "case {case_index} ({}), context {fed:?}, max_draft_len {}, \
+                         responses {responses:?}",
+                        case.config, rule.max_draft_len
                     );
-                    let proposal = harness.propose(rule.max_len);
+                    let proposal = harness.propose(rule.max_draft_len);
                     check_best_paths(harness, &rule, own.as_ref(), cached.as_ref(), &what);
                     let wins = cache_wins(own.as_ref(), cached.as_ref());
                     let expected = super::proposal(if wins { cached } else { own });
@@ -380,7 +381,7 @@ mod tests {
     }
 
     /// Compares the plugin's best path in each trie (match length and score) with the
-    /// reference's, after a `propose` with `rule.max_len`.
+    /// reference's, after a `propose` with `rule.max_draft_len`.
     fn check_best_paths(
         harness: &Harness<Suffix>,
         rule: &Rule,
@@ -388,13 +389,13 @@ mod tests {
         cached: Option<&Walk>,
         what: &str,
     ) {
-        if rule.max_len == 0 {
+        if rule.max_draft_len == 0 {
             // `propose` returned at once, without looking up its suffixes in the cache.
             return;
         }
         let drafter = harness.drafter();
         let limits = Limits {
-            max_len: rule.max_len,
+            max_draft_len: rule.max_draft_len,
             min_token_prob: rule.min_token_prob,
             alpha: rule.alpha,
             beta: rule.beta,
@@ -440,7 +441,7 @@ mod tests {
         ];
         let reference = Reference::request(&context, 64);
         let rule = Rule {
-            max_len: 8,
+            max_draft_len: 8,
             min_token_prob: 0.1,
             alpha: 4.0,
             beta: 0.0,

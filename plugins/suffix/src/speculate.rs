@@ -6,7 +6,7 @@
 //! is `count(child) / continued(node)`, where `continued` counts the node's occurrences that are
 //! followed by a token (see [`Ends`]); the path probability is the product of the steps so far.
 //! The walk stops before a token whose path probability would fall below `min_token_prob`,
-//! after `cap(m) = min(max_len, floor(alpha * m + beta))` tokens, after an end-of-generation
+//! after `cap(m) = min(max_draft_len, floor(alpha * m + beta))` tokens, after an end-of-generation
 //! token, and where the trie ends. A path's score is the sum of its tokens' path probabilities
 //! (the expected number of accepted tokens, if the counts were the truth); the highest score
 //! wins, and between equal scores the longer match.
@@ -23,8 +23,8 @@ use crate::trie::{END_OF_TEXT, NO_NODE, NodeId, Trie};
 /// How long a path may get and how improbable its tokens may be.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Limits {
-    /// The host's `max_len` for this proposal.
-    pub(crate) max_len: usize,
+    /// The host's `max_draft_len` for this proposal.
+    pub(crate) max_draft_len: usize,
     /// Lowest path probability a proposed token may have.
     pub(crate) min_token_prob: f64,
     /// Tokens proposed per token of match.
@@ -45,8 +45,8 @@ impl Limits {
         if cap <= 0.0 {
             0
         } else {
-            // Saturates for huge values, and `max_len` bounds it anyway.
-            (cap as usize).min(self.max_len)
+            // Saturates for huge values, and `max_draft_len` bounds it anyway.
+            (cap as usize).min(self.max_draft_len)
         }
     }
 }
@@ -201,9 +201,9 @@ fn walk(
 mod tests {
     use super::*;
 
-    fn limits(max_len: usize, alpha: f64, beta: f64) -> Limits {
+    fn limits(max_draft_len: usize, alpha: f64, beta: f64) -> Limits {
         Limits {
-            max_len,
+            max_draft_len,
             min_token_prob: 0.0,
             alpha,
             beta,
@@ -211,7 +211,7 @@ mod tests {
     }
 
     #[test]
-    fn cap_is_alpha_times_match_plus_beta_floored_and_bounded_by_max_len() {
+    fn cap_is_alpha_times_match_plus_beta_floored_and_bounded_by_max_draft_len() {
         assert_eq!(limits(16, 1.0, 0.0).cap(5), 5);
         assert_eq!(limits(4, 1.0, 0.0).cap(5), 4);
         assert_eq!(limits(16, 0.5, 0.0).cap(5), 2);

@@ -7,11 +7,10 @@
 use std::cell::RefCell;
 
 use crate::drafter::Drafter;
-use crate::types::{Feedback, Proposal, Token};
+use crate::records::{Feedback, ModelFacts, Proposal, Token};
 
 use super::drafter_world::exports::spechost::drafter::drafter_api as api;
-use super::drafter_world::spechost::drafter::types as wit;
-use super::{forward_panics_to_host_log, model_facts};
+use super::forward_panics_to_host_log;
 
 pub use super::drafter_world::{export, exports};
 
@@ -32,9 +31,9 @@ impl<D: Drafter> api::Guest for SessionCell<D> {
 }
 
 impl<D: Drafter> api::GuestSession for SessionCell<D> {
-    fn open(config: String, facts: wit::ModelFacts) -> Result<api::Session, String> {
+    fn open(config: String, facts: ModelFacts) -> Result<api::Session, String> {
         forward_panics_to_host_log();
-        let drafter = D::new(&config, &model_facts(facts))?;
+        let drafter = D::new(&config, &facts)?;
         Ok(api::Session::new(SessionCell(RefCell::new(drafter))))
     }
 
@@ -42,18 +41,12 @@ impl<D: Drafter> api::GuestSession for SessionCell<D> {
         self.0.borrow_mut().feed(&tokens);
     }
 
-    fn propose(&self, max_len: u32) -> wit::Proposal {
-        let max_len = usize_from(max_len);
-        let Proposal { tokens, confidence } = self.0.borrow_mut().propose(max_len);
-        wit::Proposal { tokens, confidence }
+    fn propose(&self, max_draft_len: u32) -> Proposal {
+        self.0.borrow_mut().propose(usize_from(max_draft_len))
     }
 
-    fn feedback(&self, outcome: wit::Feedback) {
-        self.0.borrow_mut().feedback(Feedback {
-            won: outcome.won,
-            n_accepted: outcome.n_accepted,
-            target_token: outcome.target_token,
-        });
+    fn feedback(&self, outcome: Feedback) {
+        self.0.borrow_mut().feedback(outcome);
     }
 }
 
@@ -84,7 +77,7 @@ pub(crate) mod state {
 #[cfg(target_arch = "wasm32")]
 pub(crate) mod draft_model {
     use crate::bindings::drafter_world::spechost::drafter::draft_model as wit;
-    use crate::types::{DraftedToken, Token};
+    use crate::records::{DraftedToken, Token};
 
     pub(crate) fn available() -> bool {
         wit::available()
@@ -98,14 +91,8 @@ pub(crate) mod draft_model {
         wit::feed(tokens);
     }
 
-    pub(crate) fn propose(max_len: usize, p_min: f32) -> Vec<DraftedToken> {
-        let max_len = u32::try_from(max_len).unwrap_or(u32::MAX);
-        wit::propose(max_len, p_min)
-            .into_iter()
-            .map(|drafted| DraftedToken {
-                token: drafted.token,
-                prob: drafted.prob,
-            })
-            .collect()
+    pub(crate) fn propose(max_draft_len: usize, p_min: f32) -> Vec<DraftedToken> {
+        let max_draft_len = u32::try_from(max_draft_len).unwrap_or(u32::MAX);
+        wit::propose(max_draft_len, p_min)
     }
 }

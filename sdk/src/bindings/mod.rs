@@ -1,66 +1,23 @@
 //! The only code generated from `wit/drafter.wit`, and the glue between it and the SDK's traits.
 //!
-//! `wit_bindgen::generate!` runs twice, once per world, each in a private module: `drafter_world`
+//! `wit_bindgen::generate!` runs twice, once per world, each in its own module: `drafter_world`
 //! (world `drafter`: imports `host`, `state` and `draft-model`, exports `drafter-api`) and
 //! `policy_world` (world `policy`: imports `host`, exports `policy-api`). The second reuses the
 //! first's `types` and `host` interfaces through `with:`, so each WIT type exists once in Rust.
+//! Both calls are written by `build.rs`, because `with:` keys carry the package version and the
+//! version is written once, in `version.rs`.
 //!
-//! Nothing generated appears in a public signature. [`drafter::SessionCell`] implements the
-//! generated drafter traits for any [`crate::Drafter`], [`policy::PolicyCell`] the policy traits
-//! for any [`crate::Policy`], both converting WIT records to and from the plain types of
-//! [`crate::types`] and [`crate::policy_types`]; the export macros reach them through the hidden
-//! `__private` module. The import wrappers used by [`crate::log`], [`crate::state`] and
-//! [`crate::draft_model`] on `wasm32` live here too.
+//! The records and the `level` enum are used as generated: [`crate::records`] and [`crate::log`]
+//! re-export them by name, so they pass between the traits and the host with no conversion.
+//! The rest stays private: [`drafter::SessionCell`] implements the generated drafter traits for
+//! any [`crate::Drafter`], [`policy::PolicyCell`] the policy traits for any [`crate::Policy`],
+//! and the export macros reach them through the hidden `__private` module. The import wrappers
+//! used by [`crate::log`], [`crate::state`] and [`crate::draft_model`] on `wasm32` live here too.
 
 pub mod drafter;
 pub mod policy;
 
-use crate::types::ModelFacts;
-
-use self::drafter_world::spechost::drafter::types as wit;
-
-// The generated ABI code is unsafe by nature, and its items, reachable only through the hidden
-// `__private` module, are not API; both allowances stop at these modules.
-#[allow(unsafe_code, missing_docs)]
-pub mod drafter_world {
-    wit_bindgen::generate!({
-        path: "../wit",
-        world: "drafter",
-        pub_export_macro: true,
-        default_bindings_module: "spechost_sdk::__private::drafter",
-    });
-}
-
-#[allow(unsafe_code, missing_docs)]
-pub mod policy_world {
-    wit_bindgen::generate!({
-        path: "../wit",
-        world: "policy",
-        pub_export_macro: true,
-        default_bindings_module: "spechost_sdk::__private::policy",
-        with: {
-            "spechost:drafter/types@0.3.0": crate::bindings::drafter_world::spechost::drafter::types,
-            "spechost:drafter/host@0.3.0": crate::bindings::drafter_world::spechost::drafter::host,
-        },
-    });
-}
-
-fn model_facts(facts: wit::ModelFacts) -> ModelFacts {
-    let wit::ModelFacts {
-        vocab_size,
-        bos,
-        eos,
-        eog,
-        context_size,
-    } = facts;
-    ModelFacts {
-        vocab_size,
-        bos,
-        eos,
-        eog,
-        context_size,
-    }
-}
+include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 
 /// Makes every panic also log its message and location at error level, before the default hook
 /// runs and the instance traps.
@@ -92,15 +49,5 @@ fn forward_panics_to_host_log() {}
 /// Sends a log line through the host's `log` import.
 #[cfg(target_arch = "wasm32")]
 pub(crate) fn host_log(level: crate::log::Level, message: &str) {
-    use self::drafter_world::spechost::drafter::host;
-    use crate::log::Level;
-
-    let level = match level {
-        Level::Trace => host::Level::Trace,
-        Level::Debug => host::Level::Debug,
-        Level::Info => host::Level::Info,
-        Level::Warn => host::Level::Warn,
-        Level::Error => host::Level::Error,
-    };
-    host::log(level, message);
+    self::drafter_world::spechost::drafter::host::log(level, message);
 }

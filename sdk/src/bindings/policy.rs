@@ -3,11 +3,10 @@
 use std::cell::RefCell;
 
 use crate::policy::Policy;
-use crate::policy_types::{Decision, PolicySetup, RoundRecord, SourceRound};
+use crate::records::{Decision, ModelFacts, PolicySetup, RoundRecord};
 
-use super::drafter_world::spechost::drafter::types as wit_types;
+use super::forward_panics_to_host_log;
 use super::policy_world::exports::spechost::drafter::policy_api as api;
-use super::{forward_panics_to_host_log, model_facts};
 
 pub use super::policy_world::{export, exports};
 
@@ -24,16 +23,11 @@ impl<P: Policy> api::Guest for PolicyCell<P> {
 impl<P: Policy> api::GuestPolicySession for PolicyCell<P> {
     fn open(
         config: String,
-        facts: wit_types::ModelFacts,
-        setup: api::PolicySetup,
+        facts: ModelFacts,
+        setup: PolicySetup,
     ) -> Result<api::PolicySession, String> {
         forward_panics_to_host_log();
-        let setup = PolicySetup {
-            sources: setup.sources,
-            max_draft_len: setup.max_draft_len,
-            verify_us: setup.verify_us,
-        };
-        let policy = P::new(&config, &model_facts(facts), &setup)?;
+        let policy = P::new(&config, &facts, &setup)?;
         Ok(api::PolicySession::new(PolicyCell(RefCell::new(policy))))
     }
 
@@ -41,68 +35,15 @@ impl<P: Policy> api::GuestPolicySession for PolicyCell<P> {
         self.0.borrow().wants_text()
     }
 
-    fn observe(&self, round: api::RoundRecord) {
-        self.0.borrow_mut().observe(&round_record(round));
+    fn observe(&self, round: RoundRecord) {
+        self.0.borrow_mut().observe(&round);
     }
 
-    fn decide(&self) -> api::Decision {
-        let Decision {
-            max_draft_len,
-            shadow_len,
-            order,
-            exclude,
-        } = self.0.borrow_mut().decide();
-        api::Decision {
-            max_draft_len,
-            shadow_len,
-            order,
-            exclude,
-        }
+    fn decide(&self) -> Decision {
+        self.0.borrow_mut().decide()
     }
 }
 
 /// Fails to compile unless `P` implements [`Policy`]; lets [`crate::export_policy!`] report a
 /// readable error, and check the type natively, where nothing is exported.
 pub const fn assert_policy<P: Policy>() {}
-
-fn round_record(round: api::RoundRecord) -> RoundRecord {
-    let api::RoundRecord {
-        max_draft_len,
-        sources,
-        draft_us,
-        verify_us,
-        n_verified,
-        n_accepted,
-        committed_text,
-    } = round;
-    RoundRecord {
-        max_draft_len,
-        sources: sources.into_iter().map(source_round).collect(),
-        draft_us,
-        verify_us,
-        n_verified,
-        n_accepted,
-        committed_text,
-    }
-}
-
-fn source_round(source: api::SourceRound) -> SourceRound {
-    let api::SourceRound {
-        source,
-        drafted,
-        accepted,
-        won,
-        shadow,
-        censored,
-        draft_us,
-    } = source;
-    SourceRound {
-        source,
-        drafted,
-        accepted,
-        won,
-        shadow,
-        censored,
-        draft_us,
-    }
-}

@@ -3,8 +3,9 @@
 use std::any::type_name;
 use std::fmt;
 
+use crate::check::check_proposal;
 use crate::drafter::Drafter;
-use crate::types::{Feedback, ModelFacts, Proposal, Token};
+use crate::records::{Feedback, ModelFacts, Proposal, Token};
 
 /// Model facts for tests: a vocabulary of `vocab_size` tokens, no special tokens, and a context
 /// of 4096 tokens.
@@ -12,63 +13,17 @@ pub fn facts(vocab_size: u32) -> ModelFacts {
     const TEST_CONTEXT_SIZE: u32 = 4096;
     ModelFacts {
         vocab_size,
-        bos: None,
-        eos: None,
-        eog: Vec::new(),
         context_size: TEST_CONTEXT_SIZE,
+        ..ModelFacts::default()
     }
-}
-
-/// Checks `proposal` the way the host does before using it.
-///
-/// A proposal is valid when it has at most `max_len` tokens, every token is below
-/// `facts.vocab_size`, and its confidence is either empty or one value in `[0, 1]` per token.
-/// The error says which rule was broken, with the values involved.
-pub fn validate(proposal: &Proposal, max_len: usize, facts: &ModelFacts) -> Result<(), String> {
-    let Proposal { tokens, confidence } = proposal;
-    if tokens.len() > max_len {
-        return Err(format!(
-            "proposed {} tokens but max_len was {max_len}; never return more than max_len tokens",
-            tokens.len()
-        ));
-    }
-    if let Some((index, token)) = tokens
-        .iter()
-        .enumerate()
-        .find(|&(_, &token)| token >= facts.vocab_size)
-    {
-        return Err(format!(
-            "token {index} of the proposal is {token}, but the vocabulary has {} tokens; \
-             propose only ids below ModelFacts::vocab_size",
-            facts.vocab_size
-        ));
-    }
-    if !confidence.is_empty() && confidence.len() != tokens.len() {
-        return Err(format!(
-            "proposal has {} tokens but {} confidence values; give one value per token or none",
-            tokens.len(),
-            confidence.len()
-        ));
-    }
-    if let Some((index, value)) = confidence
-        .iter()
-        .enumerate()
-        .find(|&(_, value)| !(0.0..=1.0).contains(value))
-    {
-        return Err(format!(
-            "confidence {index} of the proposal is {value}; confidence values are probabilities \
-             in [0, 1]"
-        ));
-    }
-    Ok(())
 }
 
 /// One drafter session, driven natively the way the host drives it.
 ///
 /// Calls are passed straight to the drafter, except that [`Harness::propose`] checks the
-/// proposal with [`validate`] and [`Harness::feed`] checks that the test feeds only tokens of
-/// the vocabulary. The call order is up to the test; the host's order is described on
-/// [`Drafter`].
+/// proposal with [`check_proposal`], as the host does, and [`Harness::feed`] checks that the
+/// test feeds only tokens of the vocabulary. The call order is up to the test; the host's order
+/// is described on [`Drafter`].
 pub struct Harness<D: Drafter> {
     drafter: D,
     facts: ModelFacts,
@@ -124,17 +79,25 @@ impl<D: Drafter> Harness<D> {
         self.drafter.feed(tokens);
     }
 
-    /// Asks the drafter for up to `max_len` tokens ([`Drafter::propose`]).
+    /// Asks the drafter for up to `max_draft_len` tokens ([`Drafter::propose`]).
     ///
     /// # Panics
     ///
-    /// If the proposal breaks a rule the host enforces (see [`validate`]).
-    pub fn propose(&mut self, max_len: usize) -> Proposal {
-        let proposal = self.drafter.propose(max_len);
-        if let Err(error) = validate(&proposal, max_len, &self.facts) {
+    /// If the proposal breaks a rule the host enforces (see [`check_proposal`]).
+    pub fn propose(&mut self, max_draft_len: usize) -> Proposal {
+        let proposal = self.drafter.propose(max_draft_len);
+        let vocab_size = self.facts.vocab_size;
+        let checked = check_proposal(
+            &proposal.tokens,
+            &proposal.confidence,
+            max_draft_len,
+            vocab_size,
+        );
+        if let Err(error) = checked {
             panic!(
-                "{} broke the proposal contract: {error} (proposal: {proposal:?})",
-                type_name::<D>()
+                "{} broke the proposal contract: it {error}; {} (proposal: {proposal:?})",
+                type_name::<D>(),
+                error.rule()
             );
         }
         proposal
@@ -157,8 +120,9 @@ impl<D: Drafter> Harness<D> {
     ///
     /// Feeds `prompt`, then runs rounds until `output` is used up. Each round:
     ///
-    /// 1. asks for a proposal of up to `max_len` tokens, capped so that at least one output token
-    ///    is left for the target to commit after the draft (no proposal when only one is left);
+    /// 1. asks for a proposal of up to `max_draft_len` tokens, capped so that at least one output
+    ///    token is left for the target to commit after the draft (no proposal when only one is
+    ///    left);
     /// 2. accepts the longest prefix of the proposal that matches `output`;
     /// 3. sends feedback: `won` if the proposal was not empty, `n_accepted`, and as
     ///    `target_token` the output token right after the accepted prefix;
@@ -167,7 +131,12 @@ impl<D: Drafter> Harness<D> {
     /// # Panics
     ///
     /// If a proposal breaks the contract (see [`Harness::propose`]).
-    pub fn replay(&mut self, prompt: &[Token], output: &[Token], max_len: usize) -> ReplayStats {
+    pub fn replay(
+        &mut self,
+        prompt: &[Token],
+        output: &[Token],
+        max_draft_len: usize,
+    ) -> ReplayStats {
         let mut stats = ReplayStats::default();
         self.feed(prompt);
         let mut position = 0;
@@ -175,7 +144,7 @@ impl<D: Drafter> Harness<D> {
             let rest = &output[position..];
             // The round ends with a token from the target, so the draft may cover at most all
             // but the last remaining output token.
-            let budget = max_len.min(rest.len() - 1);
+            let budget = max_draft_len.min(rest.len() - 1);
             let mut n_accepted = 0;
             if budget > 0 {
                 let proposal = self.propose(budget);
@@ -271,9 +240,9 @@ mod tests {
             self.context.extend_from_slice(tokens);
         }
 
-        fn propose(&mut self, max_len: usize) -> Proposal {
+        fn propose(&mut self, max_draft_len: usize) -> Proposal {
             let start = self.context.len();
-            let end = (start + max_len).min(STREAM.len());
+            let end = (start + max_draft_len).min(STREAM.len());
             let mut tokens = STREAM[start..end].to_vec();
             if let Some(token) = tokens.get_mut(self.wrong_at) {
                 *token = 0;
@@ -286,30 +255,28 @@ mod tests {
         }
     }
 
-    /// Breaks one proposal rule, chosen by `break=...`.
-    struct Broken {
-        rule: String,
+    /// Proposes one token more than asked for, or with `valid=true` exactly as many.
+    struct TooLong {
+        valid: bool,
     }
 
-    impl Drafter for Broken {
+    impl Drafter for TooLong {
         fn new(config: &str, _facts: &ModelFacts) -> Result<Self, String> {
             let config = Config::parse(config)?;
-            let rule = config.get_str("break", "").to_owned();
+            let valid = config.get_bool("valid", false)?;
             config.finish()?;
-            Ok(Broken { rule })
+            Ok(TooLong { valid })
         }
 
         fn feed(&mut self, _tokens: &[Token]) {}
 
-        fn propose(&mut self, max_len: usize) -> Proposal {
-            match self.rule.as_str() {
-                "length" => Proposal::tokens(vec![1; max_len + 1]),
-                "vocab" => Proposal::tokens([1, 100]),
-                "confidence_length" => Proposal::with_confidence([1, 2], [0.5]),
-                "confidence_range" => Proposal::with_confidence([1, 2], [0.5, 1.5]),
-                "confidence_nan" => Proposal::with_confidence([1], [f32::NAN]),
-                _ => Proposal::with_confidence([1, 2], [1.0, 0.0]),
-            }
+        fn propose(&mut self, max_draft_len: usize) -> Proposal {
+            let len = if self.valid {
+                max_draft_len
+            } else {
+                max_draft_len + 1
+            };
+            Proposal::with_confidence(vec![1; len], vec![0.5; len])
         }
     }
 
@@ -321,7 +288,7 @@ mod tests {
     fn perfect_drafter_gets_every_token_but_the_targets() {
         let mut harness = oracle("");
         let stats = harness.replay(&STREAM[..PROMPT_LEN], &STREAM[PROMPT_LEN..], 4);
-        // 10 output tokens at max_len 4: rounds commit 4 + 1, then 4 + 1.
+        // 10 output tokens at max_draft_len 4: rounds commit 4 + 1, then 4 + 1.
         let expected = ReplayStats {
             rounds: 2,
             proposals: 2,
@@ -363,7 +330,7 @@ mod tests {
     }
 
     #[test]
-    fn zero_max_len_asks_for_nothing() {
+    fn zero_max_draft_len_asks_for_nothing() {
         let mut harness = oracle("");
         let stats = harness.replay(&[1], &[2, 3, 4], 0);
         assert_eq!(stats.rounds, 3, "{stats:?}");
@@ -380,46 +347,20 @@ mod tests {
 
     #[test]
     fn valid_proposal_passes() {
-        let mut harness = Harness::<Broken>::new("", facts(100)).expect("valid config");
-        assert_eq!(harness.propose(2).tokens, [1, 2]);
+        let mut harness = Harness::<TooLong>::new("valid=true", facts(100)).expect("valid config");
+        let proposal = harness.propose(2);
+        assert_eq!(proposal.tokens, [1, 1], "{proposal:?}");
     }
 
+    /// Each rule is in the one table of `check`; this shows the harness applies it and how it
+    /// reports a broken one.
     #[test]
-    #[should_panic(expected = "proposed 4 tokens but max_len was 3")]
-    fn panics_on_too_long_proposal() {
-        Harness::<Broken>::new("break=length", facts(100))
-            .expect("valid config")
-            .propose(3);
-    }
-
-    #[test]
-    #[should_panic(expected = "token 1 of the proposal is 100, but the vocabulary has 100")]
-    fn panics_on_out_of_vocabulary_token() {
-        Harness::<Broken>::new("break=vocab", facts(100))
-            .expect("valid config")
-            .propose(3);
-    }
-
-    #[test]
-    #[should_panic(expected = "2 tokens but 1 confidence values")]
-    fn panics_on_confidence_length_mismatch() {
-        Harness::<Broken>::new("break=confidence_length", facts(100))
-            .expect("valid config")
-            .propose(3);
-    }
-
-    #[test]
-    #[should_panic(expected = "confidence 1 of the proposal is 1.5")]
-    fn panics_on_confidence_above_one() {
-        Harness::<Broken>::new("break=confidence_range", facts(100))
-            .expect("valid config")
-            .propose(3);
-    }
-
-    #[test]
-    #[should_panic(expected = "confidence 0 of the proposal is NaN")]
-    fn panics_on_nan_confidence() {
-        Harness::<Broken>::new("break=confidence_nan", facts(100))
+    #[should_panic(
+        expected = "TooLong broke the proposal contract: it proposed 4 tokens, at most 3 were \
+                    asked for; never return more than max_draft_len tokens"
+    )]
+    fn panics_on_a_broken_rule_naming_the_drafter_and_the_rule() {
+        Harness::<TooLong>::new("", facts(100))
             .expect("valid config")
             .propose(3);
     }

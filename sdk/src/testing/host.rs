@@ -1,6 +1,6 @@
 //! Native stand-ins for the host's `state` and `draft-model` imports, per test thread.
 
-use crate::types::{DraftedToken, Token};
+use crate::records::{DraftedToken, Token};
 use crate::{draft_model, state};
 
 /// Empties this thread's state slot, as if the host had never loaded or been given a blob.
@@ -24,8 +24,8 @@ pub fn set_state_limit(max_bytes: Option<usize>) {
 ///
 /// `next_token` gives the draft model's greedy next token after a context (the tokens fed since
 /// the last reset, followed by those drafted so far in the current call), or `None` to stop
-/// drafting. The SDK keeps the context and applies `max_len` and `p_min` the way the host does.
-/// Installing again replaces the fake.
+/// drafting. The SDK keeps the context and applies `max_draft_len` and `p_min` the way the host
+/// does. Installing again replaces the fake.
 ///
 /// Native only, for tests.
 pub fn install_draft_model(next_token: impl FnMut(&[Token]) -> Option<DraftedToken> + 'static) {

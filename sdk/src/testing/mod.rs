@@ -2,8 +2,9 @@
 //! the way the host does, and stand in for the host's imports, with no WebAssembly.
 //!
 //! * [`Harness`] owns one drafter value (one session, in host terms) and checks every proposal
-//!   against the rules the host enforces, panicking with a message that names the broken rule,
-//!   so that contract bugs fail a unit test instead of becoming faults in production.
+//!   with the host's own [`check_proposal`](crate::check_proposal), panicking with a message
+//!   that names the broken rule, so that contract bugs fail a unit test instead of becoming
+//!   faults in production.
 //!   [`Harness::replay`] simulates a whole greedy generation over a known output and reports how
 //!   many draft tokens the target would have accepted.
 //! * [`PolicyHarness`] owns one policy value and feeds it scripted [`RoundRecord`]s
@@ -27,9 +28,9 @@
 //!     fn feed(&mut self, tokens: &[Token]) {
 //!         self.0.extend_from_slice(tokens);
 //!     }
-//!     fn propose(&mut self, max_len: usize) -> Proposal {
+//!     fn propose(&mut self, max_draft_len: usize) -> Proposal {
 //!         match self.0.last() {
-//!             Some(&last) if max_len > 0 => Proposal::tokens([last]),
+//!             Some(&last) if max_draft_len > 0 => Proposal::tokens([last]),
 //!             _ => Proposal::empty(),
 //!         }
 //!     }
@@ -47,7 +48,7 @@ mod drafter;
 mod host;
 mod policy;
 
-pub use self::drafter::{Harness, ReplayStats, facts, validate};
+pub use self::drafter::{Harness, ReplayStats, facts};
 #[cfg(not(target_arch = "wasm32"))]
 pub use self::host::{
     clear_state, draft_model_context, install_draft_model, remove_draft_model, set_state_limit,

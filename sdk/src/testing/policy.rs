@@ -36,8 +36,7 @@ use std::any::type_name;
 use std::fmt;
 
 use crate::policy::Policy;
-use crate::policy_types::{Decision, PolicySetup, RoundRecord, SourceRound};
-use crate::types::ModelFacts;
+use crate::records::{Decision, ModelFacts, PolicySetup, RoundRecord, SourceRound};
 
 /// The name of the one source in [`policy_setup`] and in the records the helpers build.
 pub const TEST_SOURCE: &str = "test";
@@ -48,7 +47,7 @@ pub fn policy_setup(max_draft_len: u32) -> PolicySetup {
     PolicySetup {
         sources: vec![TEST_SOURCE.to_owned()],
         max_draft_len,
-        verify_us: Vec::new(),
+        ..PolicySetup::default()
     }
 }
 

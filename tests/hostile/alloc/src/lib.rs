@@ -22,7 +22,7 @@ impl Drafter for UnboundedAlloc {
 
     fn feed(&mut self, _tokens: &[Token]) {}
 
-    fn propose(&mut self, _max_len: usize) -> Proposal {
+    fn propose(&mut self, _max_draft_len: usize) -> Proposal {
         loop {
             let block = vec![FILL_BYTE; BLOCK_BYTES];
             self.hoard.push(black_box(block));

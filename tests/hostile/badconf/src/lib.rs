@@ -1,5 +1,5 @@
 //! Hostile drafter: proposes valid tokens with confidence values outside [0, 1] (NaN, -1, 7),
-//! within `max_len`.
+//! within `max_draft_len`.
 
 use spechost_sdk::{Drafter, ModelFacts, Proposal, Token, export_drafter};
 
@@ -20,8 +20,8 @@ impl Drafter for BadConfidence {
         self.last = tokens.last().copied().unwrap_or(self.last);
     }
 
-    fn propose(&mut self, max_len: usize) -> Proposal {
-        let len = max_len.min(BAD_CONFIDENCE.len());
+    fn propose(&mut self, max_draft_len: usize) -> Proposal {
+        let len = max_draft_len.min(BAD_CONFIDENCE.len());
         Proposal::with_confidence(vec![self.last; len], &BAD_CONFIDENCE[..len])
     }
 }

@@ -22,7 +22,7 @@ impl Drafter for BridgeLoop {
         draft_model::feed(tokens);
     }
 
-    fn propose(&mut self, _max_len: usize) -> Proposal {
+    fn propose(&mut self, _max_draft_len: usize) -> Proposal {
         while draft_model::available() {
             black_box(draft_model::propose(ASK, 0.0));
         }

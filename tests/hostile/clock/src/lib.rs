@@ -34,7 +34,7 @@ impl Drafter for ClockLoop {
 
     fn feed(&mut self, _tokens: &[Token]) {}
 
-    fn propose(&mut self, _max_len: usize) -> Proposal {
+    fn propose(&mut self, _max_draft_len: usize) -> Proposal {
         let mut done: u64 = 0;
         while self.reads.is_none_or(|reads| done < reads) {
             // `black_box` keeps both host calls in the loop.

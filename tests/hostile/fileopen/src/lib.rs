@@ -20,7 +20,7 @@ impl Drafter for FileOpen {
 
     fn feed(&mut self, _tokens: &[Token]) {}
 
-    fn propose(&mut self, _max_len: usize) -> Proposal {
+    fn propose(&mut self, _max_draft_len: usize) -> Proposal {
         probe_sandbox("propose");
         Proposal::empty()
     }

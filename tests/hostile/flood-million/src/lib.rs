@@ -1,4 +1,4 @@
-//! Hostile drafter: proposes 1 000 000 valid tokens whatever `max_len` the host asked for, a
+//! Hostile drafter: proposes 1 000 000 valid tokens whatever `max_draft_len` the host asked for, a
 //! 4 MB list the host must refuse without letting it reach the draft.
 
 use spechost_sdk::{Drafter, ModelFacts, Proposal, Token, export_drafter};
@@ -6,7 +6,7 @@ use spechost_sdk::{Drafter, ModelFacts, Proposal, Token, export_drafter};
 /// Length of every proposal: a million tokens.
 const FLOOD_LEN: usize = 1_000_000;
 
-/// Ignores `max_len`, by five orders of magnitude.
+/// Ignores `max_draft_len`, by five orders of magnitude.
 pub struct FloodMillion {
     tokens: Vec<Token>,
 }
@@ -23,7 +23,7 @@ impl Drafter for FloodMillion {
 
     fn feed(&mut self, _tokens: &[Token]) {}
 
-    fn propose(&mut self, _max_len: usize) -> Proposal {
+    fn propose(&mut self, _max_draft_len: usize) -> Proposal {
         Proposal::tokens(self.tokens.as_slice())
     }
 }

@@ -1,13 +1,13 @@
-//! Hostile drafter: proposes 10 000 valid tokens whatever `max_len` the host asked for.
+//! Hostile drafter: proposes 10 000 valid tokens whatever `max_draft_len` the host asked for.
 
 use spechost_sdk::{Drafter, ModelFacts, Proposal, Token, export_drafter};
 
-/// Length of every proposal, far above any sensible `max_len`.
+/// Length of every proposal, far above any sensible `max_draft_len`.
 const FLOOD_LEN: usize = 10_000;
 /// The proposal cycles through the first this-many token ids (fewer if the vocabulary is smaller).
 const FLOOD_DISTINCT: u32 = 100;
 
-/// Ignores `max_len`.
+/// Ignores `max_draft_len`.
 pub struct Flood {
     tokens: Vec<Token>,
 }
@@ -21,7 +21,7 @@ impl Drafter for Flood {
 
     fn feed(&mut self, _tokens: &[Token]) {}
 
-    fn propose(&mut self, _max_len: usize) -> Proposal {
+    fn propose(&mut self, _max_draft_len: usize) -> Proposal {
         Proposal::tokens(self.tokens.as_slice())
     }
 }

@@ -14,7 +14,7 @@ impl Drafter for InfiniteLoop {
 
     fn feed(&mut self, _tokens: &[Token]) {}
 
-    fn propose(&mut self, _max_len: usize) -> Proposal {
+    fn propose(&mut self, _max_draft_len: usize) -> Proposal {
         // `black_box` makes every iteration an observable use of the counter, so the loop is
         // compiled as written; only the host's time limit (epoch interruption) can end it.
         let mut spins: u64 = 0;

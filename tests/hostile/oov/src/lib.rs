@@ -1,5 +1,5 @@
 //! Hostile drafter: proposes token ids outside the vocabulary (`vocab_size`, `vocab_size + 7`,
-//! `u32::MAX`), within `max_len`.
+//! `u32::MAX`), within `max_draft_len`.
 
 use spechost_sdk::{Drafter, ModelFacts, Proposal, Token, export_drafter};
 
@@ -18,8 +18,8 @@ impl Drafter for OutOfVocabulary {
 
     fn feed(&mut self, _tokens: &[Token]) {}
 
-    fn propose(&mut self, max_len: usize) -> Proposal {
-        Proposal::tokens(&self.invalid[..max_len.min(self.invalid.len())])
+    fn propose(&mut self, max_draft_len: usize) -> Proposal {
+        Proposal::tokens(&self.invalid[..max_draft_len.min(self.invalid.len())])
     }
 }
 

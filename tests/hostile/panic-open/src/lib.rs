@@ -13,7 +13,7 @@ impl Drafter for PanicInNew {
 
     fn feed(&mut self, _tokens: &[Token]) {}
 
-    fn propose(&mut self, _max_len: usize) -> Proposal {
+    fn propose(&mut self, _max_draft_len: usize) -> Proposal {
         Proposal::empty()
     }
 }

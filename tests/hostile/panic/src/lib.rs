@@ -24,7 +24,7 @@ impl Drafter for PanicMidStream {
         self.last = tokens.last().copied().or(self.last);
     }
 
-    fn propose(&mut self, max_len: usize) -> Proposal {
+    fn propose(&mut self, max_draft_len: usize) -> Proposal {
         self.calls += 1;
         if self.calls.is_multiple_of(PANIC_EVERY_CALLS) {
             panic!(
@@ -33,7 +33,7 @@ impl Drafter for PanicMidStream {
             );
         }
         match self.last {
-            Some(last) if max_len > 0 => Proposal::tokens([last]),
+            Some(last) if max_draft_len > 0 => Proposal::tokens([last]),
             _ => Proposal::empty(),
         }
     }

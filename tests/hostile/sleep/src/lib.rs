@@ -17,7 +17,7 @@ impl Drafter for Sleep {
 
     fn feed(&mut self, _tokens: &[Token]) {}
 
-    fn propose(&mut self, _max_len: usize) -> Proposal {
+    fn propose(&mut self, _max_draft_len: usize) -> Proposal {
         std::thread::sleep(NAP);
         Proposal::empty()
     }

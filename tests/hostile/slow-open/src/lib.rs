@@ -21,7 +21,7 @@ impl Drafter for SlowOpen {
 
     fn feed(&mut self, _tokens: &[Token]) {}
 
-    fn propose(&mut self, _max_len: usize) -> Proposal {
+    fn propose(&mut self, _max_draft_len: usize) -> Proposal {
         Proposal::empty()
     }
 }
