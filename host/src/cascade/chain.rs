@@ -122,6 +122,17 @@ impl Cascade {
         }
     }
 
+    /// Feeds every source `tokens` committed outside a round: those generated before
+    /// [`Self::begin`] (the token decoded with the prompt, or the output before a swap).
+    pub fn feed(&mut self, tokens: &[Token]) {
+        if tokens.is_empty() {
+            return;
+        }
+        for slot in &mut self.slots {
+            slot.call("feed", |s| s.feed(tokens));
+        }
+    }
+
     /// Whether the policy wants the text of each round's committed tokens in [`Self::accept`].
     pub fn wants_text(&self) -> bool {
         self.policy.wants_text()

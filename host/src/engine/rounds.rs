@@ -311,13 +311,16 @@ impl<'g> Generation<'g> {
             return;
         }
         let started = Instant::now();
-        let context = [self.request.prompt.as_slice(), &self.output.tokens].concat();
         self.cascade.begin(
             &self.facts,
-            &context,
+            &self.request.prompt,
             self.request.max_draft_len,
             &self.verify_costs,
         );
+        // The prompt is fed alone, then what was generated before the cascade began (the token
+        // decoded with the prompt, or all output before a swap), so that a source tells the
+        // prompt from the response.
+        self.cascade.feed(&self.output.tokens);
         self.stats.draft_time += started.elapsed();
     }
 
@@ -519,5 +522,107 @@ impl<'r> Output<'r> {
             self.emit(&rest);
         }
         (self.tokens, self.text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::cascade::{CascadeSettings, DraftSource, Proposal, SourceFault};
+
+    /// A target that continues any context with `100 + position`, and verifies without a model.
+    struct Counting;
+
+    impl Verifier for Counting {
+        fn facts(&self) -> ModelFacts {
+            ModelFacts {
+                vocab_size: 1000,
+                bos: None,
+                eos: None,
+                eog: Vec::new(),
+                context_size: 4096,
+            }
+        }
+        fn batch_size(&self) -> usize {
+            64
+        }
+        fn can_verify_drafts(&self) -> bool {
+            true
+        }
+        fn is_eog(&self, _token: Token) -> bool {
+            false
+        }
+        fn token_bytes(&self, _token: Token, out: &mut Vec<u8>) {
+            out.push(b'x');
+        }
+        fn verify_costs(&self, _context_len: usize) -> Vec<Duration> {
+            Vec::new()
+        }
+        fn prefill(
+            &mut self,
+            request: &Request,
+            _stop: &mut dyn FnMut() -> bool,
+        ) -> Result<Prefill, EngineError> {
+            Ok(Prefill::Done {
+                first: 100 + request.prompt.len() as Token,
+            })
+        }
+        fn verify(&mut self, round: &RoundDraft) -> Result<Vec<Token>, EngineError> {
+            let mut tokens = Vec::new();
+            for (offset, &drafted) in round.tokens.iter().enumerate() {
+                let target = 101 + (round.n_past + offset) as Token;
+                tokens.push(target);
+                if drafted != target {
+                    return Ok(tokens);
+                }
+            }
+            tokens.push(101 + (round.n_past + round.tokens.len()) as Token);
+            Ok(tokens)
+        }
+    }
+
+    /// Proposes nothing and logs every feed.
+    struct FeedLog(Arc<Mutex<Vec<Vec<Token>>>>);
+
+    impl DraftSource for FeedLog {
+        fn name(&self) -> &str {
+            "feed-log"
+        }
+        fn begin(&mut self, _facts: &ModelFacts, prompt: &[Token]) -> Result<(), SourceFault> {
+            self.0.lock().expect("feed log").push(prompt.to_vec());
+            Ok(())
+        }
+        fn propose(&mut self, _max_draft_len: usize) -> Result<Proposal, SourceFault> {
+            Ok(Proposal::empty())
+        }
+        fn feed(&mut self, tokens: &[Token]) -> Result<(), SourceFault> {
+            self.0.lock().expect("feed log").push(tokens.to_vec());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn sources_get_the_prompt_alone_then_the_first_token() {
+        let feeds = Arc::new(Mutex::new(Vec::new()));
+        let source = Box::new(FeedLog(Arc::clone(&feeds)));
+        let mut cascade = Cascade::new(vec![source], CascadeSettings::default());
+        let request = Request::new(vec![1, 2, 3], 3, SamplingParams::greedy());
+        let outcome = generate(
+            &mut Counting,
+            &request,
+            &mut cascade,
+            &mut |_| {},
+            &mut || RoundDecision::Continue,
+        )
+        .expect("generate");
+        assert_eq!(outcome.tokens, [103, 104, 105]);
+        // The token decoded with the prompt belongs to the response: a source that keeps
+        // responses (suffix's cross-request cache) must not take it for part of the prompt.
+        assert_eq!(
+            *feeds.lock().expect("feed log"),
+            [vec![1, 2, 3], vec![103], vec![104], vec![105]]
+        );
     }
 }

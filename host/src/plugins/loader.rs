@@ -14,11 +14,11 @@ use super::error::LoadError;
 use super::loaded::{Loaded, LoadedInner, LoadedPlugin, LoadedPolicy};
 use super::registry::{self, PluginKind};
 use super::sandbox::{self, EpochTicker, HostState, SandboxLimits};
+use super::spec::SourceSpec;
 use super::state::{DEFAULT_MAX_STATE_BYTES, StateSlot};
 use super::supervised::Supervised;
 use super::world::{DraftModelCell, DrafterExtras, World};
 use crate::cascade::DraftModelFactory;
-use super::spec::SourceSpec;
 
 /// The first 8 bytes of a WebAssembly binary: magic then version/layer.
 const WASM_MAGIC: &[u8; 4] = b"\0asm";

@@ -54,7 +54,10 @@ pub struct DrafterExtras {
 /// is replayed into a new instance after a trap.
 pub struct DrafterRequest {
     pub(super) facts: bindings::ModelFacts,
+    /// The prompt, then every token fed since.
     pub(super) context: Vec<Token>,
+    /// How many of `context`'s tokens are the prompt.
+    prompt_len: usize,
 }
 
 /// A policy's current request: what its session opens with, and whether the open session asked
@@ -71,6 +74,7 @@ impl DrafterRequest {
         Self {
             facts: bindings::ModelFacts::from(facts),
             context: prompt.to_vec(),
+            prompt_len: prompt.len(),
         }
     }
 }
@@ -181,19 +185,21 @@ impl sealed::WorldBindings for DrafterWorld {
         api.session().call_open(store, config, &request.facts)
     }
 
-    /// Replays the whole context in one `feed`: the prompt at the start of a request, or all
-    /// that was fed before a trap.
+    /// Feeds the prompt, even an empty one, as the WIT promises the first feed is; after a
+    /// trap, then feeds all that followed it in one more `feed`.
     fn catch_up(
         drafter: &Drafter,
         store: &mut Store<HostState>,
         session: ResourceAny,
         request: &mut DrafterRequest,
     ) -> wasmtime::Result<()> {
-        if request.context.is_empty() {
+        let api = drafter.spechost_drafter_drafter_api();
+        let (prompt, response) = request.context.split_at(request.prompt_len);
+        api.session().call_feed(&mut *store, session, prompt)?;
+        if response.is_empty() {
             return Ok(());
         }
-        let api = drafter.spechost_drafter_drafter_api();
-        api.session().call_feed(store, session, &request.context)
+        api.session().call_feed(store, session, response)
     }
 
     fn config_fix(name: &str) -> String {
