@@ -106,6 +106,83 @@ fn bench_writes_every_result_and_outputs_match_plain_decoding() {
     let _ = std::fs::remove_dir_all(out_dir);
 }
 
+/// The pretrained Gemma echoes a chat request (the instruction and the function, again):
+/// `bench` flags it and leaves it out of the figures. Prompted as `auto` chooses for a model
+/// without a chat template, the same request's raw form is continued, and no output is flagged.
+#[test]
+fn a_base_model_gets_raw_prompts_and_an_echo_of_a_chat_prompt_is_flagged() {
+    let _guard = common::exclusive();
+    let model = common::gemma3_path();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads");
+    let first_edit = std::fs::read_to_string(dir.join("edit.jsonl"))
+        .expect("examples/workloads/edit.jsonl")
+        .lines()
+        .next()
+        .expect("a request")
+        .to_owned();
+    let workload = scratch("edit.jsonl");
+    std::fs::write(&workload, first_edit + "\n").expect("write workload");
+    for (style, expected_style, flagged) in [("chat", "chat", true), ("auto", "raw", false)] {
+        let out_dir = scratch(&format!("results-{style}"));
+        let out = common::spechost(&[
+            "bench",
+            "--model",
+            common::arg(&model),
+            "--workload",
+            common::arg(&workload),
+            "--prompt-style",
+            style,
+            "--cascade",
+            "lookup",
+            "--repeat",
+            "1",
+            "--warmup",
+            "0",
+            "--max-tokens",
+            "48",
+            "--ctx-size",
+            "2048",
+            "--cost-max-tokens",
+            "1",
+            "--cost-repeat",
+            "1",
+            "--out",
+            common::arg(&out_dir),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "bench --prompt-style {style} failed:\n{stderr}"
+        );
+        let results: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out_dir.join("results.json")).expect("results.json"),
+        )
+        .expect("results.json is JSON");
+        assert_eq!(results["prompt_style"], expected_style, "{results}");
+        let degenerate = &results["workloads"][0]["degenerate"];
+        let requests_csv = std::fs::read_to_string(out_dir.join("requests.csv")).expect("csv");
+        if flagged {
+            assert_eq!(degenerate[0]["degeneracy"], "echo", "{results}");
+            // Left out of the figures, kept in requests.csv.
+            assert_eq!(
+                results["workloads"][0]["configurations"][0]["generated_tokens"],
+                0
+            );
+            assert!(
+                requests_csv.contains(",edit-textwrap-wrap,echo,"),
+                "{requests_csv}"
+            );
+        } else {
+            assert_eq!(degenerate.as_array().map(Vec::len), Some(0), "{results}");
+            assert!(
+                requests_csv.contains(",edit-textwrap-wrap,,"),
+                "{requests_csv}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(out_dir);
+    }
+}
+
 #[test]
 fn bad_workload_line_is_an_error_naming_file_and_line() {
     let workload = scratch("bad.jsonl");

@@ -17,7 +17,7 @@ mod quantize;
 
 pub use self::quantize::{
     DefaultDraft, EmbeddingsType, QuantType, QuantizeError, QuantizeRequest, Quantized, RECIPE_KEY,
-    default_output, quantize,
+    Requantized, TARGET_VARIANTS, default_output, quantize, target_variant,
 };
 
 /// A wheel and the member of it that holds (part of) a model file.

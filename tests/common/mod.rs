@@ -201,11 +201,24 @@ pub fn assert_fails_with(output: &Output, needles: &[&str]) {
 
 /// The path of SmolLM2-135M, which must have been fetched.
 pub fn smollm2_path() -> PathBuf {
-    let path = DefaultModel::SmolLm2.path(&cache_dir());
+    fetched_path(DefaultModel::SmolLm2)
+}
+
+/// The path of Gemma-3-270M (pretrained), which must have been fetched.
+#[allow(dead_code)] // Not every test binary uses every helper.
+pub fn gemma3_path() -> PathBuf {
+    fetched_path(DefaultModel::Gemma3)
+}
+
+/// The cached path of `model`, which must have been fetched.
+fn fetched_path(model: DefaultModel) -> PathBuf {
+    let path = model.path(&cache_dir());
     assert!(
         path.exists(),
-        "SmolLM2-135M is missing at {}; fetch it with `spechost models fetch smollm2`",
-        path.display()
+        "{} is missing at {}; fetch it with `spechost models fetch {}`",
+        model.file_name(),
+        path.display(),
+        model.alias()
     );
     path
 }

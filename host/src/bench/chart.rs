@@ -287,6 +287,8 @@ mod tests {
             name: name.into(),
             path: format!("{name}.jsonl").into(),
             requests: 2,
+            degenerate: Vec::new(),
+            degenerate_share: 0.0,
             verify_cost: VerifyCostReport {
                 context_tokens: 10,
                 points: Vec::new(),
@@ -312,6 +314,8 @@ mod tests {
             sampling: "greedy",
             outputs_match: true,
             mismatches: vec![],
+            requests: vec![],
+            prompt_style: "chat",
             workloads: vec![workload("edit"), workload("extract")],
             mixed: vec![],
         }

@@ -5,14 +5,18 @@
 //! 1. [`Workload::read`] parses each JSONL file into typed requests (a bad line is an error
 //!    naming the file and line);
 //! 2. [`measure`] loads the plugins, the target and one session, tokenizes every request,
-//!    measures each workload's verify cost curve ([`VerifyCosts`]), and runs the passes: plain decoding (the baseline and the reference output) and each cascade
-//!    with each draft length, one long-lived cascade per configuration and pass, checking every
-//!    output against plain decoding token for token;
-//! 3. [`Report::new`] turns the per-pass [`Totals`] into medians, speedups, acceptance, shares
+//!    measures each workload's verify cost curve ([`VerifyCosts`]), and runs the passes: plain
+//!    decoding (the baseline and the reference output) and each cascade with each draft
+//!    length, one long-lived cascade per configuration and pass, checking every output against
+//!    plain decoding token for token;
+//! 3. each request's plain output is checked for [`Degeneracy`] (an echo of the prompt, a
+//!    loop): such requests stay out of the headline [`Totals`], since prompt lookup predicts
+//!    them trivially, and stay in `requests.csv`;
+//! 4. [`Report::new`] turns the per-pass [`Totals`] into medians, speedups, acceptance, shares
 //!    of time, and the ideal speedup and efficiency by the cost curve;
-//! 4. [`run`] prints the markdown table on stdout, writes `results.md`, `results.csv`,
-//!    `results.json`, `speedup.svg` and `acceptance-by-position.svg` into `--out`, and fails
-//!    when any output differed from plain decoding.
+//! 5. [`run`] prints the markdown table on stdout, writes `results.md`, `results.csv`,
+//!    `requests.csv`, `results.json`, `speedup.svg` and `acceptance-by-position.svg` into
+//!    `--out`, and fails when any output differed from plain decoding.
 //!
 //! Beside the benchmark: [`trace`] records the target's greedy output on workloads once,
 //! [`simulate`] replays it through cascades without the model (acceptance in seconds), and
@@ -24,6 +28,7 @@
 
 mod ceiling;
 mod chart;
+mod degenerate;
 mod prepare;
 pub mod prompts;
 mod report;
@@ -39,11 +44,14 @@ use anyhow::Context as _;
 
 pub use self::ceiling::{VerifyCostPoint, VerifyCosts, points_markdown};
 pub use self::chart::{acceptance_svg, speedup_svg};
-pub use self::prepare::{Prepared, TokenLimits, prepare};
+pub use self::degenerate::{Degeneracy, ECHO_WORDS, LOOP_MIN_TOKENS, LOOP_REPEATS};
+pub use self::prepare::{Prepared, TokenLimits, prepare, resolve_prompt_style};
 pub use self::report::{
     ConfigurationReport, Report, SourceReport, VerifyCostReport, WorkloadReport,
 };
-pub use self::runner::{Configuration, Measurements, Mismatch, WorkloadRun, measure};
+pub use self::runner::{
+    Configuration, DegenerateRequest, Measurements, Mismatch, RequestRow, WorkloadRun, measure,
+};
 pub use self::stats::{Summary, Totals, acceptance_by_position, speedup};
 pub use self::workload::{ChatMessage, Prompt, Workload, WorkloadError, WorkloadRequest};
 
@@ -53,6 +61,8 @@ use crate::config::BenchConfig;
 pub const RESULTS_MARKDOWN: &str = "results.md";
 /// See [`RESULTS_MARKDOWN`].
 pub const RESULTS_CSV: &str = "results.csv";
+/// See [`RESULTS_MARKDOWN`].
+pub const REQUESTS_CSV: &str = "requests.csv";
 /// See [`RESULTS_MARKDOWN`].
 pub const RESULTS_JSON: &str = "results.json";
 /// See [`RESULTS_MARKDOWN`].
@@ -100,6 +110,7 @@ pub fn write_outputs(report: &Report, dir: &Path) -> anyhow::Result<()> {
     let files = [
         (RESULTS_MARKDOWN, report.markdown(&charts)),
         (RESULTS_CSV, report.csv()),
+        (REQUESTS_CSV, report.requests_csv()),
         (RESULTS_JSON, json + "\n"),
         (SPEEDUP_SVG, speedup_svg(report)?),
         (ACCEPTANCE_SVG, acceptance_svg(report)?),

@@ -5,6 +5,7 @@
 use anyhow::Context as _;
 
 use super::workload::{Prompt, Workload};
+use crate::config::PromptStyle;
 use crate::engine::{Request, SamplingParams, StopStrings, Target};
 
 /// How many tokens a request may generate.
@@ -33,16 +34,39 @@ pub struct Prepared {
     /// The prompt as the target reads it: the chat template applied to the messages, or the
     /// raw prompt as given.
     pub text: String,
-    /// Prompt tokens, `max_tokens`, greedy sampling, no stop strings; `draft_max` is 0, to be
-    /// set per configuration.
+    /// What the prompt opens with, for the echo check: the first user message, or the raw
+    /// prompt.
+    pub opening: String,
+    /// Prompt tokens, `max_tokens`, greedy sampling, the request's stop strings;
+    /// `max_draft_len` is 0, to be set per configuration.
     pub request: Request,
 }
 
-/// Templates and tokenizes every request of `workload`, checking that each fits in a context of
-/// `ctx_size` tokens.
+/// The style `style` stands for with `target`: `Auto` is `Chat` for a model with its own chat
+/// template (instruction-tuned) and `Raw` for one without (a base model).
+pub fn resolve_prompt_style(style: PromptStyle, target: &Target) -> PromptStyle {
+    match style {
+        PromptStyle::Auto if target.has_chat_template() => PromptStyle::Chat,
+        PromptStyle::Auto => PromptStyle::Raw,
+        chosen => chosen,
+    }
+}
+
+/// `Raw` for `Chat` and back.
+fn other_style(style: PromptStyle) -> PromptStyle {
+    match style {
+        PromptStyle::Raw => PromptStyle::Chat,
+        PromptStyle::Chat | PromptStyle::Auto => PromptStyle::Raw,
+    }
+}
+
+/// Prompts every request of `workload` as `style` says, tokenizes it and checks that it fits in
+/// a context of `ctx_size` tokens. With `Auto`, a request that has only the other form is
+/// prompted with it; `Chat` and `Raw` require their form.
 pub fn prepare(
     target: &Target,
     workload: &Workload,
+    style: PromptStyle,
     limits: &TokenLimits,
     ctx_size: u32,
 ) -> anyhow::Result<Vec<Prepared>> {
@@ -58,17 +82,35 @@ pub fn prepare(
                     request.id
                 )
             };
-            let text = match &request.prompt {
+            let preferred = resolve_prompt_style(style, target);
+            let prompt = match (request.prompt(preferred), style) {
+                (Err(_), PromptStyle::Auto) => request.prompt(other_style(preferred)),
+                (prompt, _) => prompt,
+            };
+            let prompt = prompt.map_err(|problem| {
+                let model = if target.has_chat_template() {
+                    "the model has a chat template"
+                } else {
+                    "the model has no chat template (a base model)"
+                };
+                anyhow::anyhow!("{}: {problem} ({model})", where_())
+            })?;
+            let (opening, text) = match prompt {
                 Prompt::Chat(messages) => {
-                    let messages: Vec<(&str, &str)> = messages
+                    let pairs: Vec<(&str, &str)> = messages
                         .iter()
                         .map(|m| (m.role.as_str(), m.content.as_str()))
                         .collect();
-                    target
-                        .template_messages(&messages)
-                        .with_context(|| format!("templating {}", where_()))?
+                    let opening = messages
+                        .iter()
+                        .find(|m| m.role == "user")
+                        .map_or_else(String::new, |m| m.content.clone());
+                    let text = target
+                        .template_messages(&pairs)
+                        .with_context(|| format!("templating {}", where_()))?;
+                    (opening, text)
                 }
-                Prompt::Raw(text) => text.clone(),
+                Prompt::Raw(text) => (text.to_owned(), text.to_owned()),
             };
             let prompt = target.tokenize_raw(&text);
             let max_tokens = limits.max_tokens(request.max_tokens);
@@ -80,14 +122,17 @@ pub fn prepare(
                     prompt.len()
                 );
             }
+            let stop = StopStrings::new(request.stop.clone())
+                .map_err(|problem| anyhow::anyhow!("{}: {problem}", where_()))?;
             Ok(Prepared {
                 id: request.id.clone(),
                 text,
+                opening,
                 request: Request {
                     prompt,
                     max_tokens,
                     sampling: SamplingParams::greedy(),
-                    stop: StopStrings::default(),
+                    stop,
                     max_draft_len: 0,
                 },
             })

@@ -50,9 +50,15 @@ pub fn run(config: &PromptsConfig) -> anyhow::Result<()> {
     for workload in &workloads {
         let dir = config.out.join(&workload.name);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        for (n, request) in prepare(&target, workload, &limits, inputs.session.ctx_size)?
-            .into_iter()
-            .enumerate()
+        for (n, request) in prepare(
+            &target,
+            workload,
+            inputs.prompt_style,
+            &limits,
+            inputs.session.ctx_size,
+        )?
+        .into_iter()
+        .enumerate()
         {
             let file = format!("{}/{}.txt", workload.name, n + 1);
             let path = config.out.join(&file);

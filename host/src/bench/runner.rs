@@ -21,12 +21,13 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use super::ceiling::VerifyCosts;
-use super::prepare::{Prepared, TokenLimits, prepare};
+use super::degenerate::{self, Degeneracy};
+use super::prepare::{Prepared, TokenLimits, prepare, resolve_prompt_style};
 use super::stats::Totals;
 use super::workload::Workload;
 use crate::cascade::{Cascade, CascadeMode, CascadeSettings, ModelFacts, Token};
-use crate::config::{BenchConfig, FIXED_POLICY};
-use crate::engine::{Request, Session, VerifyCurve};
+use crate::config::{BenchConfig, FIXED_POLICY, PromptStyle};
+use crate::engine::{GenerationStats, Request, Session, VerifyCurve};
 use crate::plugins::{LoadedPlugin, LoadedPolicy, PluginHost};
 use crate::plugins::{PolicySpec, SourceSpec};
 use crate::stack::{Decoding, Stack, StackConfig, build_cascade};
@@ -179,8 +180,45 @@ pub struct WorkloadRun {
     pub workload: Workload,
     /// The target's verify cost curve after the workload's median-length prompt.
     pub verify_costs: VerifyCosts,
-    /// `passes[c]`: the measured passes of configuration `c`, in order.
+    /// `passes[c]`: the measured passes of configuration `c`, in order, over the requests
+    /// whose plain output is not degenerate (the headline figures).
     pub passes: Vec<Vec<Totals>>,
+    /// The requests whose plain output is degenerate, in file order.
+    pub degenerate: Vec<DegenerateRequest>,
+}
+
+/// A request whose plain-decoding output is no answer (see [`super::degenerate`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DegenerateRequest {
+    /// The request's id.
+    pub request: String,
+    /// Why.
+    pub degeneracy: Degeneracy,
+}
+
+/// One request decoded in a measured pass: a row of `requests.csv`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestRow {
+    /// The workload's name.
+    pub workload: String,
+    /// The configuration's label.
+    pub configuration: String,
+    /// The measured pass, from 1.
+    pub pass: usize,
+    /// The request's id.
+    pub request: String,
+    /// Why plain decoding's output is no answer, if it is not.
+    pub degeneracy: Option<Degeneracy>,
+    /// Tokens generated, the first included.
+    pub generated_tokens: usize,
+    /// Time from the first token to the last.
+    pub generation_time: Duration,
+    /// Verify rounds.
+    pub rounds: u64,
+    /// Draft tokens verified.
+    pub drafted: u64,
+    /// Draft tokens accepted.
+    pub accepted: u64,
 }
 
 /// Everything measured: configurations, per-workload passes, and output mismatches.
@@ -192,6 +230,10 @@ pub struct Measurements {
     pub workloads: Vec<WorkloadRun>,
     /// Every output that differed from plain decoding.
     pub mismatches: Vec<Mismatch>,
+    /// Every request of every measured pass, degenerate ones included.
+    pub requests: Vec<RequestRow>,
+    /// How the model was prompted (`Chat` or `Raw`).
+    pub prompt_style: PromptStyle,
     /// Compute threads of the target.
     pub threads: usize,
     /// Context size of the session, in tokens.
@@ -268,7 +310,7 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
     };
     let prepared = workloads
         .iter()
-        .map(|w| prepare(target, w, &limits, session.ctx_size()))
+        .map(|w| prepare(target, w, config.prompt_style, &limits, session.ctx_size()))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let largest_draft = config.max_draft_lens.iter().max().copied().unwrap_or(0);
     let largest_batch = config.cost_max_tokens.max(largest_draft + 1);
@@ -278,6 +320,7 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         prepared.iter().map(Vec::len).sum::<usize>() * passes * configurations.len();
     progress.set_length(total_requests as u64);
     let mut mismatches = Vec::new();
+    let mut all_requests = Vec::new();
     let mut runs = Vec::new();
     for (workload, requests) in workloads.into_iter().zip(prepared) {
         progress.set_message(format!("{} · measuring verify costs", workload.name));
@@ -293,10 +336,12 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         )]));
         let mut run = WorkloadRun {
             passes: vec![Vec::new(); configurations.len()],
+            degenerate: Vec::new(),
             verify_costs,
             workload,
         };
         let mut reference: Vec<Option<Vec<Token>>> = vec![None; requests.len()];
+        let mut degeneracies: Vec<Option<Degeneracy>> = vec![None; requests.len()];
         for pass in 0..passes {
             let warming_up = pass < config.warmup;
             for (index, configuration) in configurations.iter().enumerate() {
@@ -321,10 +366,22 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
                     configuration,
                     workload: &run.workload.name,
                     pass: pass + 1,
+                    warmup: config.warmup,
                 };
-                for (request, expected) in requests.iter().zip(&mut reference) {
+                for ((request, expected), degeneracy) in
+                    requests.iter().zip(&mut reference).zip(&mut degeneracies)
+                {
                     let outcome = context.decode(request)?;
-                    totals.add_request(&outcome.stats);
+                    if expected.is_none() {
+                        *degeneracy =
+                            degenerate::check(&request.opening, &outcome.text, &outcome.tokens);
+                    }
+                    if degeneracy.is_none() {
+                        totals.add_request(&outcome.stats);
+                    }
+                    if !warming_up {
+                        all_requests.push(context.row(request, *degeneracy, &outcome.stats));
+                    }
                     match expected {
                         None => *expected = Some(outcome.tokens),
                         Some(expected) => {
@@ -343,6 +400,16 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
                 }
             }
         }
+        run.degenerate = requests
+            .iter()
+            .zip(degeneracies)
+            .filter_map(|(request, degeneracy)| {
+                Some(DegenerateRequest {
+                    request: request.id.clone(),
+                    degeneracy: degeneracy?,
+                })
+            })
+            .collect();
         runs.push(run);
     }
     progress.finish_and_clear();
@@ -350,6 +417,8 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
         configurations,
         workloads: runs,
         mismatches,
+        requests: all_requests,
+        prompt_style: resolve_prompt_style(config.prompt_style, target),
         threads: config.session.threads,
         ctx_size: session.ctx_size(),
     })
@@ -445,7 +514,10 @@ struct PassContext<'s, 't> {
     cascade: &'s mut Cascade,
     configuration: &'s Configuration,
     workload: &'s str,
+    /// The pass, from 1, warm-up passes included.
     pass: usize,
+    /// Warm-up passes before the measured ones.
+    warmup: usize,
 }
 
 impl PassContext<'_, '_> {
@@ -464,6 +536,27 @@ impl PassContext<'_, '_> {
                     self.configuration.label()
                 )
             })
+    }
+
+    /// The `requests.csv` row of `prepared`, decoded with `stats` in this pass.
+    fn row(
+        &self,
+        prepared: &Prepared,
+        degeneracy: Option<Degeneracy>,
+        stats: &GenerationStats,
+    ) -> RequestRow {
+        RequestRow {
+            workload: self.workload.to_owned(),
+            configuration: self.configuration.label(),
+            pass: self.pass - self.warmup,
+            request: prepared.id.clone(),
+            degeneracy,
+            generated_tokens: stats.generated_tokens,
+            generation_time: stats.generation_time,
+            rounds: stats.rounds,
+            drafted: stats.drafted,
+            accepted: stats.accepted,
+        }
     }
 
     fn compare(&self, prepared: &Prepared, expected: &[Token], got: &[Token]) -> Option<Mismatch> {

@@ -322,7 +322,7 @@ pub fn record(config: &TraceConfig) -> anyhow::Result<Trace> {
     };
     let prepared = workloads
         .iter()
-        .map(|w| prepare(&target, w, &limits, session.ctx_size()))
+        .map(|w| prepare(&target, w, inputs.prompt_style, &limits, session.ctx_size()))
         .collect::<anyhow::Result<Vec<_>>>()?;
 
     let all: Vec<Prepared> = prepared.iter().flatten().cloned().collect();

@@ -1,18 +1,23 @@
 //! Workload files: JSONL, one request per line, read into typed requests.
 //!
-//! A line is either a chat request, as in `shared/workloads/*.jsonl`:
+//! A line is a chat request, as in `shared/workloads/*.jsonl`:
 //!
 //! ```text
 //! {"id": "edit-1", "category": "edit", "messages": [{"role": "user", "content": "..."}], "max_tokens": 256}
 //! ```
 //!
-//! or a raw prompt, sent without the chat template: `{"prompt": "...", "id": "p1", "max_tokens": 64}`.
+//! or a raw prompt, continued without the chat template: `{"prompt": "...", "id": "p1",
+//! "max_tokens": 64, "stop": ["\n\n"]}`, or both: the same task asked of an instruction-tuned
+//! model (`messages`) and of a base model (`prompt`, usually with `stop` strings, since a base
+//! model does not end its turn). `bench` picks the form for the model ([`PromptStyle`]).
 //! Only `messages` or `prompt` is required; a request without an id is called `line-N`. Blank
 //! lines are skipped. A bad line is an error naming the file, the line and what is wrong.
 
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+use crate::config::PromptStyle;
 
 /// Why a workload file cannot be used. Every message names the file (and line) to fix.
 #[derive(Debug, thiserror::Error)]
@@ -79,21 +84,42 @@ pub struct WorkloadRequest {
     pub id: String,
     /// Its category, if the line gives one.
     pub category: Option<String>,
-    /// What is sent to the target.
-    pub prompt: Prompt,
+    /// The task as a conversation, for instruction-tuned models; never empty.
+    pub messages: Option<Vec<ChatMessage>>,
+    /// The task as text to continue, for base models; never empty.
+    pub completion: Option<String>,
+    /// Generation ends before any of these strings.
+    pub stop: Vec<String>,
     /// Most tokens to generate, if the line gives a limit.
     pub max_tokens: Option<usize>,
     /// Line number in the file, from 1.
     pub line: usize,
 }
 
-/// The prompt of a request.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Prompt {
+/// The form of a request a model is given.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Prompt<'a> {
     /// A conversation, templated with the model's chat template.
-    Chat(Vec<ChatMessage>),
+    Chat(&'a [ChatMessage]),
     /// Text sent as-is.
-    Raw(String),
+    Raw(&'a str),
+}
+
+impl WorkloadRequest {
+    /// The form for a model prompted as `style` says (`Auto` resolved already): the request's
+    /// form of that style, or an error naming what to add.
+    pub fn prompt(&self, style: PromptStyle) -> Result<Prompt<'_>, String> {
+        match style {
+            PromptStyle::Chat | PromptStyle::Auto => self
+                .messages
+                .as_deref()
+                .map(Prompt::Chat)
+                .ok_or_else(|| "it has no `messages` to send through the chat template; add them, or pass --prompt-style raw".to_owned()),
+            PromptStyle::Raw => self.completion.as_deref().map(Prompt::Raw).ok_or_else(|| {
+                "it has no raw `prompt` for a base model to continue; add one (the task as text to continue), or pass --prompt-style chat to template its messages anyway".to_owned()
+            }),
+        }
+    }
 }
 
 /// One message of a chat request.
@@ -114,6 +140,8 @@ struct Line {
     category: Option<String>,
     messages: Option<Vec<ChatMessage>>,
     prompt: Option<String>,
+    #[serde(default)]
+    stop: Vec<String>,
     max_tokens: Option<usize>,
 }
 
@@ -173,32 +201,32 @@ fn workload_name(path: &Path) -> String {
 
 fn parse_line(text: &str, line_number: usize) -> Result<WorkloadRequest, String> {
     let line: Line = serde_json::from_str(text).map_err(|e| format!("{e}"))?;
-    let prompt = match (line.messages, line.prompt) {
-        (Some(_), Some(_)) => return Err("it has both `messages` and `prompt`; keep one".into()),
-        (None, None) => return Err("it has neither `messages` nor `prompt`".into()),
-        (Some(messages), None) => {
-            if messages.is_empty() {
-                return Err("`messages` is empty".into());
-            }
-            if let Some(position) = messages.iter().position(|m| m.role.trim().is_empty()) {
-                return Err(format!("message {} has an empty `role`", position + 1));
-            }
-            Prompt::Chat(messages)
+    if line.messages.is_none() && line.prompt.is_none() {
+        return Err("it has neither `messages` nor `prompt`".into());
+    }
+    if let Some(messages) = &line.messages {
+        if messages.is_empty() {
+            return Err("`messages` is empty".into());
         }
-        (None, Some(prompt)) => {
-            if prompt.is_empty() {
-                return Err("`prompt` is empty".into());
-            }
-            Prompt::Raw(prompt)
+        if let Some(position) = messages.iter().position(|m| m.role.trim().is_empty()) {
+            return Err(format!("message {} has an empty `role`", position + 1));
         }
-    };
+    }
+    if line.prompt.as_deref() == Some("") {
+        return Err("`prompt` is empty".into());
+    }
+    if line.stop.iter().any(String::is_empty) {
+        return Err("a `stop` string is empty".into());
+    }
     if line.max_tokens == Some(0) {
         return Err("`max_tokens` is 0; use at least 1".into());
     }
     Ok(WorkloadRequest {
         id: line.id.unwrap_or_else(|| format!("line-{line_number}")),
         category: line.category,
-        prompt,
+        messages: line.messages,
+        completion: line.prompt,
+        stop: line.stop,
         max_tokens: line.max_tokens,
         line: line_number,
     })
@@ -233,16 +261,40 @@ mod tests {
             ),
             ("e1", Some("edit"), Some(32), 1)
         );
-        let Prompt::Chat(messages) = &chat.prompt else {
-            panic!("expected a chat prompt, seen {:?}", chat.prompt);
+        let Ok(Prompt::Chat(messages)) = chat.prompt(PromptStyle::Chat) else {
+            panic!("expected a chat prompt, seen {chat:?}");
         };
         assert_eq!(messages[1].content, "hi");
+        let error = chat.prompt(PromptStyle::Raw).expect_err("no raw prompt");
+        assert!(error.contains("--prompt-style chat"), "{error}");
         let raw = &workload.requests[1];
-        assert_eq!(raw.prompt, Prompt::Raw("Once upon a time".into()));
+        assert_eq!(
+            raw.prompt(PromptStyle::Raw),
+            Ok(Prompt::Raw("Once upon a time"))
+        );
+        assert!(raw.prompt(PromptStyle::Chat).is_err());
         assert_eq!(
             (raw.id.as_str(), raw.max_tokens, raw.line),
             ("line-3", None, 3)
         );
+    }
+
+    #[test]
+    fn a_line_may_give_both_forms_and_stop_strings() {
+        let workload = parse(
+            r#"{"messages": [{"role": "user", "content": "Summarize: A."}], "prompt": "A.\n\nTL;DR:", "stop": ["\n\n"]}"#,
+        )
+        .expect("both forms");
+        let request = &workload.requests[0];
+        assert!(matches!(
+            request.prompt(PromptStyle::Chat),
+            Ok(Prompt::Chat(_))
+        ));
+        assert_eq!(
+            request.prompt(PromptStyle::Raw),
+            Ok(Prompt::Raw("A.\n\nTL;DR:"))
+        );
+        assert_eq!(request.stop, ["\n\n"]);
     }
 
     #[test]
@@ -258,7 +310,10 @@ mod tests {
         for (bad, needle) in [
             ("{not json", "key must be a string"),
             (r#"{"id": "a"}"#, "neither `messages` nor `prompt`"),
-            (r#"{"prompt": "x", "messages": []}"#, "both"),
+            (
+                r#"{"prompt": "x", "stop": [""]}"#,
+                "a `stop` string is empty",
+            ),
             (r#"{"messages": []}"#, "`messages` is empty"),
             (
                 r#"{"messages": [{"role": "", "content": "x"}]}"#,

@@ -18,6 +18,19 @@ use crate::engine::{DEFAULT_MAX_DRAFT_LEN, SessionParams, TargetParams};
 use crate::placement::Plan;
 use crate::plugins::{PolicySpec, SourceSpec, parse_cascade, parse_policy};
 
+/// How a model is prompted: chat template or raw continuation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PromptStyle {
+    /// Chat requests for a model whose GGUF has a chat template (instruction-tuned), raw
+    /// prompts for one without (a base model).
+    #[default]
+    Auto,
+    /// The messages in the model's chat template.
+    Chat,
+    /// The raw prompt, continued.
+    Raw,
+}
+
 /// Flags of `spechost bench`.
 #[derive(Debug, Args, Default)]
 pub struct BenchArgs {
@@ -33,6 +46,11 @@ pub struct BenchArgs {
         required = true
     )]
     pub workloads: Vec<PathBuf>,
+    /// How to prompt the model: `auto` sends a request's `messages` through the chat template
+    /// of a model whose GGUF has one (instruction-tuned), and its raw `prompt` to a model
+    /// without (a base model); `chat` or `raw` force one form.
+    #[arg(long, value_enum, default_value_t)]
+    pub prompt_style: PromptStyle,
     /// A cascade to measure, as for `run --cascade` (repeatable). Plain decoding always runs as
     /// the baseline.
     #[arg(long = "cascade", short = 'c', value_name = "SOURCES", required = true)]
@@ -89,6 +107,8 @@ pub struct BenchConfig {
     pub model: PathBuf,
     /// Workload files, in the order given; each is named by its file stem.
     pub workloads: Vec<PathBuf>,
+    /// How the model is prompted.
+    pub prompt_style: PromptStyle,
     /// Cascades to measure, each non-empty, in the order given.
     pub cascades: Vec<Vec<SourceSpec>>,
     /// Draft lengths to measure every cascade with, in the order given.
@@ -129,7 +149,7 @@ pub struct BenchConfig {
 impl BenchArgs {
     /// Validates the flags into a [`BenchConfig`].
     pub fn into_config(self, cache_dir: &Path) -> Result<BenchConfig, ConfigError> {
-        let model = resolve_model(self.target.model.clone(), cache_dir);
+        let model = resolve_model(self.target.model.clone(), cache_dir)?;
         check_workload_names(&self.workloads)?;
         let cascades = parse_cascades(&self.cascades)?;
         let plugin_configs = plugin_configs_for(&self.target.plugin_config, &cascades)?;
@@ -171,6 +191,7 @@ impl BenchArgs {
         Ok(BenchConfig {
             model,
             workloads: self.workloads,
+            prompt_style: self.prompt_style,
             cascades,
             max_draft_lens,
             policies,
@@ -278,6 +299,11 @@ pub struct WorkloadTargetArgs {
         required = true
     )]
     pub workloads: Vec<PathBuf>,
+    /// How to prompt the model, as for `bench`: `auto` sends a request's `messages` through the chat template
+    /// of a model whose GGUF has one (instruction-tuned), and its raw `prompt` to a model
+    /// without (a base model); `chat` or `raw` force one form.
+    #[arg(long, value_enum, default_value_t)]
+    pub prompt_style: PromptStyle,
     /// Cap on each request's max_tokens (as `bench --max-tokens`).
     #[arg(long, short = 'n')]
     pub max_tokens: Option<usize>,
@@ -290,6 +316,8 @@ pub struct WorkloadTargetConfig {
     pub model: PathBuf,
     /// Workload files, in the order given; each is named by its file stem.
     pub workloads: Vec<PathBuf>,
+    /// How the model is prompted.
+    pub prompt_style: PromptStyle,
     /// Cap on each request's `max_tokens`.
     pub max_tokens_cap: Option<usize>,
     /// `max_tokens` of requests that do not give one.
@@ -316,8 +344,9 @@ impl WorkloadTargetArgs {
         }
         let placement = self.target.placement.plan(&FileRun::default())?;
         Ok(WorkloadTargetConfig {
-            model: resolve_model(self.target.model.clone(), cache_dir),
+            model: resolve_model(self.target.model.clone(), cache_dir)?,
             workloads: self.workloads,
+            prompt_style: self.prompt_style,
             max_tokens_cap: self.max_tokens,
             default_max_tokens: DEFAULT_MAX_TOKENS,
             session: session_params(placement.threads, self.target.ctx_size)?,

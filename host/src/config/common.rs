@@ -15,7 +15,7 @@ use crate::engine::{
     self, DEFAULT_MAX_DRAFT_LEN, DraftModelConfig, MAX_DRAFT_LEN_LIMIT, MaxDraftLenError,
     SamplingParams, SessionParams, TargetParams,
 };
-use crate::models::{DefaultDraft, DefaultModel};
+use crate::models::{DefaultDraft, DefaultModel, target_variant};
 use crate::placement::{CpuList, NumaMode, PlacementRequest, Plan, Topology};
 use crate::plugins::{SourceSpec, parse_cascade, parse_policy};
 
@@ -326,11 +326,22 @@ pub(super) fn check_max_draft_len(max_draft_len: usize) -> Result<usize, ConfigE
     })
 }
 
-/// The model path: a default model's cached file for its alias, else the path as given; the
-/// default target when none was given.
-pub(super) fn resolve_model(model: Option<String>, cache_dir: &Path) -> PathBuf {
+/// The model path: a default model's cached file for its alias, a target variant's (made from
+/// its cached default model on first use, see [`TARGET_VARIANTS`](crate::models::TARGET_VARIANTS)),
+/// else the path as given; the default target when none was given.
+pub(super) fn resolve_model(
+    model: Option<String>,
+    cache_dir: &Path,
+) -> Result<PathBuf, ConfigError> {
     let model = model.unwrap_or_else(|| DEFAULT_TARGET.alias().to_owned());
-    DefaultModel::from_alias(&model).map_or_else(|| PathBuf::from(&model), |m| m.path(cache_dir))
+    if let Some(variant) = target_variant(&model) {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        return variant
+            .make(cache_dir, threads)
+            .map_err(|source| ConfigError::MakeModel { model, source });
+    }
+    Ok(DefaultModel::from_alias(&model)
+        .map_or_else(|| PathBuf::from(&model), |m| m.path(cache_dir)))
 }
 
 /// The draft model from `--draft-model`, `--draft-threads` and the plan's `--draft-cpus`: a
@@ -357,8 +368,9 @@ pub(super) fn draft_settings(
     }
     let model_name = model_name.unwrap_or(DEFAULT_TARGET.alias());
     let default_draft = if name == AUTO_DRAFT {
-        let base =
-            DefaultModel::from_alias(model_name).ok_or_else(|| ConfigError::NoDefaultDraft {
+        let base = DefaultModel::from_alias(model_name)
+            .or_else(|| target_variant(model_name).map(|variant| variant.base))
+            .ok_or_else(|| ConfigError::NoDefaultDraft {
                 model: model_name.to_owned(),
             })?;
         Some(DefaultDraft::of(base))
@@ -367,7 +379,7 @@ pub(super) fn draft_settings(
     };
     let path = match default_draft {
         Some(draft) => draft.path(cache_dir),
-        None => resolve_model(Some(name), cache_dir),
+        None => resolve_model(Some(name), cache_dir)?,
     };
     Ok(Some(DraftSettings {
         model: DraftModelConfig {

@@ -56,6 +56,14 @@ pub enum ConfigError {
         /// The target as given.
         model: String,
     },
+    /// A target variant could not be made from its default model.
+    #[error("cannot make the model {model}: {source}")]
+    MakeModel {
+        /// The variant's name.
+        model: String,
+        /// Why.
+        source: crate::models::QuantizeError,
+    },
     /// A context too small to hold anything useful.
     #[error("--ctx-size {0} is too small; use at least {MIN_CTX_SIZE} tokens")]
     CtxTooSmall(u32),

@@ -21,8 +21,8 @@ mod tools;
 
 pub use self::bench::{
     BenchArgs, BenchConfig, DEFAULT_BENCH_REPEAT, DEFAULT_BENCH_WARMUP, DEFAULT_COST_MAX_TOKENS,
-    FIXED_POLICY, PromptsArgs, PromptsConfig, SimulateArgs, SimulateConfig, TraceArgs, TraceConfig,
-    WorkloadTargetArgs, WorkloadTargetConfig,
+    FIXED_POLICY, PromptStyle, PromptsArgs, PromptsConfig, SimulateArgs, SimulateConfig, TraceArgs,
+    TraceConfig, WorkloadTargetArgs, WorkloadTargetConfig,
 };
 pub use self::cli::{Cli, Command, ModelsCommand, SuffixCommand};
 pub(crate) use self::common::fresh_seed;

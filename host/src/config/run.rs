@@ -114,7 +114,7 @@ impl RunArgs {
         merge_plugin_settings(&mut plugin_configs, &self.target.plugin_config)?;
 
         let model_name = self.target.model.clone().or(run.model.clone());
-        let model = resolve_model(model_name.clone(), cache_dir);
+        let model = resolve_model(model_name.clone(), cache_dir)?;
 
         let speculation = self.speculation.resolve(&run)?;
         check_plugin_settings_target_cascade(&self.target.plugin_config, &speculation.cascade)?;

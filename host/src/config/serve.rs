@@ -199,7 +199,7 @@ impl ServeArgs {
             .model
             .clone()
             .unwrap_or_else(|| DefaultModel::SmolLm2.alias().to_owned());
-        let model = resolve_model(Some(model_arg.clone()), cache_dir);
+        let model = resolve_model(Some(model_arg.clone()), cache_dir)?;
         let model_id = self.served_model_name.clone().unwrap_or_else(|| {
             match DefaultModel::from_alias(&model_arg) {
                 Some(default) => default.alias().to_owned(),

@@ -58,7 +58,7 @@ impl WarmArgs {
             .chain(env_plugin_dirs())
             .collect();
         Ok(WarmConfig {
-            model: resolve_model(self.model, cache_dir),
+            model: resolve_model(self.model, cache_dir)?,
             plugin: plugins.remove(0),
             plugin_config: self.plugin_config.join(","),
             plugin_dirs,
@@ -110,7 +110,7 @@ impl QuantizeArgs {
     /// The quantization to run: the model resolved as `--model` is, the output in the model
     /// cache unless `--out` says otherwise.
     pub fn into_request(self, cache_dir: &Path) -> Result<QuantizeRequest, ConfigError> {
-        let input = resolve_model(Some(self.model), cache_dir);
+        let input = resolve_model(Some(self.model), cache_dir)?;
         let output = self
             .out
             .unwrap_or_else(|| default_output(cache_dir, &input, self.quant_type, self.embeddings));

@@ -311,6 +311,12 @@ impl Target {
             .map_err(|e| EngineError::ChatTemplate(e.to_string()))
     }
 
+    /// Whether the GGUF carries a chat template of its own: llama.cpp's converter writes the
+    /// one an instruction-tuned model's tokenizer configuration has, and base models have none.
+    pub fn has_chat_template(&self) -> bool {
+        self.model.chat_template(None).is_ok()
+    }
+
     /// The GGUF's chat template; without one, llama.cpp's built-in template for the model's
     /// architecture (`gemma` for Gemma), else ChatML, as llama.cpp's own tools do.
     fn chat_template(&self) -> Result<LlamaChatTemplate, EngineError> {

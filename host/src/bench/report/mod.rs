@@ -7,16 +7,20 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::ceiling::VerifyCostPoint;
-use super::runner::{Configuration, Measurements, Mismatch, WorkloadRun};
+use super::runner::{
+    Configuration, DegenerateRequest, Measurements, Mismatch, RequestRow, WorkloadRun,
+};
 use super::stats::{Summary, Totals, acceptance_by_position, speedup};
 use crate::cascade::SourceStats;
-use crate::config::BenchConfig;
+use crate::config::{BenchConfig, PromptStyle};
 
 /// Everything a benchmark found; `results.json` is this value.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     /// The target GGUF.
     pub model: PathBuf,
+    /// How it was prompted: `chat` (its chat template) or `raw` (prompts continued).
+    pub prompt_style: &'static str,
     /// Compute threads of the target.
     pub threads: usize,
     /// Context size, in tokens.
@@ -35,6 +39,9 @@ pub struct Report {
     pub outputs_match: bool,
     /// The outputs that did not.
     pub mismatches: Vec<Mismatch>,
+    /// Every request of every measured pass (`requests.csv`), degenerate ones included.
+    #[serde(skip)]
+    pub requests: Vec<RequestRow>,
     /// One entry per workload.
     pub workloads: Vec<WorkloadReport>,
     /// Every configuration on all workloads together (the mixed set), plain first; empty with
@@ -63,6 +70,11 @@ pub struct WorkloadReport {
     pub path: PathBuf,
     /// Requests in the file.
     pub requests: usize,
+    /// The requests whose plain output is no answer (an echo of the prompt, a loop): left out
+    /// of every figure of this workload and of the mixed set.
+    pub degenerate: Vec<DegenerateRequest>,
+    /// `degenerate` over `requests`, in [0, 1].
+    pub degenerate_share: f64,
     /// The target's verify cost curve on this workload.
     pub verify_cost: VerifyCostReport,
     /// One entry per configuration, plain first.
@@ -163,6 +175,8 @@ impl Report {
             configurations,
             workloads,
             mismatches,
+            requests,
+            prompt_style,
             threads,
             ctx_size,
         } = measurements;
@@ -236,10 +250,13 @@ impl Report {
                         }
                     })
                     .collect();
+                let requests = run.workload.requests.len();
                 WorkloadReport {
                     name: run.workload.name.clone(),
                     path: run.workload.path.clone(),
-                    requests: run.workload.requests.len(),
+                    requests,
+                    degenerate_share: run.degenerate.len() as f64 / requests.max(1) as f64,
+                    degenerate: run.degenerate.clone(),
                     verify_cost: VerifyCostReport {
                         context_tokens: run.verify_costs.context_tokens,
                         points: run.verify_costs.points(),
@@ -250,6 +267,10 @@ impl Report {
             .collect();
         Self {
             model: config.model.clone(),
+            prompt_style: match prompt_style {
+                PromptStyle::Raw => "raw",
+                PromptStyle::Chat | PromptStyle::Auto => "chat",
+            },
             threads,
             ctx_size,
             repeat: config.repeat,
@@ -259,6 +280,7 @@ impl Report {
             sampling: "greedy",
             outputs_match: mismatches.is_empty(),
             mismatches,
+            requests,
             workloads,
             mixed,
         }
@@ -312,6 +334,7 @@ mod tests {
     use super::render::csv_field;
     use super::*;
     use crate::bench::ceiling::VerifyCosts;
+    use crate::bench::degenerate::Degeneracy;
     use crate::bench::workload::Workload;
     use crate::config::BenchArgs;
     use crate::plugins::SourceSpec;
@@ -401,8 +424,25 @@ mod tests {
                         .map(Duration::from_micros)
                         .collect(),
                 },
+                degenerate: vec![DegenerateRequest {
+                    request: "echoed".into(),
+                    degeneracy: Degeneracy::Echo,
+                }],
             }],
             mismatches,
+            requests: vec![RequestRow {
+                workload: "edit".into(),
+                configuration: "plain".into(),
+                pass: 1,
+                request: "echoed".into(),
+                degeneracy: Some(Degeneracy::Echo),
+                generated_tokens: 40,
+                generation_time: Duration::from_millis(250),
+                rounds: 39,
+                drafted: 0,
+                accepted: 0,
+            }],
+            prompt_style: PromptStyle::Chat,
             threads: 2,
             ctx_size: 4096,
         };
@@ -425,6 +465,7 @@ mod tests {
                 context_tokens: 1,
                 per_batch: Vec::new(),
             },
+            degenerate: Vec::new(),
         };
         let configurations = [
             Configuration::plain(),
@@ -448,6 +489,31 @@ mod tests {
         assert!(
             report(Vec::new()).mixed.is_empty(),
             "no mixed set of one workload"
+        );
+    }
+
+    #[test]
+    fn degenerate_requests_are_named_in_the_markdown_and_kept_in_requests_csv() {
+        let report = report(Vec::new());
+        assert!((report.workloads[0].degenerate_share - 1.0).abs() < 1e-9);
+        let markdown = report.markdown(&[]);
+        assert!(
+            markdown.contains("1 degenerate (100.0%: `echoed` echo), left out of the figures"),
+            "{markdown}"
+        );
+        let csv = report.requests_csv();
+        assert_eq!(
+            csv.lines().nth(1),
+            Some("edit,plain,1,echoed,echo,40,0.250000,39,0,0"),
+            "{csv}"
+        );
+        let results = report.csv();
+        let header: Vec<&str> = results.lines().next().expect("header").split(',').collect();
+        let row: Vec<&str> = results.lines().nth(1).expect("a row").split(',').collect();
+        let column = |name: &str| header.iter().position(|h| *h == name).expect(name);
+        assert_eq!(
+            (row[column("requests")], row[column("degenerate")]),
+            ("0", "1")
         );
     }
 
@@ -553,12 +619,13 @@ mod tests {
             "{csv}"
         );
         assert!(
-            lines[1].starts_with("edit,plain,,,1,101,90.000,80.000,100.000,1.0000,1.0000,1.0000,"),
+            lines[1]
+                .starts_with("edit,plain,,,0,1,101,90.000,80.000,100.000,1.0000,1.0000,1.0000,"),
             "{}",
             lines[1]
         );
         assert!(
-            lines[2].starts_with("edit,\"lookup,suffix K=4\",\"lookup,suffix\",4,1,101,180.000,"),
+            lines[2].starts_with("edit,\"lookup,suffix K=4\",\"lookup,suffix\",4,0,1,101,180.000,"),
             "{}",
             lines[2]
         );
@@ -568,7 +635,7 @@ mod tests {
             lines[2]
         );
         let columns = lines[0].split(',').count();
-        assert_eq!(columns, 19, "{}", lines[0]);
+        assert_eq!(columns, 20, "{}", lines[0]);
         assert_eq!(csv_field("a\"b"), "\"a\"\"b\"");
     }
 }

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{ConfigurationReport, Report};
+use super::{ConfigurationReport, Report, WorkloadReport};
 
 impl Report {
     /// The mixed-set table, in markdown; empty with one workload.
@@ -100,8 +100,12 @@ impl Report {
         let mut out = String::from("# spechost bench\n\n");
         let _ = writeln!(
             out,
-            "Model `{}`, {} threads, context {} tokens, greedy; {} measured pass(es) after {} warm-up pass(es){}.",
+            "Model `{}` ({}), {} threads, context {} tokens, greedy; {} measured pass(es) after {} warm-up pass(es){}.",
             self.model.display(),
+            match self.prompt_style {
+                "raw" => "raw prompts, continued",
+                _ => "chat requests in its template",
+            },
             self.threads,
             self.ctx_size,
             self.repeat,
@@ -115,10 +119,11 @@ impl Report {
         for workload in &self.workloads {
             let _ = writeln!(
                 out,
-                "- `{}`: {} requests from `{}`",
+                "- `{}`: {} requests from `{}`{}",
                 workload.name,
                 workload.requests,
-                workload.path.display()
+                workload.path.display(),
+                degenerate_note(workload)
             );
         }
         out.push('\n');
@@ -196,10 +201,38 @@ impl Report {
         out
     }
 
-    /// `results.csv`: one row per workload and configuration.
+    /// `requests.csv`: every request of every measured pass, with its degeneracy (`echo`,
+    /// `loop` or empty), degenerate ones included.
+    pub fn requests_csv(&self) -> String {
+        let mut out = String::from(
+            "workload,configuration,pass,request,degenerate,generated_tokens,generation_seconds,rounds,drafted,accepted\n",
+        );
+        for row in &self.requests {
+            let fields = [
+                row.workload.clone(),
+                row.configuration.clone(),
+                row.pass.to_string(),
+                row.request.clone(),
+                row.degeneracy
+                    .map_or_else(String::new, |d| d.name().to_owned()),
+                row.generated_tokens.to_string(),
+                format!("{:.6}", row.generation_time.as_secs_f64()),
+                row.rounds.to_string(),
+                row.drafted.to_string(),
+                row.accepted.to_string(),
+            ];
+            let row: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
+            out.push_str(&row.join(","));
+            out.push('\n');
+        }
+        out
+    }
+
+    /// `results.csv`: one row per workload and configuration, over the requests whose plain
+    /// output is not degenerate (`requests` counts them; `degenerate` counts the others).
     pub fn csv(&self) -> String {
         let mut out = String::from(
-            "workload,configuration,cascade,draft_max,requests,generated_tokens,tok_s_median,tok_s_min,tok_s_max,speedup,ideal_speedup,efficiency,acceptance,mean_accepted_per_draft_round,mean_committed_per_round,draft_share,verify_share,rounds_won,outputs_match\n",
+            "workload,configuration,cascade,draft_max,requests,degenerate,generated_tokens,tok_s_median,tok_s_min,tok_s_max,speedup,ideal_speedup,efficiency,acceptance,mean_accepted_per_draft_round,mean_committed_per_round,draft_share,verify_share,rounds_won,outputs_match\n",
         );
         for workload in &self.workloads {
             for c in &workload.configurations {
@@ -215,7 +248,8 @@ impl Report {
                     c.label.clone(),
                     c.cascade.join(","),
                     c.max_draft_len.map_or_else(String::new, |k| k.to_string()),
-                    workload.requests.to_string(),
+                    (workload.requests - workload.degenerate.len()).to_string(),
+                    workload.degenerate.len().to_string(),
                     c.generated_tokens.to_string(),
                     format!("{:.3}", c.tokens_per_second.median),
                     format!("{:.3}", c.tokens_per_second.min),
@@ -239,6 +273,24 @@ impl Report {
         }
         out
     }
+}
+
+/// `; 2 degenerate (20.0%: `e1` echo, `e7` loop), left out of the figures`, or nothing.
+fn degenerate_note(workload: &WorkloadReport) -> String {
+    if workload.degenerate.is_empty() {
+        return String::new();
+    }
+    let which: Vec<String> = workload
+        .degenerate
+        .iter()
+        .map(|d| format!("`{}` {}", d.request, d.degeneracy.name()))
+        .collect();
+    format!(
+        "; {} degenerate ({}: {}), left out of the figures",
+        workload.degenerate.len(),
+        percent(workload.degenerate_share),
+        which.join(", ")
+    )
 }
 
 /// `fraction` as a percentage with one decimal.
