@@ -32,7 +32,10 @@ def arguments():
     p.add_argument("--prompts", required=True, type=Path, help="directory of spechost prompts")
     p.add_argument("--bin", required=True, type=Path, help="llama.cpp's bin directory")
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--draft-max", type=int, default=8, help="K of lookup and draft rows")
+    p.add_argument("--draft-max", default="8",
+                   type=lambda text: [int(k) for k in text.split(",")],
+                   help="K of llama-lookup, comma-separated (its best is compared with every "
+                        "spechost cascade); the largest is the draft row's")
     p.add_argument("--draft-model", type=Path, help="draft GGUF for llama-speculative-simple")
     p.add_argument("--draft-cascade", default="draft", help="spechost cascade next to it")
     p.add_argument("--requests", type=int, help="only the first N requests of each workload")
@@ -86,7 +89,7 @@ def parse_simple(text, log):
 
 def tools(args, bench, peer_bin):
     """(name, spechost label it compares with, command builder, parser) of each tool to run."""
-    k = args.draft_max
+    k = max(args.draft_max)
     common = ["-m", bench["model"], "-t", str(bench["threads"]), "-c", str(bench["ctx_size"]),
               "--temp", "0", "--no-escape"]
 
@@ -101,7 +104,9 @@ def tools(args, bench, peer_bin):
                                           "-n", str(n), prompt],
                        parse_simple))
     chosen.append(("llama-lookup K=0", "plain", lookup(0), parse_decoded))
-    chosen.append((f"llama-lookup K={k}", f"lookup K={k}", lookup(k), parse_decoded))
+    for lookup_k in args.draft_max:
+        chosen.append((f"llama-lookup K={lookup_k}", f"lookup K={lookup_k}", lookup(lookup_k),
+                       parse_decoded))
     if args.draft_model:
         chosen.append((f"llama-speculative-simple K={k}", f"{args.draft_cascade} K={k}",
                        lambda prompt, n: [str(peer_bin / "llama-speculative-simple"), *common,
@@ -233,6 +238,49 @@ def peers_table(args, bench, chosen, totals):
     return "\n".join(lines + notes) + "\n", rows
 
 
+def best_lookup_table(args, bench, totals):
+    """Every spechost cascade against llama-lookup at its best K on each workload."""
+    lines = [
+        "| workload | llama-lookup best K | its speedup | spechost configuration | speedup "
+        "| spechost / llama-lookup | degenerate requests |",
+        "|---|--:|--:|---|--:|--:|--:|",
+    ]
+    rows = []
+    for w in bench["workloads"]:
+        name = w["name"]
+        if (name, "llama-lookup K=0") not in totals:
+            continue
+        baseline = summarise(totals[(name, "llama-lookup K=0")])["tokens_per_second"]
+        speedups = {}
+        for k in args.draft_max:
+            rate = summarise(totals[(name, f"llama-lookup K={k}")])["tokens_per_second"]
+            if baseline and rate:
+                speedups[k] = rate / baseline
+        if not speedups:
+            continue
+        best_k = max(speedups, key=speedups.get)
+        theirs = speedups[best_k]
+        share = f"{len(w['degenerate'])}/{w['requests']} ({100 * w['degenerate_share']:.0f}%)"
+        for c in w["configurations"]:
+            if not c["cascade"]:
+                continue
+            ours = c["speedup"]
+            ratio = ours / theirs if ours else None
+            lines.append(f"| {name} | {best_k} | {theirs:.2f}x | {c['label']} "
+                         f"| {fmt(ours, '{:.2f}x')} | {fmt(ratio, '**{:.2f}**')} | {share} |")
+            rows.append({"workload": name, "llama_lookup_k": best_k,
+                         "llama_lookup_speedup": theirs, "spechost": c["label"],
+                         "spechost_speedup": ours, "ratio": ratio})
+    lines += [
+        "",
+        f"llama-lookup's speedup is over itself at K=0, at the best of K = "
+        f"{', '.join(map(str, args.draft_max))} on each workload; spechost's is over its plain "
+        f"decoding in the bench run, over the requests whose output is not degenerate "
+        f"(the degenerate ones are listed in results.md and kept in requests.csv).",
+    ]
+    return "\n".join(lines) + "\n", rows
+
+
 def llama_bench_curve(bench, peer_bin, args):
     """llama-bench's batch costs at the first workload's curve depth, spechost's numerics."""
     depth = bench["workloads"][0]["verify_cost"]["context_tokens"]
@@ -281,15 +329,18 @@ def main():
     try:
         chosen, totals = measure(args, bench, peer_bin)
         peers, rows = peers_table(args, bench, chosen, totals)
+        best, best_rows = best_lookup_table(args, bench, totals)
         depth, theirs = llama_bench_curve(bench, peer_bin, args)
     except ToolError as error:
         sys.exit(f"error: {error}")
     cost = verify_cost_table(bench, depth, theirs)
     (args.out / "peers.md").write_text(peers)
+    (args.out / "best-lookup.md").write_text(best)
     (args.out / "verify-cost.md").write_text(cost)
     (args.out / "peers.json").write_text(json.dumps(
-        {"rows": rows, "llama_bench_micros": theirs, "llama_bench_depth": depth}, indent=2) + "\n")
+        {"rows": rows, "best_lookup": best_rows, "llama_bench_micros": theirs, "llama_bench_depth": depth}, indent=2) + "\n")
     print(peers)
+    print(best)
     print(cost)
 
 

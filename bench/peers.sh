@@ -3,17 +3,19 @@
 # max_tokens of a `spechost bench` run (read from its results.json):
 #   - plain decoding: llama-simple (4 threads: it takes no thread count) and llama-lookup
 #     without drafts (K=0: the same tool and settings as the next row, the baseline of its speedup);
-#   - prompt lookup: llama-lookup with K draft tokens, next to spechost's `lookup K=K`;
+#   - prompt lookup: llama-lookup with each K of --draft-max (comma-separated), next to
+#     spechost's `lookup K=K`, and at its best K next to every spechost cascade (best-lookup.md);
 #   - a draft model (with --draft-model): llama-speculative-simple, next to spechost's
 #     `<--draft-cascade> K=K`;
 #   - the verify cost curve: llama-bench -p 1,2,4,8,16,32 at the first workload's curve depth,
 #     next to spechost's (bench measures it).
 # The prompts are written by `spechost prompts` (chat template applied by spechost's target) and
 # passed whole with -p, so every tool reads the same text. Tools are built by bench/llama-peer.sh.
-# Prints two markdown tables and writes peers.md, verify-cost.md, peers.json and the tools' logs
+# Prints three markdown tables and writes peers.md, best-lookup.md, verify-cost.md, peers.json and
+# the tools' logs
 # into --out.
 #
-# Usage: bench/peers.sh --bench-json RESULTS.json --out DIR [--draft-max K] [--draft-model GGUF]
+# Usage: bench/peers.sh --bench-json RESULTS.json --out DIR [--draft-max K,K] [--draft-model GGUF]
 #            [--draft-cascade NAME] [--requests N] [--repeat R] [--no-simple]
 #   --requests N   only the first N requests of each workload (a quick check)
 #   --repeat R     interleaved passes over the requests (medians), default 1
@@ -43,14 +45,15 @@ mapfile -t settings < <(python3 - "$BENCH_JSON" <<'PY'
 import json, sys
 bench = json.load(open(sys.argv[1]))
 print(bench["model"]); print(bench["ctx_size"]); print(bench["max_tokens_cap"] or "")
+print(bench.get("prompt_style", "chat"))
 for w in bench["workloads"]:
     print(w["path"])
 PY
 )
-model=${settings[0]} ctx=${settings[1]} cap=${settings[2]}
-prompt_args=(--model "$model" --ctx-size "$ctx")
+model=${settings[0]} ctx=${settings[1]} cap=${settings[2]} style=${settings[3]}
+prompt_args=(--model "$model" --ctx-size "$ctx" --prompt-style "$style")
 [[ -n $cap ]] && prompt_args+=(--max-tokens "$cap")
-for path in "${settings[@]:3}"; do prompt_args+=(--workload "$path"); done
+for path in "${settings[@]:4}"; do prompt_args+=(--workload "$path"); done
 mkdir -p "$OUT"
 "$SPECHOST_BIN" prompts "${prompt_args[@]}" --out "$OUT/prompts"
 

@@ -21,8 +21,7 @@ fn bench_writes_every_result_and_outputs_match_plain_decoding() {
     let workload = scratch("tiny.jsonl");
     std::fs::write(&workload, WORKLOAD).expect("write workload");
     let out_dir = scratch("results");
-    let out = common::spechost(&[
-        "bench",
+    let out = quick_bench(&[
         "--model",
         common::arg(&model),
         "--workload",
@@ -33,18 +32,10 @@ fn bench_writes_every_result_and_outputs_match_plain_decoding() {
         "fixed",
         "--draft-max",
         "4",
-        "--repeat",
-        "1",
-        "--warmup",
-        "0",
         "--max-tokens",
         "24",
         "--ctx-size",
         "1024",
-        "--cost-max-tokens",
-        "1",
-        "--cost-repeat",
-        "1",
         "--out",
         common::arg(&out_dir),
     ]);
@@ -124,8 +115,7 @@ fn a_base_model_gets_raw_prompts_and_an_echo_of_a_chat_prompt_is_flagged() {
     std::fs::write(&workload, first_edit + "\n").expect("write workload");
     for (style, expected_style, flagged) in [("chat", "chat", true), ("auto", "raw", false)] {
         let out_dir = scratch(&format!("results-{style}"));
-        let out = common::spechost(&[
-            "bench",
+        let out = quick_bench(&[
             "--model",
             common::arg(&model),
             "--workload",
@@ -134,18 +124,10 @@ fn a_base_model_gets_raw_prompts_and_an_echo_of_a_chat_prompt_is_flagged() {
             style,
             "--cascade",
             "lookup",
-            "--repeat",
-            "1",
-            "--warmup",
-            "0",
             "--max-tokens",
             "48",
             "--ctx-size",
             "2048",
-            "--cost-max-tokens",
-            "1",
-            "--cost-repeat",
-            "1",
             "--out",
             common::arg(&out_dir),
         ]);
@@ -267,6 +249,28 @@ fn the_full_cascade_matches_plain_decoding_on_every_sample_workload() {
         2 * files.len(),
         "both modes on every workload matched plain decoding:\n{stdout}"
     );
+}
+
+/// `spechost bench` with `args`, one measured pass, no warm-up, and a one-point verify cost curve
+/// measured once: quick, and enough to check what it writes.
+fn quick_bench(args: &[&str]) -> std::process::Output {
+    let quick = [
+        "--repeat",
+        "1",
+        "--warmup",
+        "0",
+        "--cost-max-tokens",
+        "1",
+        "--cost-repeat",
+        "1",
+    ];
+    let all: Vec<&str> = ["bench"]
+        .iter()
+        .chain(args)
+        .chain(&quick)
+        .copied()
+        .collect();
+    common::spechost(&all)
 }
 
 fn scratch(name: &str) -> PathBuf {

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::server::{PATIENCE, Server, chat_body, chat_text, fixture, post, wait_for};
+use common::server::{PATIENCE, Server, chat_body, chat_text, drafting_prompts, post, wait_for};
 use serde_json::json;
 use spechost::config::cache_dir;
 use spechost::models::DefaultModel;
@@ -442,15 +442,7 @@ fn serve_state_killed_while_saving_is_the_old_or_the_new_version_never_corrupt()
     let state_file = scratch.join(SUFFIX_STATE);
     let state_arg = scratch.0.to_str().expect("UTF-8 temp dir");
     let args = ["--cascade", "suffix", "--state-dir", state_arg];
-    let prompts: Vec<String> = [
-        "edit-shlex-split",
-        "extract-protocols-0",
-        "HumanEval-2",
-        "HumanEval-5",
-    ]
-    .iter()
-    .map(|id| fixture(id))
-    .collect();
+    let prompts = drafting_prompts();
 
     let first = Server::start(&args);
     let plain: Vec<String> = prompts

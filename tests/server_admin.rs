@@ -88,15 +88,7 @@ fn hot_swaps_while_streaming_keep_every_output_identical_to_plain_decoding() {
     install(&built("lookup"), &swapped);
     let cascade = format!("lookup,{}", swapped.display());
     let server = Server::start(&["--admin-token", ADMIN_TOKEN, "--cascade", &cascade]);
-    let prompts: Vec<String> = [
-        "edit-shlex-split",
-        "extract-protocols-0",
-        "HumanEval-2",
-        "HumanEval-5",
-    ]
-    .iter()
-    .map(|id| fixture(id))
-    .collect();
+    let prompts = drafting_prompts();
     let max_tokens = 64;
     let plain: Vec<String> = prompts
         .iter()

@@ -346,6 +346,21 @@ pub fn fixture(id: &str) -> String {
         .user_message
 }
 
+/// The user messages of four fixture prompts where drafts pay: an edit, an extraction and two
+/// HumanEval problems.
+#[allow(dead_code)] // Not every test binary uses every helper.
+pub fn drafting_prompts() -> Vec<String> {
+    [
+        "edit-shlex-split",
+        "extract-protocols-0",
+        "HumanEval-2",
+        "HumanEval-5",
+    ]
+    .iter()
+    .map(|id| fixture(id))
+    .collect()
+}
+
 /// A temporary directory for one test, removed first if a previous run left it.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("spechost-server-{name}-{}", std::process::id()));
