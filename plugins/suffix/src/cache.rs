@@ -10,44 +10,64 @@
 //! from the blob the host keeps if there is a valid one (see [`ResponseCache::from_saved`]); a
 //! session with different `max_depth`, `max_nodes`, `max_cached_requests` or vocabulary
 //! replaces it with an empty one (in practice every session of an instance has the same config).
+//! Several sessions may be open at once (a server's requests): each adds its own response.
 //!
 //! # What it holds
 //!
-//! Each finished request contributes its response: the tokens generated after the prompt,
-//! followed by [`END_OF_TEXT`], so that "the response ended here" is one of the outcomes the
-//! counts weigh. Every start position of the response is indexed, each path cut at `max_depth`
-//! tokens. Responses are kept in arrival order and evicted oldest first (FIFO), by removing
-//! their paths again ([`Trie::remove`]), when:
+//! Each request contributes its response, the tokens generated after the prompt, *while it is
+//! generated*: a session opens its response with its first generated tokens
+//! ([`ResponseCache::open`]), appends the next ones as they are fed ([`ResponseCache::append`]),
+//! and closes it when it ends ([`ResponseCache::close`]), which appends [`END_OF_TEXT`] so that
+//! "the response ended here" is one of the outcomes the counts weigh. Tokens enter the trie one
+//! at a time, each extending the paths of the last `max_depth` start positions by one token, as
+//! the request trie grows ([`Trie::extend_suffixes`]); the end marker extends them but starts no
+//! path. So at any time the trie holds, for each response, every start position of the tokens
+//! that entered it (its *consumed* tokens), each path cut at `max_depth` tokens or at the last
+//! consumed token; once a closed response is consumed, exactly the paths of the finished text.
+//!
+//! The end of a response that may still grow has no continuation in the trie yet: its suffix
+//! nodes are kept ([`ResponseCache::open_ends`]) and proposals leave those occurrences out of
+//! the probabilities, as the request trie does with the context's end.
+//!
+//! Responses are kept in the order they were opened and evicted oldest first (FIFO), running or
+//! not, by removing their paths again, first start position first ([`Trie::remove`]), when:
 //!
 //! * there are more than `max_cached_requests` of them;
-//! * indexing the next path could take the trie past `max_nodes` nodes (a response too big for
-//!   an otherwise empty trie is indexed only in part: its first start positions);
-//! * their tokens, kept for eviction, total more than `max_nodes` (a response is cut to that
-//!   many tokens when it arrives).
+//! * the next token could take the trie past `max_nodes` nodes (a response too big for an
+//!   otherwise empty trie *stalls*: the rest of its tokens stay out of the trie);
+//! * their tokens, kept for eviction, total more than `max_nodes` (a response keeps at most
+//!   `max_nodes - 1` tokens and its end marker).
+//!
+//! A running response that is evicted is gone: its session's later tokens are ignored.
+//!
+//! The trie stays *suffix-closed*: if a string is in it, so is every suffix of it (every start
+//! position of a consumed token is indexed, and eviction removes from the first). Sessions rely
+//! on it to update their matches cheaply while nothing is removed (see [`ResponseCache::removals`]).
 //!
 //! # Work in slices
 //!
 //! Indexing and evicting cost `max_depth` steps per token, which for a long response is more
-//! than a guest call may take. So [`ResponseCache::push`] only queues a response, and
-//! [`ResponseCache::work`] does at most a given number of steps of the queued work, oldest
-//! first. Sessions call it when they end and on each `feed`, so a response is usually indexed by
-//! the time the next request starts, and always within a few rounds of it. Every change bumps
-//! [`ResponseCache::version`], telling sessions to look up their suffix nodes again.
+//! than a guest call may take. So appending only queues tokens, and [`ResponseCache::work`] does
+//! at most a given number of steps of the queued work, oldest response first. Sessions call it
+//! on each `feed` and when they end, so a running response's tokens usually enter the trie in the
+//! call that feeds them. Every change bumps [`ResponseCache::version`], telling sessions to look
+//! up their suffix nodes again.
 //!
 //! # Saving
 //!
-//! What a blob holds is the list of responses ([`ResponseCache::saved_responses`]), not the
-//! trie: loading queues them like responses of ended sessions, so the trie is rebuilt in slices
-//! over the next calls, under the loading session's caps. [`ResponseCache::has_unsaved_changes`]
-//! tells whether that list changed since it was last saved or loaded.
+//! What a blob holds is the list of closed responses ([`ResponseCache::saved_responses`]), not
+//! the trie, nor responses still being generated: loading queues them like responses of ended
+//! sessions, so the trie is rebuilt in slices over the next calls, under the loading session's
+//! caps. [`ResponseCache::has_unsaved_changes`] tells whether that list changed since it was last
+//! saved or loaded.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use spechost_sdk::Token;
 
 use crate::blob::{Saved, Vocabulary};
-use crate::trie::{END_OF_TEXT, Trie};
+use crate::trie::{END_OF_TEXT, NO_NODE, NodeId, ROOT, Trie};
 
 thread_local! {
     /// The responses of recent requests, indexed; `None` until the first session that uses it.
@@ -68,20 +88,31 @@ pub(crate) struct CacheSettings {
     pub(crate) vocabulary: Vocabulary,
 }
 
+/// Names one response of a [`ResponseCache`] while it is there: its number in opening order,
+/// never reused, not even by a cache that replaces this one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ResponseId(u64);
+
 /// The indexed responses of recent requests.
 pub(crate) struct ResponseCache {
     settings: CacheSettings,
     trie: Trie,
-    /// Oldest first. Fully indexed (or truncated) responses come first, then at most one being
-    /// indexed, then queued ones.
+    /// Oldest first; only the first may be [`State::Evicting`].
     responses: VecDeque<Response>,
-    /// How many responses at the front index nothing more.
-    n_complete: usize,
+    /// The id of `responses[0]` (of the next response to open, when there is none).
+    first_id: u64,
+    /// Ids of the responses with tokens waiting to enter the trie; not stalled nor evicting.
+    pending: BTreeSet<u64>,
+    /// Suffix nodes of the consumed end of each response whose paths end there without a
+    /// continuation (see [`ResponseCache::open_ends`]), by id.
+    open: BTreeMap<u64, Vec<NodeId>>,
     /// Tokens of all responses, end markers included.
     cached_tokens: usize,
     version: u64,
-    /// Bumped whenever the list of responses to save changes: one is queued, or one starts
-    /// being evicted.
+    /// Bumped whenever paths are removed from the trie.
+    removals: u64,
+    /// Bumped whenever the list of responses to save changes: one is closed, or a closed one
+    /// starts being evicted.
     revision: u64,
     /// The `revision` last saved or loaded.
     saved_revision: Option<u64>,
@@ -89,25 +120,41 @@ pub(crate) struct ResponseCache {
 
 /// One response and how much of it the trie holds.
 struct Response {
-    /// The generated tokens followed by [`END_OF_TEXT`].
+    /// The generated tokens, followed by [`END_OF_TEXT`] once closed.
     tokens: Vec<Token>,
-    /// Start positions `0..indexed` are in the trie.
-    indexed: usize,
-    /// No further start positions will be indexed: all are, the trie had no room for the rest,
-    /// or the response is being evicted.
-    complete: bool,
-    /// Its paths are being removed, last start position first; it is dropped once none is left.
-    evicting: bool,
+    /// `tokens[..consumed]` are in the trie (see the module docs).
+    consumed: usize,
+    state: State,
+    /// The trie has no room for more of it, even with every older response evicted: the rest
+    /// of its tokens stay out.
+    stalled: bool,
+}
+
+/// Where a response is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Its session goes on: tokens may be appended.
+    Running,
+    /// Its session ended; its tokens end with [`END_OF_TEXT`].
+    Closed,
+    /// Its paths are being removed, first start position first; `removed` are gone. It is
+    /// dropped once none is left.
+    Evicting { removed: usize },
 }
 
 impl Response {
-    /// Start positions: every token but the end marker.
-    fn starts(&self) -> usize {
-        self.tokens.len() - 1
+    /// Start positions in the trie: the consumed tokens, but a consumed end marker.
+    fn indexed_starts(&self) -> usize {
+        match self.tokens[..self.consumed].last() {
+            Some(&END_OF_TEXT) => self.consumed - 1,
+            _ => self.consumed,
+        }
     }
 
+    /// The path of `start` as the trie holds it: at most `max_depth` tokens, up to the last
+    /// consumed one.
     fn path(&self, start: usize, max_depth: usize) -> &[Token] {
-        &self.tokens[start..(start + max_depth).min(self.tokens.len())]
+        &self.tokens[start..(start + max_depth).min(self.consumed)]
     }
 }
 
@@ -118,9 +165,12 @@ impl ResponseCache {
             settings,
             trie: Trie::new(settings.max_nodes),
             responses: VecDeque::new(),
-            n_complete: 0,
+            first_id: 0,
+            pending: BTreeSet::new(),
+            open: BTreeMap::new(),
             cached_tokens: 0,
             version: 0,
+            removals: 0,
             revision: 0,
             saved_revision: None,
         }
@@ -156,14 +206,13 @@ impl ResponseCache {
         slot: &mut Option<ResponseCache>,
         settings: CacheSettings,
     ) -> &mut ResponseCache {
-        if slot
-            .as_ref()
-            .is_some_and(|cache| cache.settings != settings)
-        {
-            // Keep versions increasing, so that no session mistakes the new trie for the old.
-            let version = slot.as_ref().map_or(0, |cache| cache.version + 1);
+        if let Some(old) = slot.as_ref().filter(|cache| cache.settings != settings) {
+            // Keep versions and ids increasing, so that no session mistakes the new trie for
+            // the old, nor a new response for its own.
             *slot = Some(ResponseCache {
-                version,
+                version: old.version + 1,
+                removals: old.removals + 1,
+                first_id: old.first_id + old.responses.len() as u64,
                 ..ResponseCache::new(settings)
             });
         }
@@ -185,13 +234,28 @@ impl ResponseCache {
         self.version
     }
 
-    /// The responses a blob should hold, oldest first, without end markers: all but those being
-    /// evicted, whether indexed yet or not.
+    /// Changes whenever paths are removed from the trie (nodes may be freed, and their ids
+    /// reused). While it stays the same, the trie only gains counts and nodes: a node found
+    /// earlier still stands for the same string.
+    pub(crate) fn removals(&self) -> u64 {
+        self.removals
+    }
+
+    /// The suffix nodes of the end of each response whose paths end there with nothing after
+    /// them in the trie: running ones, closed ones whose end marker has not entered the trie
+    /// yet (stalled ones included), and ones being evicted from such a state, for the paths not
+    /// removed yet.
+    pub(crate) fn open_ends(&self) -> Vec<&[NodeId]> {
+        self.open.values().map(Vec::as_slice).collect()
+    }
+
+    /// The responses a blob should hold, oldest first, without end markers: the closed ones,
+    /// whether indexed yet or not, but those being evicted.
     pub(crate) fn saved_responses(&self) -> impl Iterator<Item = &[Token]> + Clone {
         self.responses
             .iter()
-            .filter(|response| !response.evicting)
-            .map(|response| &response.tokens[..response.starts()])
+            .filter(|response| response.state == State::Closed)
+            .map(|response| &response.tokens[..response.tokens.len() - 1])
     }
 
     /// Whether [`ResponseCache::saved_responses`] changed since they were last saved or loaded
@@ -207,86 +271,151 @@ impl ResponseCache {
         self.saved_revision = Some(self.revision);
     }
 
-    /// Queues `response` (the tokens one request generated) for indexing. It is cut to
-    /// `max_nodes` tokens; an empty one is ignored.
-    pub(crate) fn push(&mut self, response: &[Token]) {
-        if response.is_empty() {
-            return;
+    /// Opens a running response with its first `tokens` (see [`ResponseCache::append`]);
+    /// `None` if there are none.
+    pub(crate) fn open(&mut self, tokens: &[Token]) -> Option<ResponseId> {
+        if tokens.is_empty() {
+            return None;
         }
-        let kept = response.len().min(self.settings.max_nodes - 1);
-        let mut tokens = Vec::with_capacity(kept + 1);
-        tokens.extend_from_slice(&response[..kept]);
-        tokens.push(END_OF_TEXT);
-        self.cached_tokens += tokens.len();
-        self.revision += 1;
+        let id = ResponseId(self.first_id + self.responses.len() as u64);
         self.responses.push_back(Response {
-            tokens,
-            indexed: 0,
-            complete: false,
-            evicting: false,
+            tokens: Vec::with_capacity(tokens.len()),
+            consumed: 0,
+            state: State::Running,
+            stalled: false,
         });
+        self.append(id, tokens);
+        Some(id)
+    }
+
+    /// Queues `tokens` for the end of the running response `id`, which keeps at most
+    /// `max_nodes - 1` tokens. Does nothing if it was evicted.
+    pub(crate) fn append(&mut self, id: ResponseId, tokens: &[Token]) {
+        let max_tokens = self.settings.max_nodes - 1;
+        let Some(response) = self.running_mut(id) else {
+            return;
+        };
+        let kept = tokens.len().min(max_tokens - response.tokens.len());
+        response.tokens.extend_from_slice(&tokens[..kept]);
+        let stalled = response.stalled;
+        self.cached_tokens += kept;
+        if kept > 0 && !stalled {
+            self.pending.insert(id.0);
+        }
+    }
+
+    /// Ends the running response `id`: it gets its end marker and will be saved. Does nothing
+    /// if it was evicted.
+    pub(crate) fn close(&mut self, id: ResponseId) {
+        let Some(response) = self.running_mut(id) else {
+            return;
+        };
+        response.tokens.push(END_OF_TEXT);
+        response.state = State::Closed;
+        let stalled = response.stalled;
+        self.cached_tokens += 1;
+        self.revision += 1;
+        if !stalled {
+            self.pending.insert(id.0);
+        }
+    }
+
+    /// Queues a finished `response` (the tokens one request generated), as if its session had
+    /// opened and closed it. It is cut to `max_nodes - 1` tokens; an empty one is ignored.
+    pub(crate) fn push(&mut self, response: &[Token]) {
+        if let Some(id) = self.open(response) {
+            self.close(id);
+        }
     }
 
     /// Does up to `budget` steps (nodes visited) of queued indexing and eviction, oldest first;
     /// returns the steps done.
     pub(crate) fn work(&mut self, budget: usize) -> usize {
-        let max_depth = self.settings.max_depth;
         let mut done = 0;
         while done < budget {
-            if let Some(front) = self.responses.front_mut()
-                && front.evicting
+            if self
+                .responses
+                .front()
+                .is_some_and(|front| matches!(front.state, State::Evicting { .. }))
             {
-                if front.indexed == 0 {
-                    self.cached_tokens -= front.tokens.len();
-                    self.responses.pop_front();
-                    self.n_complete -= 1;
-                } else {
-                    front.indexed -= 1;
-                    done += self.trie.remove(front.path(front.indexed, max_depth));
-                }
-                self.version += 1;
-                continue;
-            }
-            if self.responses.len() > self.settings.max_cached_requests
-                || self.cached_tokens > self.settings.max_nodes
-            {
+                done += self.remove_oldest_path();
+            } else if self.over_caps() {
                 self.start_evicting_oldest();
-                continue;
-            }
-            let Some(target) = self.responses.get_mut(self.n_complete) else {
-                break;
-            };
-            let path = target.path(target.indexed, max_depth);
-            if self.trie.room() < path.len() {
-                if self.n_complete == 0 {
+            } else if let Some(&id) = self.pending.first() {
+                if self.trie.room() >= self.nodes_needed(id) {
+                    done += self.consume(id);
+                } else if id == self.first_id {
                     // Nothing older to evict: this response alone fills the trie.
-                    target.complete = true;
-                    self.n_complete += 1;
+                    self.pending.remove(&id);
+                    self.responses[0].stalled = true;
                 } else {
                     self.start_evicting_oldest();
                 }
-                continue;
+            } else {
+                break;
             }
-            done += self
-                .trie
-                .insert(path)
-                .expect("room for the whole path was checked");
-            target.indexed += 1;
-            if target.indexed == target.starts() {
-                target.complete = true;
-                self.n_complete += 1;
-            }
-            self.version += 1;
         }
         done
     }
 
     /// Whether [`ResponseCache::work`] has anything left to do.
     pub(crate) fn is_idle(&self) -> bool {
-        self.n_complete == self.responses.len()
-            && self.responses.len() <= self.settings.max_cached_requests
-            && self.cached_tokens <= self.settings.max_nodes
-            && self.responses.front().is_none_or(|front| !front.evicting)
+        self.pending.is_empty()
+            && !self.over_caps()
+            && self
+                .responses
+                .front()
+                .is_none_or(|front| !matches!(front.state, State::Evicting { .. }))
+    }
+
+    /// The response `id` if it is there and running.
+    fn running_mut(&mut self, id: ResponseId) -> Option<&mut Response> {
+        let index = usize::try_from(id.0.checked_sub(self.first_id)?).ok()?;
+        self.responses
+            .get_mut(index)
+            .filter(|response| response.state == State::Running)
+    }
+
+    fn over_caps(&self) -> bool {
+        self.responses.len() > self.settings.max_cached_requests
+            || self.cached_tokens > self.settings.max_nodes
+    }
+
+    /// The most nodes the next token of response `id` can add: one per path it extends (those
+    /// shorter than `max_depth`), and one for the path it starts.
+    fn nodes_needed(&self, id: u64) -> usize {
+        let max_depth = self.settings.max_depth;
+        self.open.get(&id).map_or(1, |ends| {
+            1 + ends[1..max_depth]
+                .iter()
+                .filter(|&&node| node != NO_NODE)
+                .count()
+        })
+    }
+
+    /// Moves the next pending token of response `id` into the trie; returns the steps taken.
+    ///
+    /// The trie must have room for [`ResponseCache::nodes_needed`] more nodes.
+    fn consume(&mut self, id: u64) -> usize {
+        let max_depth = self.settings.max_depth;
+        let response = &mut self.responses[(id - self.first_id) as usize];
+        let token = response.tokens[response.consumed];
+        let ends = self.open.entry(id).or_insert_with(|| {
+            let mut ends = vec![NO_NODE; max_depth + 1];
+            ends[0] = ROOT;
+            ends
+        });
+        let steps = self.trie.extend_suffixes(ends, token, token != END_OF_TEXT);
+        response.consumed += 1;
+        if response.consumed == response.tokens.len() {
+            self.pending.remove(&id);
+            if response.state == State::Closed {
+                // Its end marker ended every path.
+                self.open.remove(&id);
+            }
+        }
+        self.version += 1;
+        steps
     }
 
     /// Marks the oldest response for eviction; [`ResponseCache::work`] then removes it.
@@ -295,21 +424,56 @@ impl ResponseCache {
             .responses
             .front_mut()
             .expect("only called with responses over a limit, so at least one");
-        front.evicting = true;
-        self.revision += 1;
-        if !front.complete {
-            front.complete = true;
-            self.n_complete += 1;
+        if front.state == State::Closed {
+            self.revision += 1;
         }
+        front.state = State::Evicting { removed: 0 };
+        self.pending.remove(&self.first_id);
     }
 
-    /// The responses, oldest first, each cut to the start positions indexed: what the trie's
-    /// counts must match.
+    /// Removes the next path of the oldest response, which is being evicted, or drops it when
+    /// none is left; returns the steps taken.
+    fn remove_oldest_path(&mut self) -> usize {
+        let max_depth = self.settings.max_depth;
+        let front = self.responses.front_mut().expect("an evicting response");
+        let State::Evicting { removed } = front.state else {
+            unreachable!("only called while the oldest response is being evicted");
+        };
+        if removed == front.indexed_starts() {
+            self.cached_tokens -= front.tokens.len();
+            self.responses.pop_front();
+            self.open.remove(&self.first_id);
+            self.first_id += 1;
+            return 0;
+        }
+        front.state = State::Evicting {
+            removed: removed + 1,
+        };
+        // A path that ended at the consumed end no longer does: its last node may be freed.
+        if let Some(ends) = self.open.get_mut(&self.first_id)
+            && let Some(end) = ends.get_mut(front.consumed - removed)
+        {
+            *end = NO_NODE;
+        }
+        self.version += 1;
+        self.removals += 1;
+        self.trie.remove(front.path(removed, max_depth))
+    }
+
+    /// The responses, oldest first, each as the trie holds it: its consumed tokens, and the
+    /// start positions indexed. What the trie's counts must match.
     #[cfg(test)]
-    pub(crate) fn indexed_texts(&self) -> Vec<(Vec<Token>, usize)> {
+    pub(crate) fn indexed_texts(&self) -> Vec<(Vec<Token>, std::ops::Range<usize>)> {
         self.responses
             .iter()
-            .map(|response| (response.tokens.clone(), response.indexed))
+            .map(|response| {
+                let first = match response.state {
+                    State::Evicting { removed } => removed,
+                    State::Running | State::Closed => 0,
+                };
+                let tokens = response.tokens[..response.consumed].to_vec();
+                (tokens, first..response.indexed_starts())
+            })
             .collect()
     }
 
@@ -339,7 +503,6 @@ pub(crate) mod tests {
     use super::*;
     use crate::blob;
     use crate::trie::tests::{Lcg, substring_counts, trie_counts};
-    use crate::trie::{NO_NODE, ROOT};
 
     fn settings(max_depth: usize, max_nodes: usize, max_cached_requests: usize) -> CacheSettings {
         CacheSettings {
@@ -354,8 +517,8 @@ pub(crate) mod tests {
     pub(crate) fn expected_counts(cache: &ResponseCache) -> BTreeMap<Vec<Token>, u32> {
         let max_depth = cache.settings().max_depth;
         let mut counts = BTreeMap::new();
-        for (tokens, indexed) in cache.indexed_texts() {
-            for start in 0..indexed {
+        for (tokens, starts) in cache.indexed_texts() {
+            for start in starts {
                 let path = &tokens[start..(start + max_depth).min(tokens.len())];
                 for end in 1..=path.len() {
                     *counts.entry(path[..end].to_vec()).or_default() += 1;
@@ -415,7 +578,7 @@ pub(crate) mod tests {
         assert!(cache.is_idle());
         assert_eq!(
             cache.indexed_texts()[0].1,
-            8,
+            0..8,
             "every start position indexed"
         );
     }
@@ -442,6 +605,7 @@ pub(crate) mod tests {
         let mut random = Lcg(3);
         let max_nodes = 150;
         let mut cache = ResponseCache::new(settings(6, max_nodes, 100));
+        let mut most_kept = 0;
         for round in 0..60 {
             let len = 1 + random.below(40) as usize;
             cache.push(&random.text(len, 6));
@@ -456,8 +620,9 @@ pub(crate) mod tests {
                     "round {round}"
                 );
             }
+            most_kept = most_kept.max(cache.len());
         }
-        assert!(cache.len() > 1, "several small responses fit at once");
+        assert!(most_kept > 1, "several small responses fit at once");
     }
 
     #[test]
@@ -467,7 +632,7 @@ pub(crate) mod tests {
         cache.push(&text);
         cache.work(usize::MAX);
         assert!(cache.is_idle());
-        let indexed = cache.indexed_texts()[0].1;
+        let indexed = cache.indexed_texts()[0].1.end;
         assert!(
             (1..30).contains(&indexed),
             "{indexed} start positions indexed"
@@ -498,13 +663,138 @@ pub(crate) mod tests {
     fn cuts_responses_to_max_nodes_tokens() {
         let mut cache = ResponseCache::new(settings(2, 10, 8));
         cache.push(&[1; 25]);
+        assert_eq!(saved(&cache), [[1; 9]]);
+        cache.work(usize::MAX);
+        assert!(cache.is_idle());
         assert_eq!(
             cache.indexed_texts()[0].0.len(),
             10,
             "9 tokens and the end marker"
         );
+    }
+
+    /// Asserts that every suffix of every string in `trie` is in it too.
+    fn assert_suffix_closed(trie: &Trie) {
+        let counts = trie_counts(trie);
+        for string in counts.keys() {
+            if string.len() > 1 && string[1] != END_OF_TEXT {
+                assert!(
+                    counts.contains_key(&string[1..]),
+                    "{string:?} is held but not {:?}",
+                    &string[1..]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn running_responses_enter_the_trie_as_they_grow() {
+        let mut cache = ResponseCache::new(settings(3, 1000, 8));
+        let id = cache.open(&[1, 2]).expect("tokens");
+        cache.work(usize::MAX);
+        // Every start position so far, cut at the last token: nothing follows [1, 2] yet.
+        assert_eq!(
+            trie_counts(cache.trie()),
+            substring_counts([&[1, 2][..]], 3)
+        );
+        assert_eq!(
+            cache.open_ends(),
+            [&[
+                ROOT,
+                cache.trie().find(&[2]),
+                cache.trie().find(&[1, 2]),
+                NO_NODE
+            ][..]]
+        );
+        assert!(saved(&cache).is_empty(), "a running response is not saved");
+        cache.append(id, &[1, 3]);
+        cache.work(usize::MAX);
+        assert_eq!(trie_counts(cache.trie()), expected_counts(&cache));
+        cache.close(id);
+        cache.work(usize::MAX);
+        // Closed and consumed: the same trie as a finished response pushed at once.
+        let mut pushed = ResponseCache::new(settings(3, 1000, 8));
+        pushed.push(&[1, 2, 1, 3]);
+        pushed.work(usize::MAX);
+        assert_eq!(trie_counts(cache.trie()), trie_counts(pushed.trie()));
+        assert!(cache.open_ends().is_empty());
+        assert_eq!(saved(&cache), [[1, 2, 1, 3]]);
+    }
+
+    #[test]
+    fn a_long_append_enters_the_trie_in_slices() {
+        let mut cache = ResponseCache::new(settings(4, 10_000, 8));
+        let id = cache.open(&[7]).expect("tokens");
+        cache.append(id, &(0..100).collect::<Vec<Token>>());
+        let done = cache.work(40);
+        assert!((40..44).contains(&done), "{done} steps for a budget of 40");
+        assert!(!cache.is_idle());
+        assert_eq!(trie_counts(cache.trie()), expected_counts(&cache));
         cache.work(usize::MAX);
         assert!(cache.is_idle());
+        assert_eq!(cache.indexed_texts()[0].1, 0..101);
+    }
+
+    #[test]
+    fn a_running_response_can_be_evicted_and_its_session_goes_on() {
+        let mut cache = ResponseCache::new(settings(3, 1000, 1));
+        let first = cache.open(&[1, 2, 3]).expect("tokens");
+        cache.work(usize::MAX);
+        let second = cache.open(&[4, 5]).expect("tokens");
+        cache.work(usize::MAX);
+        assert_eq!(cache.len(), 1, "the running first response was evicted");
+        assert_eq!(cache.trie().find(&[1]), NO_NODE);
+        assert_eq!(cache.open_ends().len(), 1, "only the second one's end");
+        // Its session's later calls change nothing.
+        cache.append(first, &[6]);
+        cache.close(first);
+        cache.work(usize::MAX);
+        assert_eq!(
+            trie_counts(cache.trie()),
+            substring_counts([&[4, 5][..]], 3)
+        );
+        cache.close(second);
+        cache.work(usize::MAX);
+        assert_eq!(saved(&cache), [[4, 5]]);
+    }
+
+    #[test]
+    fn interleaved_sessions_keep_counts_exact_caps_and_the_trie_suffix_closed() {
+        let mut random = Lcg(27);
+        let (max_depth, max_nodes) = (5, 400);
+        let mut cache = ResponseCache::new(settings(max_depth, max_nodes, 6));
+        let mut running: Vec<ResponseId> = Vec::new();
+        let (mut opened, mut closed) = (0, 0);
+        for step in 0..400 {
+            let len = random.below(6) as usize;
+            let tokens = random.text(len, 4);
+            match random.below(8) {
+                0 => {
+                    running.extend(cache.open(&tokens));
+                    opened += usize::from(!tokens.is_empty());
+                }
+                1 if !running.is_empty() => {
+                    let id = running.swap_remove(random.below(running.len() as u32) as usize);
+                    cache.close(id);
+                    closed += 1;
+                }
+                _ if !running.is_empty() => {
+                    let id = running[random.below(running.len() as u32) as usize];
+                    cache.append(id, &tokens);
+                }
+                _ => {}
+            }
+            cache.work(1 + random.below(40) as usize);
+            assert!(cache.trie().live_nodes() <= max_nodes, "step {step}");
+            assert_eq!(
+                trie_counts(cache.trie()),
+                expected_counts(&cache),
+                "step {step}"
+            );
+            assert_suffix_closed(cache.trie());
+        }
+        assert!(closed > 10, "{closed} responses closed");
+        assert!(opened > cache.len() + 10, "{opened} opened, some evicted");
     }
 
     /// `cache`'s saved responses, through a blob and back into a new cache with `settings`.

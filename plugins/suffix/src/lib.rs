@@ -15,16 +15,27 @@
 //! * the **request trie** indexes this request's context, prompt and generated tokens alike,
 //!   and grows with every fed token;
 //! * the **response cache** indexes the responses (generated tokens only, as in the paper) of
-//!   the last `max_cached_requests` requests. It lives at plugin level, outside any session (see
-//!   the `cache` module), and a request's response enters it when its session is dropped,
-//!   indexed in slices over the next calls so that no call runs long.
+//!   the last `max_cached_requests` requests, those still being generated included. It lives at
+//!   plugin level, outside any session, shared by the sessions open at once (see the `cache`
+//!   module). A request's response enters it as it is generated, with the tokens of each feed,
+//!   and is closed with an end marker when the session is dropped; bulk work is sliced so that
+//!   no call runs long.
+//!
+//! A session's first feed is its prompt; every token fed after it is its response. The host
+//! feeds the prompt alone, then the token decoded with it, then each round's tokens, so every
+//! generated token, the first included, reaches the response cache.
+//!
+//! The session's own response is in both tries. That counts nothing twice: each trie's counts
+//! are exact for its own texts, and the tries' best paths are compared, never added (see the
+//! `view` module).
 //!
 //! For every suffix of the context that a trie holds, the session keeps the suffix's node,
 //! updated as tokens are fed. To propose, it walks from each of them along the most frequent
 //! continuation and keeps the best-scoring path (see the `speculate` module): each token's
 //! *path probability* is the product of `count(child) / continued(node)` along the way, where
 //! `count(s)` is how often string `s` occurs and `continued(s)` how many of those occurrences
-//! some token follows; the walk stops below `min_token_prob`, after
+//! some token follows (not the context's own end, nor the ends of responses still being
+//! generated); the walk stops below `min_token_prob`, after
 //! `floor(alpha * m + beta)` tokens for a match of `m` tokens, or after an end-of-generation
 //! token. A path's score is the sum of its path probabilities; the higher score wins, on a tie
 //! the longer match, between suffixes and between the two tries, and on a full tie the request
@@ -44,8 +55,9 @@
 //!   another vocabulary is ignored with a warning in the host's log, and the cache starts
 //!   empty. The config does not invalidate a blob: it holds responses, not the trie.
 //! * **Saving.** [`Suffix::checkpoint`], which the host calls at the end of a run,
-//!   periodically and at shutdown, saves the cached responses, oldest first, unless they are
-//!   unchanged since the last save or load (or there are none).
+//!   periodically and at shutdown, saves the cached responses of ended sessions (not those
+//!   still being generated), oldest first, unless they are unchanged since the last save or
+//!   load (or there are none).
 //!
 //! The format (magic, version, vocabulary fingerprint, responses, checksum) is described in
 //! the `blob` module. A full cache at the default caps holds at most 2M tokens: a blob of at
@@ -85,11 +97,15 @@
 //! # Cost
 //!
 //! [`Suffix::feed`] advances each of the up to `max_depth` suffix nodes by the new token in the
-//! request trie (creating missing children) and, with `use_global`, in the cache's trie
-//! (following existing children only): `O(max_depth)` steps per token, whatever the context
-//! length. A step is a hash lookup for the two shallowest levels and a scan of a few siblings
-//! below. [`Suffix::propose`] walks at most `max_draft_len` steps from each suffix node, longest
-//! match first, and stops early once no shorter match can win.
+//! request trie (creating missing children) and, with `use_global`, does the same for the
+//! generated tokens in the cache's trie (its response's paths) and moves the context's suffix
+//! nodes there (following existing children only): `O(max_depth)` steps per token and trie,
+//! whatever the context length. A step is a hash lookup for the two shallowest levels and a
+//! scan of a few siblings below. [`Suffix::propose`] first completes the suffix nodes in the
+//! cache's trie if other sessions changed it (typically `O(max_depth)` steps; `O(max_depth^2)`
+//! after an eviction), then walks at most `max_draft_len` steps from each suffix node, longest
+//! match first, and stops early once no shorter match can win; in the cache's trie each step
+//! also checks the ends of the responses being generated, one per session open at once.
 //!
 //! One guest call must finish within the host's deadline, so bulk work is sliced: of a feed
 //! longer than about 2^16 / `max_depth` tokens (a long prompt; 1024 at the default depth), only
@@ -108,7 +124,8 @@
 //! A trie node is 20 bytes, plus about 20 bytes of hash map for the few nodes of depth 1 and 2.
 //! Text that never repeats costs up to `max_depth` nodes per token, so both tries are capped:
 //!
-//! * the cache evicts its oldest responses rather than grow past `max_nodes`;
+//! * the cache evicts its oldest responses, running ones too, rather than grow past
+//!   `max_nodes`;
 //! * a request trie stops growing at `max_request_nodes`: from then on it still counts every
 //!   occurrence of the strings it holds, but learns no new ones (and a path cut short there
 //!   makes later probabilities err low). Older prompt tokens that are indexed late (see Cost)
@@ -131,6 +148,7 @@ mod blob;
 mod cache;
 mod speculate;
 mod trie;
+mod view;
 
 #[cfg(test)]
 mod reference;
@@ -144,6 +162,7 @@ use crate::blob::Vocabulary;
 use crate::cache::{CACHE, CacheSettings, ResponseCache};
 use crate::speculate::{Ends, Limits};
 use crate::trie::{MAX_TRIE_NODES, NO_NODE, NodeId, ROOT, Trie};
+use crate::view::CacheView;
 
 /// Default longest string counted, as in the paper's implementation.
 const DEFAULT_MAX_DEPTH: usize = 64;
@@ -278,13 +297,11 @@ fn get_f64(config: &Config, key: &str, default: f64) -> Result<f64, String> {
 /// The suffix-decoding drafter; one per request.
 pub struct Suffix {
     settings: Settings,
-    /// What the cross-request cache must have been built with for this session to use it.
-    cache_settings: CacheSettings,
     facts: ModelFacts,
     /// Everything fed so far: the prompt, then the committed tokens.
     context: Vec<Token>,
-    /// Length of the first feed, the prompt; what follows it is the response.
-    prompt_len: Option<usize>,
+    /// Whether the first feed, the prompt, came; what follows it is the response.
+    prompt_fed: bool,
     /// The request trie, over `context`.
     trie: Trie,
     /// `live[d]`: the request trie's node for the context's last `d` tokens; `live[0]` is the
@@ -293,10 +310,8 @@ pub struct Suffix {
     /// Start positions not indexed yet (the older part of a long feed), indexed from the end of
     /// the last range. Their paths lie wholly inside `context`.
     backlog: Vec<Range<usize>>,
-    /// Nodes of the context's suffixes in the cache's trie, like `live`.
-    cached: Vec<NodeId>,
-    /// The cache version `cached` was computed for; `None` when it must be found again.
-    cached_version: Option<u64>,
+    /// The session's link to the cross-request cache; `None` without `use_global`.
+    cache: Option<CacheView>,
 }
 
 impl Drafter for Suffix {
@@ -316,26 +331,25 @@ impl Drafter for Suffix {
         live[0] = ROOT;
         Ok(Self {
             settings,
-            cache_settings,
             facts: facts.clone(),
             context: Vec::new(),
-            prompt_len: None,
+            prompt_fed: false,
             trie: Trie::new(settings.max_request_nodes),
-            cached: live.clone(),
             live,
             backlog: Vec::new(),
-            cached_version: None,
+            cache: settings.use_global.then(|| CacheView::new(cache_settings)),
         })
     }
 
+    /// The first feed is the prompt; every later one is generated tokens, the response.
     fn feed(&mut self, tokens: &[Token]) {
-        self.prompt_len.get_or_insert(tokens.len());
+        let generated = std::mem::replace(&mut self.prompt_fed, true);
         let old_len = self.context.len();
         self.context.extend_from_slice(tokens);
         let steps = self.index_fed(old_len);
         self.index_backlog(STEPS_PER_CALL.saturating_sub(steps));
-        if self.settings.use_global {
-            self.follow_cache(tokens);
+        if let Some(cache) = &mut self.cache {
+            cache.feed(&self.context, tokens, generated);
         }
     }
 
@@ -355,26 +369,14 @@ impl Drafter for Suffix {
             alpha,
             beta,
         };
-        let ends = Ends::Live(&self.live);
+        let ends = Ends(&[&self.live]);
         let own = speculate::best_path(&self.trie, &self.live, ends, &limits, &self.facts);
-        if self.settings.use_global {
-            let from_cache = CACHE.with_borrow(|slot| {
-                let cache = slot
-                    .as_ref()
-                    .filter(|cache| *cache.settings() == self.cache_settings)?;
-                if self.cached_version != Some(cache.version()) {
-                    cache.trie().find_suffixes(&self.context, &mut self.cached);
-                    self.cached_version = Some(cache.version());
-                }
-                let trie = cache.trie();
-                let choice =
-                    speculate::best_path(trie, &self.cached, Ends::Closed, &limits, &self.facts)?;
-                let wins = own.is_none_or(|own| choice.beats(&own));
-                wins.then(|| speculate::proposal(trie, &choice, Ends::Closed, &limits, &self.facts))
-            });
-            if let Some(proposal) = from_cache {
-                return proposal;
-            }
+        let from_cache = self
+            .cache
+            .as_mut()
+            .and_then(|cache| cache.propose(&self.context, own.as_ref(), &limits, &self.facts));
+        if let Some(proposal) = from_cache {
+            return proposal;
         }
         match own {
             Some(choice) => speculate::proposal(&self.trie, &choice, ends, &limits, &self.facts),
@@ -442,26 +444,13 @@ fn load_cache(settings: CacheSettings) -> ResponseCache {
     }
 }
 
-/// Hands the response to the cross-request cache.
-///
-/// The session is dropped when its request ends, so the response is complete; it is queued,
-/// and the cache indexes what one call's budget allows at once, the rest in later calls.
+/// Closes the session's response in the cross-request cache: the request ended, so the
+/// response is complete and becomes one the cache saves.
 impl Drop for Suffix {
     fn drop(&mut self) {
-        if !self.settings.use_global {
-            return;
+        if let Some(cache) = &mut self.cache {
+            cache.close();
         }
-        let response = &self.context[self.prompt_len.unwrap_or(0)..];
-        let settings = self.cache_settings;
-        // `try_with`: a thread being torn down (only in native tests) has no cache to feed.
-        let _ = CACHE.try_with(|slot| {
-            let mut slot = slot.borrow_mut();
-            // A session with other settings replaced the cache; this response does not fit it.
-            if let Some(cache) = slot.as_mut().filter(|cache| *cache.settings() == settings) {
-                cache.push(response);
-                cache.work(STEPS_PER_CALL);
-            }
-        });
     }
 }
 
@@ -538,26 +527,6 @@ impl Suffix {
                 .expect("below the backlog limit, so below max_request_nodes");
             range.end = start;
         }
-    }
-
-    /// Does a slice of the cache's queued work, then moves the suffix nodes in the cache's trie
-    /// on by `tokens`, or marks them for a fresh lookup when that is cheaper or the trie changed.
-    fn follow_cache(&mut self, tokens: &[Token]) {
-        let settings = self.cache_settings;
-        CACHE.with_borrow_mut(|slot| {
-            let Some(cache) = slot.as_mut().filter(|cache| *cache.settings() == settings) else {
-                self.cached_version = None;
-                return;
-            };
-            cache.work(STEPS_PER_CALL);
-            if self.cached_version == Some(cache.version()) && tokens.len() <= settings.max_depth {
-                for &token in tokens {
-                    cache.trie().follow_suffixes(&mut self.cached, token);
-                }
-            } else {
-                self.cached_version = None;
-            }
-        });
     }
 }
 
@@ -949,17 +918,36 @@ mod tests {
     }
 
     #[test]
-    fn session_sees_responses_indexed_after_it_started() {
+    fn session_sees_the_responses_of_running_sessions_as_they_grow() {
         let mut earlier = fresh("");
         earlier.feed(&[0]);
-        earlier.feed(&[1, 2, 3, 4, 5]);
+        earlier.feed(&[1, 2, 3]);
         let mut current = session("");
         current.feed(&[7, 1, 2]);
-        assert!(current.propose(2).is_empty(), "nothing cached yet");
-        drop(earlier);
+        // The earlier response ends at 3 for now: nothing follows it yet.
+        assert_eq!(current.propose(2).tokens, [3]);
+        earlier.feed(&[4, 5]);
         assert_eq!(current.propose(2).tokens, [3, 4]);
         current.feed(&[3]);
         assert_eq!(current.propose(2).tokens, [4, 5]);
+        drop(earlier);
+        assert_eq!(current.propose(2).tokens, [4, 5]);
+    }
+
+    #[test]
+    fn an_answers_first_token_reaches_the_cache() {
+        // As the host feeds a request: the prompt alone, then the token decoded with it, then
+        // the rest of the answer.
+        let mut earlier = fresh("");
+        earlier.feed(&[50, 51]);
+        earlier.feed(&[60]);
+        earlier.feed(&[61, 62, 63]);
+        drop(earlier);
+        // Only the answer's first token, 60, can match the end of this prompt.
+        let mut current = session("alpha=3");
+        current.feed(&[9, 60]);
+        assert_eq!(current.propose(8).tokens, [61, 62, 63]);
+        assert_eq!(saved_responses(), [[60, 61, 62, 63]]);
     }
 
     #[test]

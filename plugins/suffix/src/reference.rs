@@ -72,15 +72,16 @@ impl Reference {
         Self::new([context.to_vec()], max_depth)
     }
 
-    /// The cache trie's strings: every substring of each response followed by
-    /// [`END_OF_TEXT`], except the end marker on its own (no path starts there).
-    pub(crate) fn cache(responses: &[Vec<Token>], max_depth: usize) -> Self {
-        let texts = responses.iter().map(|response| {
+    /// The cache trie's strings: every substring of each finished response followed by
+    /// [`END_OF_TEXT`], except the end marker on its own (no path starts there), then of the
+    /// response still being generated, `running`, as it is so far.
+    pub(crate) fn cache(responses: &[Vec<Token>], running: &[Token], max_depth: usize) -> Self {
+        let finished = responses.iter().map(|response| {
             let mut text = response.clone();
             text.push(END_OF_TEXT);
             text
         });
-        Self::new(texts, max_depth)
+        Self::new(finished.chain([running.to_vec()]), max_depth)
     }
 
     fn new(texts: impl IntoIterator<Item = Vec<Token>>, max_depth: usize) -> Self {
@@ -324,22 +325,28 @@ mod tests {
                     }
                 }
             }
-            let cache = Reference::cache(&responses, case.max_depth);
             let context_len = 1 + random.below(50) as usize;
             let context = random.text(context_len, case.alphabet);
             let mut current = case.session();
             if case.use_global {
-                CACHE.with_borrow(|slot| {
-                    let indexed = slot.as_ref().expect("built by the first session");
-                    assert!(indexed.is_idle(), "small responses are indexed at once");
-                    cache.check_trie(indexed.trie(), &format!("case {case_index}: cache"));
-                });
+                check_cache(
+                    &Reference::cache(&responses, &[], case.max_depth),
+                    case_index,
+                );
             }
+            // The first piece is the prompt; the rest is the response, which the cache counts
+            // as it goes.
+            let mut prompt_len = None;
             Case::feed_in_pieces(
                 &mut random,
                 &mut current,
                 &context,
                 |harness, fed, random| {
+                    let prompt_len = *prompt_len.get_or_insert(fed.len());
+                    let cache = Reference::cache(&responses, &fed[prompt_len..], case.max_depth);
+                    if case.use_global {
+                        check_cache(&cache, case_index);
+                    }
                     let rule = Rule {
                         max_draft_len: random.below(10) as usize,
                         ..case.rule
@@ -380,6 +387,15 @@ mod tests {
         );
     }
 
+    /// Checks the cache's trie against `cache`, once every response entered it.
+    fn check_cache(cache: &Reference, case_index: usize) {
+        CACHE.with_borrow(|slot| {
+            let indexed = slot.as_ref().expect("built by the first session");
+            assert!(indexed.is_idle(), "small responses are indexed at once");
+            cache.check_trie(indexed.trie(), &format!("case {case_index}: cache"));
+        });
+    }
+
     /// Compares the plugin's best path in each trie (match length and score) with the
     /// reference's, after a `propose` with `rule.max_draft_len`.
     fn check_best_paths(
@@ -401,7 +417,7 @@ mod tests {
             beta: rule.beta,
         };
         let summary = |walk: Option<&Walk>| walk.map(|walk| (walk.match_len, walk.score));
-        let ends = Ends::Live(&drafter.live);
+        let ends = Ends(&[&drafter.live]);
         let plugin_own =
             speculate::best_path(&drafter.trie, &drafter.live, ends, &limits, &drafter.facts);
         assert_eq!(
@@ -409,13 +425,13 @@ mod tests {
             summary(own),
             "{what}: request trie's best path"
         );
-        if drafter.settings.use_global {
+        if let Some(view) = &drafter.cache {
             CACHE.with_borrow(|slot| {
                 let cache = slot.as_ref().expect("built by the first session");
                 let choice = speculate::best_path(
                     cache.trie(),
-                    &drafter.cached,
-                    Ends::Closed,
+                    &view.matches,
+                    Ends(&cache.open_ends()),
                     &limits,
                     &drafter.facts,
                 );

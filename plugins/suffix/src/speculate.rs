@@ -51,26 +51,26 @@ impl Limits {
     }
 }
 
-/// Which occurrences of a trie's strings have nothing after them yet.
+/// Where the growing texts of a trie end for now: for each text that goes on, its suffix nodes
+/// as a session keeps them (`ends[d]`, the node of the text's last `d` tokens, or [`NO_NODE`]).
+///
+/// An occurrence at such an end has nothing after it yet, so it is left out of `continued`. The
+/// request trie has one growing text, the context; the cache's trie one per response still being
+/// generated (or indexed). Finished texts end with [`END_OF_TEXT`]: every occurrence in them is
+/// followed by something, and a path stops at the end marker.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Ends<'a> {
-    /// The trie indexes the context itself, which goes on: the context's suffix of each length
-    /// `d` (node `live[d]`, as the session keeps it) occurs once at the very end, with no
-    /// continuation yet, so that occurrence is left out of `continued`.
-    Live(&'a [NodeId]),
-    /// The trie indexes finished texts that end with [`END_OF_TEXT`]: every occurrence is
-    /// followed by something, and `continued` is the count. A path stops at the end marker.
-    Closed,
-}
+pub(crate) struct Ends<'a>(pub(crate) &'a [&'a [NodeId]]);
 
 impl Ends<'_> {
     /// Occurrences of `node` (at `depth`) that some token follows.
     fn continued(&self, trie: &Trie, node: NodeId, depth: usize) -> u32 {
-        let count = trie.count(node);
-        match self {
-            Ends::Live(live) if live.get(depth) == Some(&node) => count.saturating_sub(1),
-            Ends::Live(_) | Ends::Closed => count,
-        }
+        let open = self
+            .0
+            .iter()
+            .filter(|ends| ends.get(depth) == Some(&node))
+            .count();
+        // Each growing text ends in one place, an occurrence it counted: `open <= count`.
+        trie.count(node).saturating_sub(open as u32)
     }
 }
 

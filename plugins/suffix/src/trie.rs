@@ -283,6 +283,30 @@ impl Trie {
         }
     }
 
+    /// Completes `suffixes` for the end of `text` after the trie only gained paths: looks up the
+    /// suffixes longer than the longest one held, shortest first, until one is missing.
+    ///
+    /// Exact when `suffixes` holds the nodes of the suffixes of length `1..=n` for some `n`
+    /// (nodes that still stand for their strings, as none was removed) and the trie is
+    /// suffix-closed, so that a missing suffix has no longer one. Typically one failed lookup,
+    /// `O(max_depth)` steps; at worst those of [`Trie::find_suffixes`].
+    pub(crate) fn find_longer_suffixes(&self, text: &[Token], suffixes: &mut [NodeId]) {
+        let held = suffixes[1..]
+            .iter()
+            .take_while(|&&node| node != NO_NODE)
+            .count();
+        for (length, suffix) in suffixes.iter_mut().enumerate().skip(held + 1) {
+            let Some(start) = text.len().checked_sub(length) else {
+                return;
+            };
+            let node = self.find(&text[start..]);
+            if node == NO_NODE {
+                return;
+            }
+            *suffix = node;
+        }
+    }
+
     /// The node of `path`, or [`NO_NODE`].
     pub(crate) fn find(&self, path: &[Token]) -> NodeId {
         let mut node = ROOT;
@@ -772,6 +796,24 @@ pub(crate) mod tests {
         trie.remove(&[1, 2, 3]);
         assert_eq!(trie.token(trie.best_child(two)), 6);
         assert_eq!(trie.count(trie.best_child(two)), 1);
+    }
+
+    #[test]
+    fn longer_suffixes_found_after_insertions_equal_a_fresh_lookup() {
+        let mut random = Lcg(19);
+        let max_depth = 6;
+        let mut trie = Trie::new(100_000);
+        let text = random.text(60, 3);
+        insert_text(&mut trie, &text[..30], max_depth);
+        let mut suffixes = vec![NO_NODE; max_depth + 1];
+        trie.find_suffixes(&text, &mut suffixes);
+        // More text makes longer suffixes of `text` appear; nothing is removed.
+        insert_text(&mut trie, &text[25..], max_depth);
+        let mut fresh = vec![NO_NODE; max_depth + 1];
+        trie.find_suffixes(&text, &mut fresh);
+        assert_ne!(suffixes, fresh, "the insertion made a difference");
+        trie.find_longer_suffixes(&text, &mut suffixes);
+        assert_eq!(suffixes, fresh);
     }
 
     #[test]
