@@ -245,6 +245,7 @@ impl ResponseCache {
     /// them in the trie: running ones, closed ones whose end marker has not entered the trie
     /// yet (stalled ones included), and ones being evicted from such a state, for the paths not
     /// removed yet.
+    #[cfg(test)]
     pub(crate) fn open_ends(&self) -> Vec<&[NodeId]> {
         self.open.values().map(Vec::as_slice).collect()
     }

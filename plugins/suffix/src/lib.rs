@@ -32,10 +32,10 @@
 //! For every suffix of the context that a trie holds, the session keeps the suffix's node,
 //! updated as tokens are fed. To propose, it walks from each of them along the most frequent
 //! continuation and keeps the best-scoring path (see the `speculate` module): each token's
-//! *path probability* is the product of `count(child) / continued(node)` along the way, where
-//! `count(s)` is how often string `s` occurs and `continued(s)` how many of those occurrences
-//! some token follows (not the context's own end, nor the ends of responses still being
-//! generated); the walk stops below `min_token_prob`, after
+//! *path probability* is the product of `count(child) / count(node)` along the way, where
+//! `count(s)` is how often string `s` occurs, its occurrence at the context's own end (and at the
+//! ends of responses still being generated) included though nothing follows it yet, as the
+//! reference implementation counts (`docs/suffix.md`); the walk stops below `min_token_prob`, after
 //! `floor(alpha * m + beta)` tokens for a match of `m` tokens, or after an end-of-generation
 //! token. A path's score is the sum of its path probabilities; the higher score wins, on a tie
 //! the longer match, between suffixes and between the two tries, and on a full tie the request
@@ -140,9 +140,10 @@
 //! # Confidence
 //!
 //! Each proposed token's confidence is its path probability: the fraction of the matched
-//! suffix's continued occurrences that went on exactly as proposed up to that token, as far as
-//! the greedy path's counts tell. It is 1 for a suffix that was always followed the same way,
-//! and never increases along a proposal.
+//! suffix's occurrences that went on exactly as proposed up to that token, as far as the greedy
+//! path's counts tell. The occurrence at the context's end counts, so a suffix seen `n` times
+//! before, always followed the same way, has `n / (n + 1)`: little evidence is discounted. It
+//! never increases along a proposal.
 
 mod blob;
 mod cache;
@@ -160,7 +161,7 @@ use spechost_sdk::{Drafter, Level, ModelFacts, Proposal, Token, export_drafter, 
 
 use crate::blob::Vocabulary;
 use crate::cache::{CACHE, CacheSettings, ResponseCache};
-use crate::speculate::{Ends, Limits};
+use crate::speculate::Limits;
 use crate::trie::{MAX_TRIE_NODES, NO_NODE, NodeId, ROOT, Trie};
 use crate::view::CacheView;
 
@@ -369,8 +370,7 @@ impl Drafter for Suffix {
             alpha,
             beta,
         };
-        let ends = Ends(&[&self.live]);
-        let own = speculate::best_path(&self.trie, &self.live, ends, &limits, &self.facts);
+        let own = speculate::best_path(&self.trie, &self.live, &limits, &self.facts);
         let from_cache = self
             .cache
             .as_mut()
@@ -379,7 +379,7 @@ impl Drafter for Suffix {
             return proposal;
         }
         match own {
-            Some(choice) => speculate::proposal(&self.trie, &choice, ends, &limits, &self.facts),
+            Some(choice) => speculate::proposal(&self.trie, &choice, &limits, &self.facts),
             None => Proposal::empty(),
         }
     }
@@ -596,63 +596,66 @@ mod tests {
 
     #[test]
     fn confidence_is_the_path_probability() {
-        // After 1: 2 twice, 3 once, so P(2 | 1) = 2/3. The live 1 at the end has no
-        // continuation and is left out. After [1, 2]: 5 both times.
+        // 1 occurs four times, the live one at the end included: 2 follows twice, so
+        // P(2 | 1) = 2/4. After [1, 2]: 5 both times.
         let proposal = proposal("alpha=0,beta=2", &[1, 2, 5, 1, 2, 5, 1, 3, 0, 1], 2);
         assert_eq!(proposal.tokens, [2, 5]);
-        assert_confidence(&proposal.confidence, &[2.0 / 3.0, 2.0 / 3.0]);
+        assert_confidence(&proposal.confidence, &[0.5, 0.5]);
     }
 
     #[test]
-    fn continued_occurrences_leave_out_the_live_end() {
-        // 7 occurs three times; the last, at the end, is not followed by anything yet, so
-        // P(8 | 7) = 2/2. Counting it would give 2/3.
+    fn the_live_end_counts_as_an_occurrence() {
+        // 7 occurs three times; the last, at the end, is not followed by anything yet but
+        // counts, as in the reference implementation: P(8 | 7) = 2/3, not 2/2.
         let proposal = proposal("", &[7, 8, 0, 7, 8, 1, 7], 1);
         assert_eq!(proposal.tokens, [8]);
-        assert_confidence(&proposal.confidence, &[1.0]);
+        assert_confidence(&proposal.confidence, &[2.0 / 3.0]);
     }
 
     #[test]
     fn a_shorter_match_wins_with_a_higher_score() {
-        // [1..=6] four times, then [9, 1, 7, 9, 1]. The match [9, 1] was followed by [7, 9, 1]
-        // once (probability 1 each, up to the live end). The match [1] is followed by 2 four
-        // times out of five (0.8), then by [3, 4, 5] always.
+        // [1..=6] four times, then [9, 1, 7, 9, 1]. The match [9, 1] occurs twice (once at the
+        // live end) and was followed by [7, 9, 1] once: 1/2, then 1/2 for each token after.
+        // The match [1] occurs six times and is followed by 2 four times (2/3), then by
+        // [3, 4, 5] always.
         let context = [
             1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 9, 1, 7, 9, 1,
         ];
-        // alpha=1: [9, 1] may propose 2 tokens (score 2), [1] only 1 (score 0.8).
+        // alpha=1: [9, 1] may propose 2 tokens (score 1), [1] only 1 (score 2/3).
         assert_eq!(proposed("", &context, 8), [7, 9]);
-        // alpha=4: [9, 1] proposes [7, 9, 1] (score 3), [1] proposes [2, 3, 4, 5] (score 3.2).
+        // alpha=4: [9, 1] proposes [7, 9, 1] (score 1.5), [1] proposes [2, 3, 4, 5] (8/3).
         let proposal = proposal("alpha=4", &context, 8);
         assert_eq!(proposal.tokens, [2, 3, 4, 5]);
-        assert_confidence(&proposal.confidence, &[0.8, 0.8, 0.8, 0.8]);
-        // Capped at 3 tokens, [1] scores 2.4 and [9, 1] wins again.
-        assert_eq!(proposed("alpha=4", &context, 3), [7, 9, 1]);
+        assert_confidence(&proposal.confidence, &[2.0 / 3.0; 4]);
+        // Capped at 1 token, [1] scores 2/3 and [9, 1] 1/2.
+        assert_eq!(proposed("alpha=4", &context, 1), [2]);
     }
 
     #[test]
     fn equal_scores_go_to_the_longer_match() {
-        // After [1, 2]: 5 once, 6 once; the tie goes to the latest, 6, with probability 1/2.
-        // After [2]: 5, 3, 6, 3, so 3 with probability 2/4. Both score 0.5 for one token.
-        let context = [1, 2, 5, 0, 2, 3, 7, 1, 2, 6, 0, 2, 3, 8, 1, 2];
+        // [1, 2] occurs twice (once at the end), followed by 5: 1/2. [2] occurs four times,
+        // followed by 5, 3, 3: 3 with 2/4. Both score 0.5 for one token.
+        let context = [1, 2, 5, 0, 2, 3, 0, 2, 3, 1, 2];
         let proposal = proposal("alpha=0,beta=1", &context, 4);
-        assert_eq!(proposal.tokens, [6], "the match of 2 wins the tie");
+        assert_eq!(proposal.tokens, [5], "the match of 2 wins the tie");
         assert_confidence(&proposal.confidence, &[0.5]);
         // Where [1, 2] occurs only at the end, the match of 1 proposes 3.
-        let context = [0, 2, 5, 0, 2, 3, 7, 4, 2, 6, 0, 2, 3, 8, 1, 2];
+        let context = [0, 2, 5, 0, 2, 3, 0, 2, 3, 1, 2];
         assert_eq!(proposed("alpha=0,beta=1", &context, 4), [3]);
     }
 
     #[test]
     fn equal_scores_between_the_tries_go_to_the_request() {
-        let mut earlier = fresh("");
+        let config = "alpha=0,beta=1";
+        let mut earlier = fresh(config);
         earlier.feed(&[0]);
-        earlier.feed(&[1, 2, 3, 4]);
+        earlier.feed(&[1, 2, 3, 4, 1, 2, 5]);
         drop(earlier);
-        let mut current = session("");
+        let mut current = session(config);
         current.feed(&[1, 2, 8, 9, 1, 2]);
-        // Both tries match [1, 2] and continue it with probability 1: the request trie wins.
-        assert_eq!(current.propose(2).tokens, [8, 9]);
+        // Both tries match [1, 2] twice and continue it once with the token they propose:
+        // 1/2 each, and the request trie wins.
+        assert_eq!(current.propose(2).tokens, [8]);
         // The cache's longer match [1, 2, 3] wins outright.
         current.feed(&[3]);
         assert_eq!(current.propose(2).tokens, [4]);
@@ -660,10 +663,11 @@ mod tests {
 
     #[test]
     fn children_tied_on_count_resolve_to_the_latest() {
-        // After 1: 2 once, then 3 once. The most recent continuation wins the tie.
+        // After 1: 2 once, then 3 once (of three occurrences, the live end's included). The
+        // most recent continuation wins the tie.
         let proposal = proposal("", &[1, 2, 5, 1, 3, 6, 1], 1);
         assert_eq!(proposal.tokens, [3]);
-        assert_confidence(&proposal.confidence, &[0.5]);
+        assert_confidence(&proposal.confidence, &[1.0 / 3.0]);
     }
 
     #[test]
@@ -686,18 +690,19 @@ mod tests {
 
     #[test]
     fn stops_below_min_token_prob() {
-        // After [1, 2]: 3 always. After [1, 2, 3]: 4 twice, 5 once, 6 once: 1/2.
+        // [1, 2] occurs five times (once at the end), followed by 3 four times: 0.8. After
+        // [1, 2, 3]: 4 twice, 5 once, 6 once: 1/2, so 0.4 from there on.
         let context = [
             1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 5, 0, 1, 2, 3, 6, 0, 1, 2,
         ];
         let config = "alpha=0,beta=4";
         assert_eq!(
-            proposed(&format!("{config},min_token_prob=0.6"), &context, 4),
+            proposed(&format!("{config},min_token_prob=0.5"), &context, 4),
             [3]
         );
-        let proposal = proposal(&format!("{config},min_token_prob=0.5"), &context, 4);
+        let proposal = proposal(&format!("{config},min_token_prob=0.4"), &context, 4);
         assert_eq!(proposal.tokens, [3, 4, 0, 1]);
-        assert_confidence(&proposal.confidence, &[1.0, 0.5, 0.5, 0.5]);
+        assert_confidence(&proposal.confidence, &[0.8, 0.4, 0.4, 0.4]);
         assert!(proposed(&format!("{config},min_token_prob=1"), &[1, 2, 1, 3, 1], 4).is_empty());
     }
 
@@ -706,7 +711,7 @@ mod tests {
         let context = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4];
         for max_draft_len in 0..6 {
             assert_eq!(
-                proposed("", &context, max_draft_len),
+                proposed("alpha=2", &context, max_draft_len),
                 context[4..4 + max_draft_len]
             );
         }

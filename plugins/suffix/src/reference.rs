@@ -4,7 +4,7 @@
 //!
 //! The rule, as the crate docs state it: for each suffix of the context of length `m` that a
 //! trie holds, follow the most frequent continuation, each token's path probability being the
-//! product of `count(child) / continued(node)` along the way; stop below `min_token_prob`, after
+//! product of `count(child) / count(node)` along the way; stop below `min_token_prob`, after
 //! `min(max_draft_len, floor(alpha * m + beta))` tokens, after an end-of-generation token, or at
 //! the end of a text. The path with the highest sum of path probabilities wins, on a tie the longer
 //! match; the cache's best path replaces the request's only if it wins that comparison.
@@ -123,11 +123,6 @@ impl Reference {
             .map(|(key, entry)| (key[string.len()], *entry))
     }
 
-    /// Occurrences of `string` that some token follows within the counted depth.
-    fn continued(&self, string: &[Token]) -> u32 {
-        self.children(string).map(|(_, entry)| entry.count).sum()
-    }
-
     /// The most frequent continuation of `string` and its count; among equal counts, the one
     /// that occurred last.
     pub(crate) fn best_child(&self, string: &[Token]) -> Option<(Token, u32)> {
@@ -176,7 +171,7 @@ impl Reference {
             if token == END_OF_TEXT {
                 break;
             }
-            probability *= (f64::from(count) / f64::from(self.continued(&path))).min(1.0);
+            probability *= (f64::from(count) / f64::from(self.count(&path))).min(1.0);
             if probability < rule.min_token_prob {
                 break;
             }
@@ -232,7 +227,7 @@ mod tests {
     use super::*;
     use crate::Suffix;
     use crate::cache::CACHE;
-    use crate::speculate::{self, Ends, Limits};
+    use crate::speculate::{self, Limits};
     use crate::trie::tests::Lcg;
 
     const VOCAB_SIZE: u32 = 16;
@@ -417,9 +412,8 @@ mod tests {
             beta: rule.beta,
         };
         let summary = |walk: Option<&Walk>| walk.map(|walk| (walk.match_len, walk.score));
-        let ends = Ends(&[&drafter.live]);
         let plugin_own =
-            speculate::best_path(&drafter.trie, &drafter.live, ends, &limits, &drafter.facts);
+            speculate::best_path(&drafter.trie, &drafter.live, &limits, &drafter.facts);
         assert_eq!(
             plugin_own.map(|choice| (choice.match_len, choice.score)),
             summary(own),
@@ -428,13 +422,8 @@ mod tests {
         if let Some(view) = &drafter.cache {
             CACHE.with_borrow(|slot| {
                 let cache = slot.as_ref().expect("built by the first session");
-                let choice = speculate::best_path(
-                    cache.trie(),
-                    &view.matches,
-                    Ends(&cache.open_ends()),
-                    &limits,
-                    &drafter.facts,
-                );
+                let choice =
+                    speculate::best_path(cache.trie(), &view.matches, &limits, &drafter.facts);
                 assert_eq!(
                     choice.map(|choice| (choice.match_len, choice.score)),
                     summary(cached),
@@ -473,13 +462,12 @@ mod tests {
                 .collect::<Vec<_>>(),
             [2, 3, 4, 5]
         );
-        assert!((walk.score - 3.2).abs() < 1e-12, "score {}", walk.score);
-        assert_eq!(reference.count(&[1]), 6);
-        assert_eq!(
-            reference.continued(&[1]),
-            5,
-            "the 1 at the end has no continuation"
+        assert!(
+            (walk.score - 8.0 / 3.0).abs() < 1e-12,
+            "score {}",
+            walk.score
         );
+        assert_eq!(reference.count(&[1]), 6, "the 1 at the end counts too");
         assert_eq!(reference.best_child(&[1]), Some((2, 4)));
     }
 }

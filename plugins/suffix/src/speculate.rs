@@ -3,8 +3,10 @@
 //!
 //! For each suffix of the context that the trie holds (match length `m`, longest first), walk
 //! from its node to the child with the highest count, again and again. Each step's probability
-//! is `count(child) / continued(node)`, where `continued` counts the node's occurrences that are
-//! followed by a token (see [`Ends`]); the path probability is the product of the steps so far.
+//! is `count(child) / count(node)`, the node's occurrence at the end of a text that goes on (the
+//! context, a response being generated) included though nothing follows it yet, as the reference
+//! implementation counts: a string seen once or twice before is discounted, where one seen
+//! often barely is. The path probability is the product of the steps so far.
 //! The walk stops before a token whose path probability would fall below `min_token_prob`,
 //! after `cap(m) = min(max_draft_len, floor(alpha * m + beta))` tokens, after an end-of-generation
 //! token, and where the trie ends. A path's score is the sum of its tokens' path probabilities
@@ -51,29 +53,6 @@ impl Limits {
     }
 }
 
-/// Where the growing texts of a trie end for now: for each text that goes on, its suffix nodes
-/// as a session keeps them (`ends[d]`, the node of the text's last `d` tokens, or [`NO_NODE`]).
-///
-/// An occurrence at such an end has nothing after it yet, so it is left out of `continued`. The
-/// request trie has one growing text, the context; the cache's trie one per response still being
-/// generated (or indexed). Finished texts end with [`END_OF_TEXT`]: every occurrence in them is
-/// followed by something, and a path stops at the end marker.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Ends<'a>(pub(crate) &'a [&'a [NodeId]]);
-
-impl Ends<'_> {
-    /// Occurrences of `node` (at `depth`) that some token follows.
-    fn continued(&self, trie: &Trie, node: NodeId, depth: usize) -> u32 {
-        let open = self
-            .0
-            .iter()
-            .filter(|ends| ends.get(depth) == Some(&node))
-            .count();
-        // Each growing text ends in one place, an occurrence it counted: `open <= count`.
-        trie.count(node).saturating_sub(open as u32)
-    }
-}
-
 /// The best path found in one trie: where it starts and how good it is.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Choice {
@@ -97,7 +76,6 @@ impl Choice {
 pub(crate) fn best_path(
     trie: &Trie,
     matches: &[NodeId],
-    ends: Ends<'_>,
     limits: &Limits,
     facts: &ModelFacts,
 ) -> Option<Choice> {
@@ -113,7 +91,7 @@ pub(crate) fn best_path(
         if best.is_some_and(|best| best.score >= cap as f64) {
             break;
         }
-        let (len, score) = walk(trie, start, match_len, cap, ends, limits, facts, |_, _| {});
+        let (len, score) = walk(trie, start, match_len, cap, limits, facts, |_, _| {});
         let choice = Choice {
             start,
             match_len,
@@ -131,7 +109,6 @@ pub(crate) fn best_path(
 pub(crate) fn proposal(
     trie: &Trie,
     choice: &Choice,
-    ends: Ends<'_>,
     limits: &Limits,
     facts: &ModelFacts,
 ) -> Proposal {
@@ -142,7 +119,6 @@ pub(crate) fn proposal(
         choice.start,
         choice.match_len,
         cap,
-        ends,
         limits,
         facts,
         |token, probability| {
@@ -156,13 +132,11 @@ pub(crate) fn proposal(
 
 /// Follows best children from `start` (at `depth`) for at most `cap` tokens, calling
 /// `emit(token, path_probability)` for each; returns the tokens walked and their score.
-#[allow(clippy::too_many_arguments)] // One private helper, called in two places.
 fn walk(
     trie: &Trie,
     start: NodeId,
     depth: usize,
     cap: usize,
-    ends: Ends<'_>,
     limits: &Limits,
     facts: &ModelFacts,
     mut emit: impl FnMut(Token, f64),
@@ -170,18 +144,17 @@ fn walk(
     let (mut node, mut depth) = (start, depth);
     let (mut len, mut score, mut probability) = (0, 0.0, 1.0);
     while len < cap {
-        let continued = ends.continued(trie, node, depth);
         let child = trie.best_child(node);
-        if continued == 0 || child == NO_NODE {
+        if child == NO_NODE {
             break;
         }
         let token = trie.token(child);
         if token == END_OF_TEXT {
             break;
         }
-        // A child never counts more than its parent's continued occurrences; `min` guards the
-        // confidence range all the same.
-        probability *= (f64::from(trie.count(child)) / f64::from(continued)).min(1.0);
+        // A child never counts more than its parent; `min` guards the confidence range all
+        // the same.
+        probability *= (f64::from(trie.count(child)) / f64::from(trie.count(node))).min(1.0);
         if probability < limits.min_token_prob {
             break;
         }

@@ -12,9 +12,9 @@
 //! together, where the request trie sees only this request's. Where both tries propose the same
 //! from the response alone, they score the same and the request trie wins the tie.
 //!
-//! In both tries the occurrence at the very end of the context has no continuation yet and is
-//! left out of the probabilities (see the `speculate` module's `Ends`): in the cache's trie
-//! that is the end of this session's response, and of every other response being generated.
+//! In both tries the occurrence at the very end of the context counts in the probabilities,
+//! though nothing follows it yet (see the `speculate` module): in the cache's trie that is the
+//! end of this session's response, and of every other response being generated.
 //!
 //! # Keeping the suffix nodes current
 //!
@@ -31,7 +31,7 @@ use spechost_sdk::{ModelFacts, Proposal, Token};
 
 use crate::STEPS_PER_CALL;
 use crate::cache::{CACHE, CacheSettings, ResponseCache, ResponseId};
-use crate::speculate::{self, Choice, Ends, Limits};
+use crate::speculate::{self, Choice, Limits};
 use crate::trie::{NO_NODE, NodeId, ROOT};
 
 /// A session's link to the cross-request cache.
@@ -113,12 +113,10 @@ impl CacheView {
                 .as_ref()
                 .filter(|cache| *cache.settings() == self.settings)?;
             self.refresh(cache, context);
-            let open_ends = cache.open_ends();
-            let ends = Ends(&open_ends);
             let trie = cache.trie();
-            let choice = speculate::best_path(trie, &self.matches, ends, limits, facts)?;
+            let choice = speculate::best_path(trie, &self.matches, limits, facts)?;
             let wins = own.is_none_or(|own| choice.beats(own));
-            wins.then(|| speculate::proposal(trie, &choice, ends, limits, facts))
+            wins.then(|| speculate::proposal(trie, &choice, limits, facts))
         })
     }
 
