@@ -306,8 +306,9 @@ fn serves_the_draft_model_and_persists_plugin_state_across_restarts() {
     let cold = post(&server, "/v1/chat/completions", &suffix_body);
     assert_eq!(chat_text(&cold), plain_text);
     // A fixed draft length: the default `cost` policy leaves out a draft model that does not
-    // pay, and this one does not on 2 cores.
-    for cascade in ["draft", "suffix,draft"] {
+    // pay, and this one does not on 2 cores. The draft model comes first: `suffix` has seen this
+    // very answer and would win every round ahead of it.
+    for cascade in ["draft", "draft,suffix"] {
         let answer = post(
             &server,
             "/v1/chat/completions",
