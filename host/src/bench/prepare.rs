@@ -70,6 +70,12 @@ pub fn prepare(
     limits: &TokenLimits,
     ctx_size: u32,
 ) -> anyhow::Result<Vec<Prepared>> {
+    let preferred = resolve_prompt_style(style, target);
+    let model = if target.has_chat_template() {
+        "the model has a chat template"
+    } else {
+        "the model has no chat template (a base model)"
+    };
     workload
         .requests
         .iter()
@@ -82,19 +88,12 @@ pub fn prepare(
                     request.id
                 )
             };
-            let preferred = resolve_prompt_style(style, target);
             let prompt = match (request.prompt(preferred), style) {
                 (Err(_), PromptStyle::Auto) => request.prompt(other_style(preferred)),
                 (prompt, _) => prompt,
             };
-            let prompt = prompt.map_err(|problem| {
-                let model = if target.has_chat_template() {
-                    "the model has a chat template"
-                } else {
-                    "the model has no chat template (a base model)"
-                };
-                anyhow::anyhow!("{}: {problem} ({model})", where_())
-            })?;
+            let prompt =
+                prompt.map_err(|problem| anyhow::anyhow!("{}: {problem} ({model})", where_()))?;
             let (opening, text) = match prompt {
                 Prompt::Chat(messages) => {
                     let pairs: Vec<(&str, &str)> = messages
