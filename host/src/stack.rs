@@ -15,7 +15,7 @@
 //! ([`build_cascade`]), which checks every config before anything decodes.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -23,24 +23,16 @@ use anyhow::Context as _;
 use crate::cascade::{
     Cascade, CascadeSettings, DraftModelFactory, DraftSource, ModelFacts, PolicySetup,
 };
-use crate::config::DraftSettings;
-use crate::engine::{DraftModelHost, Target, TargetParams};
-use crate::placement::{PinnedDraftFactory, Plan};
+use crate::config::{DraftSettings, StackSettings};
+use crate::engine::{DraftModelHost, Target};
+use crate::placement::PinnedDraftFactory;
 use crate::plugins::{LoadError, LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
 
 /// What a [`Stack`] loads.
 #[derive(Debug, Clone, Copy)]
 pub struct StackConfig<'a> {
-    /// Threads and CPU pinning.
-    pub placement: &'a Plan,
-    /// The target GGUF.
-    pub model: &'a Path,
-    /// How the target (and the draft model) are loaded.
-    pub target: &'a TargetParams,
-    /// The draft model, if one was asked for.
-    pub draft: Option<&'a DraftSettings>,
-    /// Extra directories searched for built-in plugins.
-    pub plugin_dirs: &'a [PathBuf],
+    /// The target, its threads and pinning, the draft model and where plugins come from.
+    pub settings: &'a StackSettings,
     /// Where plugins' cross-request state is kept, if anywhere.
     pub state_dir: Option<&'a Path>,
     /// spechost's cache (compiled plugins, default models).
@@ -76,29 +68,30 @@ impl<P> Stack<P> {
         decoding: Decoding,
         load_plugins: impl FnOnce(&PluginHost) -> anyhow::Result<(P, Vec<LoadedPlugin>)>,
     ) -> anyhow::Result<Self> {
-        for warning in &config.placement.warnings {
+        let settings = config.settings;
+        for warning in &settings.placement.warnings {
             tracing::warn!("{warning}");
         }
-        config
+        settings
             .placement
             .pin_auxiliary()
             .context("pinning the plugin host's threads")?;
         let host = PluginHost::new(PluginHostConfig {
             cache_dir: Some(config.cache_dir.to_owned()),
-            plugin_dirs: config.plugin_dirs.to_vec(),
+            plugin_dirs: settings.plugin_dirs.clone(),
             state_dir: config.state_dir.map(Path::to_owned),
             ..PluginHostConfig::default()
         })
         .context("starting the plugin host")?;
         let (plugins, drafting) = load_plugins(&host)?;
-        require_draft_model(&drafting, config.draft)?;
+        require_draft_model(&drafting, settings.draft.as_ref())?;
         if decoding == Decoding::OnThisThread {
-            config
+            settings
                 .placement
                 .pin_compute()
                 .context("pinning the target's compute threads")?;
         }
-        let target = Arc::new(Target::load(config.model, config.target)?);
+        let target = Arc::new(Target::load(&settings.model, &settings.target)?);
         if let Some(draft_model) = load_draft_model(config, &target)? {
             host.attach_draft_model(draft_model);
         }
@@ -132,7 +125,7 @@ fn load_draft_model(
     config: &StackConfig<'_>,
     target: &Target,
 ) -> anyhow::Result<Option<Arc<dyn DraftModelFactory>>> {
-    let Some(settings) = config.draft else {
+    let Some(settings) = &config.settings.draft else {
         return Ok(None);
     };
     if let Some(default_draft) = settings.default_draft {
@@ -143,7 +136,7 @@ fn load_draft_model(
     let draft: Arc<dyn DraftModelFactory> = Arc::new(DraftModelHost::load_for(
         target,
         &settings.model,
-        config.target,
+        &config.settings.target,
     )?);
     Ok(Some(match &settings.cpus {
         Some(cpus) => Arc::new(PinnedDraftFactory::new(draft, cpus.clone())),

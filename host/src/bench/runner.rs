@@ -254,11 +254,7 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
     let mut progress = None;
     let stack = Stack::load(
         &StackConfig {
-            placement: &config.placement,
-            model: &config.model,
-            target: &config.target,
-            draft: config.draft.as_ref(),
-            plugin_dirs: &config.plugin_dirs,
+            settings: &config.stack,
             state_dir: None,
             cache_dir,
         },

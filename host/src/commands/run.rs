@@ -15,11 +15,7 @@ use crate::stack::{Decoding, Stack, StackConfig, build_cascade};
 pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
     let stack = Stack::load(
         &StackConfig {
-            placement: &config.placement,
-            model: &config.model,
-            target: &config.target,
-            draft: config.draft.as_ref(),
-            plugin_dirs: &config.plugin_dirs,
+            settings: &config.stack,
             state_dir: config.state_dir.as_deref(),
             cache_dir,
         },
@@ -88,7 +84,7 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
     save_plugin_states(plugins);
     if config.json {
         let report = serde_json::json!({
-            "model": config.model,
+            "model": config.stack.model,
             "cascade": cascade.source_names(),
             "cascade_mode": config.cascade_mode,
             "policy": cascade.policy_name(),
@@ -104,7 +100,7 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
             "mean_accepted_per_draft_round": outcome.stats.mean_accepted_per_draft_round(),
             "stats": outcome.stats,
             "placement": {
-                "plan": config.placement,
+                "plan": config.stack.placement,
                 "threads": placement::thread_cpus()?,
             },
         });

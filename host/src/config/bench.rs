@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use super::common::{
-    DEFAULT_MAX_TOKENS, DEFAULT_POLICY, DraftSettings, TargetArgs, check_max_draft_len,
+    DEFAULT_MAX_TOKENS, DEFAULT_POLICY, StackSettings, TargetArgs, check_max_draft_len,
     check_plugin_settings_target_cascade, draft_settings, merge_plugin_settings,
     parse_cascade_modes, resolve_model, session_params,
 };
@@ -15,7 +15,6 @@ use super::error::ConfigError;
 use super::file::FileRun;
 use crate::cascade::CascadeMode;
 use crate::engine::{DEFAULT_MAX_DRAFT_LEN, SessionParams, TargetParams};
-use crate::placement::Plan;
 use crate::plugins::{PolicySpec, SourceSpec, parse_cascade, parse_policy};
 
 /// How a model is prompted: chat template or raw continuation.
@@ -103,8 +102,8 @@ pub const DEFAULT_BENCH_WARMUP: usize = 1;
 /// output equal plain decoding token for token.
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
-    /// The target GGUF.
-    pub model: PathBuf,
+    /// The target, its threads and pinning, the draft model and where plugins come from.
+    pub stack: StackSettings,
     /// Workload files, in the order given; each is named by its file stem.
     pub workloads: Vec<PathBuf>,
     /// How the model is prompted.
@@ -132,16 +131,8 @@ pub struct BenchConfig {
     pub default_max_tokens: usize,
     /// Per-plugin configuration strings, by source name.
     pub plugin_configs: BTreeMap<String, String>,
-    /// Extra directories searched for built-in plugins, before the default ones.
-    pub plugin_dirs: Vec<PathBuf>,
     /// llama.cpp context settings; `threads` is the plan's.
     pub session: SessionParams,
-    /// Model loading settings (of the draft model too).
-    pub target: TargetParams,
-    /// Threads and CPU pinning.
-    pub placement: Plan,
-    /// The draft model offered to drafter plugins, if any.
-    pub draft: Option<DraftSettings>,
     /// Where to write the result files, if anywhere.
     pub out: Option<PathBuf>,
 }
@@ -189,7 +180,13 @@ impl BenchArgs {
             cache_dir,
         )?;
         Ok(BenchConfig {
-            model,
+            stack: StackSettings {
+                model,
+                target: self.target.target_params(&placement),
+                plugin_dirs: self.target.plugin_dirs(),
+                placement,
+                draft,
+            },
             workloads: self.workloads,
             prompt_style: self.prompt_style,
             cascades,
@@ -203,11 +200,7 @@ impl BenchArgs {
             max_tokens_cap: self.max_tokens,
             default_max_tokens: DEFAULT_MAX_TOKENS,
             plugin_configs,
-            plugin_dirs: self.target.plugin_dirs(),
             session,
-            target: self.target.target_params(&placement),
-            placement,
-            draft,
             out: self.out,
         })
     }

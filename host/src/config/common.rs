@@ -394,6 +394,22 @@ pub(super) fn draft_settings(
     }))
 }
 
+/// What every command that decodes loads before it starts, validated: `Stack::load` takes it
+/// whole.
+#[derive(Debug, Clone)]
+pub struct StackSettings {
+    /// The target GGUF.
+    pub model: PathBuf,
+    /// How the target (and the draft model) are loaded.
+    pub target: TargetParams,
+    /// Threads and CPU pinning.
+    pub placement: Plan,
+    /// The draft model offered to drafter plugins, if any.
+    pub draft: Option<DraftSettings>,
+    /// Extra directories searched for built-in plugins, before the default ones.
+    pub plugin_dirs: Vec<PathBuf>,
+}
+
 /// `--draft-model auto`: the default draft of the (default) target.
 pub const AUTO_DRAFT: &str = "auto";
 
@@ -510,7 +526,7 @@ mod tests {
                 ..RunArgs::default()
             };
             args.into_config(cache)
-                .map(|c| c.draft.expect("a draft model"))
+                .map(|c| c.stack.draft.expect("a draft model"))
         };
         let smollm2 = DefaultDraft::of(DefaultModel::SmolLm2);
         let auto = draft("auto", None).expect("auto next to the default target");
@@ -554,7 +570,7 @@ mod tests {
         let config = args(Some("auto"), Some(1))
             .into_config(Path::new("/c"))
             .expect("valid");
-        assert_eq!(config.draft.expect("draft").model.threads, 1);
+        assert_eq!(config.stack.draft.expect("draft").model.threads, 1);
         for (bad, needle) in [
             (
                 args(Some("auto"), Some(0)),
@@ -571,7 +587,7 @@ mod tests {
         let plain = args(None, None)
             .into_config(Path::new("/c"))
             .expect("valid");
-        assert_eq!(plain.draft, None);
+        assert_eq!(plain.stack.draft, None);
     }
     #[test]
     fn draft_cpus_set_the_draft_threads_and_need_a_draft_model() {
@@ -592,6 +608,7 @@ mod tests {
         let draft = args(Some("auto"))
             .into_config(Path::new("/c"))
             .expect("valid")
+            .stack
             .draft
             .expect("a draft");
         assert_eq!((draft.model.threads, draft.cpus), (1, Some(one.clone())));

@@ -28,7 +28,7 @@ pub use self::cli::{Cli, Command, ModelsCommand, SuffixCommand};
 pub(crate) use self::common::fresh_seed;
 pub use self::common::{
     AUTO_DRAFT, DEFAULT_MAX_TOKENS, DEFAULT_POLICY, DraftSettings, MIN_CTX_SIZE, PlacementArgs,
-    TargetArgs,
+    StackSettings, TargetArgs,
 };
 pub use self::env::cache_dir;
 pub use self::error::ConfigError;

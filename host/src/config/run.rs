@@ -7,15 +7,14 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use super::common::{
-    DEFAULT_MAX_TOKENS, DraftSettings, SamplingArgs, SpeculationArgs, TargetArgs,
+    DEFAULT_MAX_TOKENS, SamplingArgs, SpeculationArgs, StackSettings, TargetArgs,
     check_plugin_settings_target_cascade, draft_settings, merge_plugin_settings, resolve_model,
     session_params,
 };
 use super::error::ConfigError;
 use super::file::{FileConfig, read_file_config, table_to_plugin_config};
 use crate::cascade::CascadeMode;
-use crate::engine::{SamplingParams, SessionParams, StopStrings, TargetParams};
-use crate::placement::Plan;
+use crate::engine::{SamplingParams, SessionParams, StopStrings};
 use crate::plugins::{PolicySpec, SourceSpec, parse_policy};
 
 /// Flags of `spechost run`.
@@ -59,8 +58,8 @@ pub struct RunArgs {
 /// Everything `spechost run` needs, validated.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
-    /// The target GGUF.
-    pub model: PathBuf,
+    /// The target, its threads and pinning, the draft model and where plugins come from.
+    pub stack: StackSettings,
     /// The prompt text.
     pub prompt: String,
     /// Whether to skip the chat template.
@@ -69,8 +68,6 @@ pub struct RunConfig {
     pub cascade: Vec<SourceSpec>,
     /// Per-plugin configuration strings (`key=value,key=value`), by source name.
     pub plugin_configs: BTreeMap<String, String>,
-    /// Extra directories searched for built-in plugins, before the default ones.
-    pub plugin_dirs: Vec<PathBuf>,
     /// Where plugins' cross-request state is kept, if anywhere.
     pub state_dir: Option<PathBuf>,
     /// The draft-length policy.
@@ -87,12 +84,6 @@ pub struct RunConfig {
     pub stop: StopStrings,
     /// llama.cpp context settings; `threads` is the plan's.
     pub session: SessionParams,
-    /// Model loading settings (of the draft model too).
-    pub target: TargetParams,
-    /// Threads and CPU pinning.
-    pub placement: Plan,
-    /// The draft model offered to drafter plugins, if any.
-    pub draft: Option<DraftSettings>,
     /// Stats as JSON.
     pub json: bool,
 }
@@ -140,12 +131,17 @@ impl RunArgs {
         let stop = StopStrings::new(run.stop.into_iter().chain(self.stop))?;
         let prompt = read_prompt(self.prompt, self.prompt_file.as_deref())?;
         Ok(RunConfig {
-            model,
+            stack: StackSettings {
+                model,
+                target: self.target.target_params(&placement),
+                plugin_dirs: self.target.plugin_dirs(),
+                placement,
+                draft,
+            },
             prompt,
             raw: self.raw,
             cascade: speculation.cascade,
             plugin_configs,
-            plugin_dirs: self.target.plugin_dirs(),
             state_dir: self.target.state_dir.clone().or(run.state_dir),
             policy,
             cascade_mode: speculation.cascade_mode,
@@ -154,9 +150,6 @@ impl RunArgs {
             sampling,
             stop,
             session,
-            target: self.target.target_params(&placement),
-            placement,
-            draft,
             json: self.json,
         })
     }

@@ -7,16 +7,15 @@ use std::time::Duration;
 use clap::Args;
 
 use super::common::{
-    DEFAULT_MAX_TOKENS, DraftSettings, SamplingArgs, SpeculationArgs, TargetArgs,
+    DEFAULT_MAX_TOKENS, SamplingArgs, SpeculationArgs, StackSettings, TargetArgs,
     check_plugin_settings_target_cascade, draft_settings, merge_plugin_settings, resolve_model,
     session_params,
 };
 use super::error::ConfigError;
 use super::file::FileRun;
 use crate::cascade::CascadeMode;
-use crate::engine::{MessageContents, SamplingParams, SessionParams, TargetParams};
+use crate::engine::{MessageContents, SamplingParams, SessionParams};
 use crate::models::DefaultModel;
-use crate::placement::Plan;
 use crate::plugins::SourceSpec;
 use crate::server::{AllowedHosts, ConnectionLimits};
 
@@ -135,14 +134,10 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 10;
 /// Everything `spechost serve` needs, validated.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
-    /// The target GGUF.
-    pub model: PathBuf,
+    /// The target, its threads and pinning, the draft model and where plugins come from.
+    pub stack: StackSettings,
     /// The model's name in the API.
     pub model_id: String,
-    /// The draft model offered to drafter plugins, if one was asked for.
-    pub draft: Option<DraftSettings>,
-    /// Where the slots' compute threads and everything else run.
-    pub placement: Plan,
     /// Default draft sources in order (empty: plain decoding).
     pub cascade: Vec<SourceSpec>,
     /// Default cascade mode.
@@ -151,8 +146,6 @@ pub struct ServeConfig {
     pub policy: String,
     /// Per-plugin configuration strings, by plugin name.
     pub plugin_configs: BTreeMap<String, String>,
-    /// Extra directories searched for built-in plugins, before the default ones.
-    pub plugin_dirs: Vec<PathBuf>,
     /// Default most draft tokens per round, and the most a request may ask for.
     pub max_draft_len: usize,
     /// `max_tokens` of requests that give none.
@@ -163,8 +156,6 @@ pub struct ServeConfig {
     pub sampling: SamplingParams,
     /// Settings of each slot's llama.cpp context.
     pub session: SessionParams,
-    /// Model loading settings.
-    pub target: TargetParams,
     /// Host name or address to listen on.
     pub host: String,
     /// Port to listen on (0: any free one).
@@ -313,21 +304,23 @@ impl ServeArgs {
             });
         }
         Ok(ServeConfig {
-            model,
+            stack: StackSettings {
+                model,
+                target: self.target.target_params(&placement),
+                plugin_dirs: self.target.plugin_dirs(),
+                placement,
+                draft,
+            },
             model_id,
-            draft,
             cascade: speculation.cascade,
             cascade_mode: speculation.cascade_mode,
             policy: speculation.policy,
             plugin_configs,
-            plugin_dirs: self.target.plugin_dirs(),
             max_draft_len: speculation.max_draft_len,
             default_max_tokens,
             max_tokens_limit,
             sampling,
             session,
-            target: self.target.target_params(&placement),
-            placement,
             host,
             port: self.port.unwrap_or(DEFAULT_SERVE_PORT),
             parallel,

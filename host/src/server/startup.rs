@@ -51,11 +51,7 @@ pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
         target,
     } = Stack::load(
         &StackConfig {
-            placement: &config.placement,
-            model: &config.model,
-            target: &config.target,
-            draft: config.draft.as_ref(),
-            plugin_dirs: &config.plugin_dirs,
+            settings: &config.stack,
             state_dir: config.state_dir.as_deref(),
             cache_dir,
         },
@@ -133,6 +129,7 @@ pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
             .name("spechost-http".into())
             .spawn_scoped(scope, move || {
                 let served = config
+                    .stack
                     .placement
                     .pin_auxiliary()
                     .context("pinning the server's threads")
@@ -159,7 +156,7 @@ fn create_context<'t>(
     index: usize,
     ready: &mpsc::Sender<Result<u32, EngineError>>,
 ) -> Option<Session<'t>> {
-    if let Err(error) = config.placement.pin_compute() {
+    if let Err(error) = config.stack.placement.pin_compute() {
         tracing::warn!(slot = index, %error, "cannot pin the slot to the compute CPUs; it runs unpinned");
     }
     match target.session(&config.session) {
@@ -228,7 +225,14 @@ fn start_shared(
         public_metrics: config.public_metrics,
         allowed_hosts: config.allowed_hosts.clone(),
         message_contents: config.message_contents,
-        plugin_dirs: PluginDirs::new(config.plugin_dirs.iter().chain(&config.watch).cloned()),
+        plugin_dirs: PluginDirs::new(
+            config
+                .stack
+                .plugin_dirs
+                .iter()
+                .chain(&config.watch)
+                .cloned(),
+        ),
     })
 }
 

@@ -266,7 +266,7 @@ impl Report {
             })
             .collect();
         Self {
-            model: config.model.clone(),
+            model: config.stack.model.clone(),
             prompt_style: match prompt_style {
                 PromptStyle::Raw => "raw",
                 PromptStyle::Chat | PromptStyle::Auto => "chat",
