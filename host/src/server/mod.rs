@@ -80,4 +80,4 @@ pub mod wire;
 
 pub use self::connections::ConnectionLimits;
 pub use self::hosts::AllowedHosts;
-pub use self::startup::serve;
+pub use self::startup::{Embedding, serve, serve_embedded};

@@ -19,6 +19,7 @@
 //! `--shutdown-timeout`, then the ones still open are cancelled; the slots save the plugins'
 //! state (with `--state-dir`) and their threads exit.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
@@ -41,8 +42,38 @@ use crate::plugins::PluginHost;
 use crate::plugins::SourceSpec;
 use crate::stack::{Decoding, Stack, StackConfig};
 
+/// How a server started from code (`spechost bench --clients`) tells its address and is
+/// stopped, besides Ctrl-C and SIGTERM.
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    /// Receives the address once the server listens.
+    pub listening: mpsc::Sender<SocketAddr>,
+    /// Stops the server as SIGTERM does once notified (a notification before the server
+    /// listens is kept).
+    pub stop: Arc<tokio::sync::Notify>,
+}
+
 /// Runs the server until Ctrl-C or SIGTERM.
 pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
+    serve_with(config, cache_dir, None)
+}
+
+/// Runs the server until Ctrl-C, SIGTERM or `embedding.stop`, sending its address to
+/// `embedding.listening` once it listens. Decoding runs on the calling thread, which should be
+/// the process's main thread (see the [module](self) docs).
+pub fn serve_embedded(
+    config: &ServeConfig,
+    cache_dir: &Path,
+    embedding: Embedding,
+) -> anyhow::Result<()> {
+    serve_with(config, cache_dir, Some(embedding))
+}
+
+fn serve_with(
+    config: &ServeConfig,
+    cache_dir: &Path,
+    embedding: Option<Embedding>,
+) -> anyhow::Result<()> {
     // Requests may choose any loaded plugin and policy: every built-in is loaded with the
     // default cascade's; only the default cascade must have its draft model.
     let Stack {
@@ -133,7 +164,15 @@ pub fn serve(config: &ServeConfig, cache_dir: &Path) -> anyhow::Result<()> {
                     .placement
                     .pin_auxiliary()
                     .context("pinning the server's threads")
-                    .and_then(|()| serve_http(config, AppState::new(shared), &registry, &metrics));
+                    .and_then(|()| {
+                        serve_http(
+                            config,
+                            AppState::new(shared),
+                            &registry,
+                            &metrics,
+                            embedding,
+                        )
+                    });
                 // Slots finish what is queued, then stop.
                 queue.close();
                 served
@@ -243,6 +282,7 @@ fn serve_http(
     state: AppState,
     registry: &Arc<Registry>,
     metrics: &Arc<Metrics>,
+    embedding: Option<Embedding>,
 ) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -282,10 +322,28 @@ fn serve_http(
             admin = config.admin_token.is_some(),
             "serving"
         );
-        // Scripts and tests read the address from this line; it is the only line on stdout.
-        println!("listening on http://{address}");
+        let stop = match embedding {
+            Some(embedding) => {
+                let _ = embedding.listening.send(address);
+                Some(embedding.stop)
+            }
+            None => {
+                // Scripts and tests read the address from this line; it is the only line on
+                // stdout.
+                println!("listening on http://{address}");
+                None
+            }
+        };
         let shutdown = async {
-            shutdown_signal().await;
+            match stop {
+                Some(stop) => tokio::select! {
+                    () = shutdown_signal() => {}
+                    () = stop.notified() => {
+                        tracing::info!("shutting down: stopped by the embedding program");
+                    }
+                },
+                None => shutdown_signal().await,
+            }
             // New requests get 503 from now on; the slots finish what they hold, then stop.
             queue.close();
         };
