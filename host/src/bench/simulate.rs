@@ -31,7 +31,7 @@ use crate::cascade::{Cascade, CascadeSettings, ModelFacts, Token, matching_prefi
 use crate::config::SimulateConfig;
 use crate::engine::{
     EngineError, GenerationStats, Prefill, Request, RoundDecision, RoundDraft, SamplingParams,
-    StopStrings, Verifier, generate,
+    StopStrings, Verified, Verifier, VerifyBatch, generate,
 };
 use crate::plugins::{PluginHost, PluginHostConfig};
 use crate::stack::build_cascade;
@@ -122,7 +122,7 @@ impl Verifier for TraceVerifier<'_> {
         Ok(Prefill::Done { first })
     }
 
-    fn verify(&mut self, round: &RoundDraft) -> Result<Vec<Token>, EngineError> {
+    fn verify(&mut self, round: &RoundDraft) -> Result<Verified, EngineError> {
         let upcoming = &self.output[self.given..];
         if upcoming.is_empty() {
             return Err(EngineError::TraceEnded);
@@ -132,7 +132,19 @@ impl Verifier for TraceVerifier<'_> {
         // stopped there).
         let target = &upcoming[..(n_accepted + 1).min(upcoming.len())];
         self.given += target.len();
-        Ok(target.to_vec())
+        // What the recorded target took for a batch of this size: the policy learns from it as
+        // it would from the real target.
+        let time = self
+            .target
+            .verify_costs()
+            .per_batch
+            .get(round.tokens.len())
+            .copied()
+            .unwrap_or_default();
+        Ok(Verified {
+            tokens: target.to_vec(),
+            batch: VerifyBatch::alone(round, target.len(), time),
+        })
     }
 }
 

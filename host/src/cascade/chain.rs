@@ -40,8 +40,12 @@ pub struct Draft {
 pub struct RoundTiming {
     /// Time spent in [`Cascade::propose`].
     pub draft_time: Duration,
-    /// Time the target spent verifying.
+    /// Time the target spent on the verify batch that held the round.
     pub verify_time: Duration,
+    /// Tokens that batch decoded, every request's together (0: the round was alone).
+    pub batch_rows: usize,
+    /// Tokens that batch committed, every request's together (0: the round was alone).
+    pub batch_committed: usize,
 }
 
 /// Draft sources in priority order, the policy, and their statistics.
@@ -296,6 +300,8 @@ impl Cascade {
             verify_time: timing.verify_time,
             n_verified: draft.tokens.len() + 1,
             n_accepted,
+            batch_verified: timing.batch_rows.max(draft.tokens.len() + 1),
+            batch_committed: timing.batch_committed.max(committed.len()),
             committed_text: committed_text.to_owned(),
         };
         let _plugin = policy_span(self.policy.as_ref(), "observe");

@@ -48,12 +48,16 @@ pub struct RoundRecord {
     pub sources: Vec<SourceRound>,
     /// Time spent asking sources for proposals.
     pub draft_time: Duration,
-    /// Time the target spent verifying.
+    /// Time the target spent on the verify batch that held the round (every request's rows).
     pub verify_time: Duration,
-    /// Tokens in the verify batch (1 + draft length).
+    /// Tokens of this request in the verify batch (1 + draft length).
     pub n_verified: usize,
     /// Draft tokens accepted.
     pub n_accepted: usize,
+    /// Tokens the verify batch decoded, every request's together (`n_verified` when alone).
+    pub batch_verified: usize,
+    /// Tokens the verify batch's rounds committed together (`n_accepted + 1` when alone).
+    pub batch_committed: usize,
     /// Text of the committed tokens, when the policy wants it.
     pub committed_text: String,
 }

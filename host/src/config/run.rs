@@ -118,7 +118,9 @@ impl RunArgs {
         if max_tokens == 0 {
             return Err(ConfigError::ZeroMaxTokens);
         }
-        let session = session_params(placement.threads, self.target.ctx_size.or(run.ctx_size))?;
+        let mut session =
+            session_params(placement.threads, self.target.ctx_size.or(run.ctx_size))?;
+        session.max_draft_len = speculation.max_draft_len;
         let draft = draft_settings(
             self.target.draft_model.clone().or(run.draft_model.clone()),
             self.target.draft_threads.or(run.draft_threads),

@@ -49,9 +49,15 @@ pub struct ServeArgs {
     /// file stem.
     #[arg(long)]
     pub served_model_name: Option<String>,
-    /// Requests generated at once, each in its own llama.cpp context (slot).
+    /// Requests generated at once (slots). Their tokens and drafts share every decode of one
+    /// llama.cpp context, each request in a KV cache of its own of --ctx-size tokens.
     #[arg(long)]
     pub parallel: Option<usize>,
+    /// Most prompt tokens read per step for a request that is starting: running requests keep
+    /// streaming between two chunks of a long prompt, and a cancelled request stops at the
+    /// next chunk.
+    #[arg(long, value_name = "TOKENS")]
+    pub prefill_chunk: Option<usize>,
     /// Requests that may wait for a slot; more get 429 with Retry-After.
     #[arg(long)]
     pub max_queue: Option<usize>,
@@ -104,6 +110,10 @@ pub const DEFAULT_SERVE_HOST: &str = "127.0.0.1";
 
 /// Default port of `spechost serve`.
 pub const DEFAULT_SERVE_PORT: u16 = 8080;
+
+/// Default `--prefill-chunk`: a chunk of a long prompt holds running requests up for about as
+/// long as 256 tokens take to read (half a second for SmolLM2-135M on 2 cores).
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
 
 /// Default requests waiting for a slot.
 pub const DEFAULT_MAX_QUEUE: usize = 64;
@@ -162,6 +172,8 @@ pub struct ServeConfig {
     pub port: u16,
     /// Slots: requests generated at once.
     pub parallel: usize,
+    /// Most prompt tokens read per step for a starting request.
+    pub prefill_chunk: usize,
     /// Requests that may wait for a slot.
     pub max_queue: usize,
     /// Largest request body, in bytes.
@@ -233,22 +245,21 @@ impl ServeArgs {
         }
         let parallel = self.parallel.unwrap_or(1);
         let max_body_bytes = self.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        let prefill_chunk = self.prefill_chunk.unwrap_or(DEFAULT_PREFILL_CHUNK);
         for (flag, value) in [
             ("--parallel", parallel),
             ("--max-body-bytes", max_body_bytes),
+            ("--prefill-chunk", prefill_chunk),
         ] {
             if value == 0 {
                 return Err(ConfigError::ZeroCount { flag });
             }
         }
-        // Slots share the cores: each context gets its part unless --threads says otherwise.
+        // One context decodes for every slot, with all the compute threads.
         let placement = self.target.placement.plan(&FileRun::default())?;
-        let threads = self
-            .target
-            .placement
-            .threads
-            .unwrap_or_else(|| (placement.threads / parallel).max(1));
-        let session = session_params(threads, self.target.ctx_size)?;
+        let mut session = session_params(placement.threads, self.target.ctx_size)?;
+        session.sequences = parallel;
+        session.max_draft_len = speculation.max_draft_len;
         let draft = draft_settings(
             self.target.draft_model.clone(),
             self.target.draft_threads,
@@ -324,6 +335,7 @@ impl ServeArgs {
             host,
             port: self.port.unwrap_or(DEFAULT_SERVE_PORT),
             parallel,
+            prefill_chunk,
             max_queue: self.max_queue.unwrap_or(DEFAULT_MAX_QUEUE),
             max_body_bytes,
             admin_token,

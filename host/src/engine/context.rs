@@ -3,12 +3,21 @@
 //!
 //! The settings (flash attention over a Q8_0 KV cache, a full sliding-window cache) make every
 //! query row of attention the same computation at any batch size; `docs/exactness.md` says why.
+//! A context holds one or several sequences ([`SeqId`]), each in a KV stream of its own
+//! (llama.cpp's `kv_unified = false`): a sequence's cells hold exactly its positions, in order,
+//! whatever the other sequences do, so its attention is computed as in a context of its own,
+//! and one decode may hold rows of every sequence.
+//!
 //! The matrix products of batches with Q8_0, Q5_0 or Q4_0 weights go to the host's batched kernel
 //! (`engine::batch_backend`) when it is on. Its arithmetic is ggml's, checked by its unit tests
-//! against ggml's single-row kernels; the check here proves it again on the real model: three
-//! tokens decoded one at a time (llama.cpp's own kernels throughout) and as one batch must give
+//! against ggml's single-row kernels; the check here proves it again on the real model, for the
+//! batch shapes the context will decode: the rows of a largest verify batch of one sequence and,
+//! with several sequences, beside them rows of sequences with other lengths and other contexts,
+//! decoded one at a time (llama.cpp's own kernels throughout) and then as one batch, must give
 //! the same logits, bit for bit, or the host's products are turned off for the process and the
-//! context is made again without them.
+//! context is made again without them (then the check runs once more, on llama.cpp's kernels
+//! alone, and a difference there is logged as a warning: output may then differ from plain
+//! decoding near ties).
 
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
@@ -23,19 +32,57 @@ use crate::cascade::Token;
 
 /// `LLAMA_FLASH_ATTN_TYPE_ENABLED` in llama.cpp's `llama_flash_attn_type`.
 const FLASH_ATTENTION_ON: i32 = 1;
-/// Tokens of the start-up check.
-const CHECK_POSITIONS: usize = 3;
-/// The one sequence a context decodes.
-const SEQUENCE: i32 = 0;
+/// Tokens of the start-up check beside the longest sequence's: a second sequence's rows and
+/// the context they follow (so rows of different lengths and contexts share the batch).
+const CHECK_SECOND_ROWS: usize = 3;
+/// Context of the check's second sequence before its rows.
+const CHECK_SECOND_CONTEXT: usize = 5;
+
+/// One sequence of a context: a request's place in its KV cache, a stream of cells of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SeqId(pub u32);
+
+impl SeqId {
+    /// The sequence of a context that decodes one request at a time.
+    pub const FIRST: SeqId = SeqId(0);
+
+    fn llama(self) -> i32 {
+        self.0 as i32
+    }
+}
+
+impl std::fmt::Display for SeqId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// Settings of a context.
 pub(super) struct ContextSettings {
-    /// Context size in tokens.
+    /// Context size of each sequence, in tokens.
     pub(super) ctx_size: u32,
     /// Most tokens per decode (also llama.cpp's micro-batch).
     pub(super) batch_size: u32,
     /// Compute threads.
     pub(super) threads: usize,
+    /// Sequences the context holds, each with `ctx_size` tokens of KV cache.
+    pub(super) sequences: u32,
+    /// Rows of the longest batch of one sequence the start-up check decodes (the largest
+    /// verify batch), cut to the batch and context sizes.
+    pub(super) check_rows: usize,
+}
+
+/// Tokens of one sequence in a decode: at positions `position..`, with logits at `outputs`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Rows<'t> {
+    /// Whose tokens they are.
+    pub(super) seq: SeqId,
+    /// The tokens, in order.
+    pub(super) tokens: &'t [Token],
+    /// Position of the first.
+    pub(super) position: usize,
+    /// Which of them get logits.
+    pub(super) outputs: Outputs,
 }
 
 /// Which positions of a decoded batch get logits.
@@ -59,11 +106,12 @@ impl Outputs {
     }
 }
 
-/// A llama.cpp context of the target or the draft model, decoding one sequence.
+/// A llama.cpp context of the target or the draft model, decoding one or several sequences.
 pub(super) struct ModelContext<'m> {
     context: LlamaContext<'m>,
     batch: LlamaBatch<'static>,
     batch_capacity: usize,
+    sequences: u32,
     /// Matrix products of this context's decodes that the host's batched kernel computed.
     host_products: u64,
 }
@@ -78,24 +126,34 @@ impl<'m> ModelContext<'m> {
         settings: &ContextSettings,
     ) -> Result<Self, String> {
         let mut context = Self::create(backend, model, settings)?;
-        if !batch_backend_enabled() {
-            return Ok(context);
-        }
-        let checked = context.check_batches();
+        let checked = context.check_batches(settings.check_rows);
         context.clear();
         match checked {
             Ok(products) if products > 0 => tracing::info!(
                 products,
+                rows = settings.check_rows,
+                sequences = settings.sequences,
                 "batches: the host computes the Q8_0/Q5_0/Q4_0 matrix products (checked bit-exact against one-by-one decoding)"
             ),
-            Ok(_) => tracing::debug!("batches: no Q8_0/Q5_0/Q4_0 matrix products for the host"),
-            Err(reason) => {
+            Ok(_) => tracing::debug!(
+                rows = settings.check_rows,
+                sequences = settings.sequences,
+                "batches: llama.cpp computes every matrix product (checked bit-exact against one-by-one decoding)"
+            ),
+            Err(reason) if batch_backend_enabled() => {
                 tracing::warn!(%reason, "batches: the host's batched matrix products differ from llama.cpp's; llama.cpp computes them from now on");
                 disable_batch_backend();
                 // This context's scheduler may have placed products on the host already.
                 drop(context);
-                return Self::create(backend, model, settings);
+                let mut context = Self::create(backend, model, settings)?;
+                let checked = context.check_batches(settings.check_rows);
+                context.clear();
+                if let Err(reason) = checked {
+                    warn_not_batch_invariant(&reason);
+                }
+                return Ok(context);
             }
+            Err(reason) => warn_not_batch_invariant(&reason),
         }
         Ok(context)
     }
@@ -106,8 +164,16 @@ impl<'m> ModelContext<'m> {
         model: &'m LlamaModel,
         settings: &ContextSettings,
     ) -> Result<Self, String> {
+        let sequences = settings.sequences.max(1);
         let params = LlamaContextParams::default()
-            .with_n_ctx(std::num::NonZeroU32::new(settings.ctx_size))
+            .with_n_ctx(std::num::NonZeroU32::new(
+                settings.ctx_size.saturating_mul(sequences),
+            ))
+            .with_n_seq_max(sequences)
+            // Each sequence in a stream of cells of its own: its positions stay in order
+            // in its cells whatever the others decode and roll back, so its attention sums
+            // over the same cells in the same order as in a context of its own.
+            .with_kv_unified(false)
             .with_n_batch(settings.batch_size)
             .with_n_ubatch(settings.batch_size)
             .with_n_threads(settings.threads as i32)
@@ -129,13 +195,20 @@ impl<'m> ModelContext<'m> {
             context,
             batch: LlamaBatch::new(batch_capacity, 1),
             batch_capacity,
+            sequences,
             host_products: 0,
         })
     }
 
-    /// Context size in tokens.
+    /// Context size of each sequence, in tokens.
     pub(super) fn n_ctx(&self) -> u32 {
-        self.context.n_ctx()
+        // llama.cpp rounds each sequence's share up and the total to the shares' sum.
+        self.context.n_ctx() / self.sequences
+    }
+
+    /// Sequences the context holds.
+    pub(super) fn sequences(&self) -> u32 {
+        self.sequences
     }
 
     /// Most tokens one decode takes.
@@ -149,30 +222,51 @@ impl<'m> ModelContext<'m> {
         self.host_products
     }
 
-    /// Decodes `tokens` at positions `position..` in one batch, with logits at `outputs`.
+    /// Decodes `tokens` of the first sequence at positions `position..` in one batch, with
+    /// logits at `outputs`.
     pub(super) fn decode(
         &mut self,
         tokens: &[Token],
         position: usize,
         outputs: Outputs,
     ) -> Result<(), String> {
-        if tokens.is_empty() || tokens.len() > self.batch_capacity {
+        self.decode_rows(&[Rows {
+            seq: SeqId::FIRST,
+            tokens,
+            position,
+            outputs,
+        }])
+    }
+
+    /// Decodes the rows of every entry of `rows` in one batch, in order: the logits of the
+    /// `i`-th token overall (counting the entries' tokens one after another) are
+    /// [`Self::logits`]`(i)`, if it had any.
+    pub(super) fn decode_rows(&mut self, rows: &[Rows<'_>]) -> Result<(), String> {
+        let n_tokens: usize = rows.iter().map(|entry| entry.tokens.len()).sum();
+        if n_tokens == 0 || n_tokens > self.batch_capacity {
             return Err(format!(
-                "a batch holds 1 to {} tokens, not {}",
-                self.batch_capacity,
-                tokens.len()
+                "a batch holds 1 to {} tokens, not {n_tokens}",
+                self.batch_capacity
             ));
         }
         self.batch.clear();
-        for (i, &token) in tokens.iter().enumerate() {
-            self.batch
-                .add(
-                    to_llama(token),
-                    (position + i) as i32,
-                    &[SEQUENCE],
-                    outputs.at(i, tokens.len()),
-                )
-                .map_err(|e| e.to_string())?;
+        for entry in rows {
+            if entry.seq.0 >= self.sequences {
+                return Err(format!(
+                    "sequence {} is outside this context's {} sequences",
+                    entry.seq, self.sequences
+                ));
+            }
+            for (i, &token) in entry.tokens.iter().enumerate() {
+                self.batch
+                    .add(
+                        to_llama(token),
+                        (entry.position + i) as i32,
+                        &[entry.seq.llama()],
+                        entry.outputs.at(i, entry.tokens.len()),
+                    )
+                    .map_err(|e| e.to_string())?;
+            }
         }
         let products_before = host_products_on_this_thread();
         let decoded = self.context.decode(&mut self.batch);
@@ -185,18 +279,28 @@ impl<'m> ModelContext<'m> {
         self.context.get_logits_ith(index as i32)
     }
 
-    /// Removes positions `from..` of the sequence from the KV cache.
+    /// Removes positions `from..` of the first sequence from the KV cache.
     pub(super) fn remove_from(&mut self, from: usize) -> Result<(), String> {
+        self.remove_positions(SeqId::FIRST, from)
+    }
+
+    /// Removes positions `from..` of `seq` from the KV cache.
+    pub(super) fn remove_positions(&mut self, seq: SeqId, from: usize) -> Result<(), String> {
         let removed = u32::try_from(from)
             .map_err(|_| format!("position {from} is out of llama.cpp's range"))
             .and_then(|from| {
                 self.context
-                    .clear_kv_cache_seq(Some(SEQUENCE as u32), Some(from), None)
+                    .clear_kv_cache_seq(Some(seq.0), Some(from), None)
                     .map_err(|e| e.to_string())
             })?;
-        removed
-            .then_some(())
-            .ok_or_else(|| format!("llama.cpp could not remove positions {from}.. from the cache"))
+        removed.then_some(()).ok_or_else(|| {
+            format!("llama.cpp could not remove positions {from}.. of sequence {seq} from the cache")
+        })
+    }
+
+    /// Empties `seq`'s part of the KV cache.
+    pub(super) fn clear_sequence(&mut self, seq: SeqId) -> Result<(), String> {
+        self.remove_positions(seq, 0)
     }
 
     /// Empties the KV cache.
@@ -204,37 +308,129 @@ impl<'m> ModelContext<'m> {
         self.context.clear_kv_cache();
     }
 
-    /// Decodes the check's tokens one at a time (llama.cpp's single-row kernels throughout),
-    /// then as one batch with every output, as verify batches decode, and compares the logits
-    /// bit for bit. Returns how many products of the batch the host computed; a check that
-    /// cannot run (a tiny context) proves nothing beyond the kernel's unit tests and passes.
-    fn check_batches(&mut self) -> Result<u64, String> {
-        let tokens: Vec<Token> = (0..CHECK_POSITIONS as Token).collect();
-        let mut one_by_one = Vec::with_capacity(CHECK_POSITIONS);
-        for (position, &token) in tokens.iter().enumerate() {
-            if self.decode(&[token], position, Outputs::Last).is_err() {
-                return Ok(0);
+    /// Decodes the check's batch (see [`BatchCheck`]) one token at a time, with llama.cpp's
+    /// single-row kernels throughout, then as one batch with every output, as verify batches
+    /// decode, and compares the logits bit for bit. Returns how many products of the batch the
+    /// host computed; a check that cannot run (a tiny context) proves nothing beyond the
+    /// kernel's unit tests and passes.
+    fn check_batches(&mut self, rows: usize) -> Result<u64, String> {
+        let check = BatchCheck::new(
+            rows.clamp(1, self.batch_capacity),
+            self.sequences,
+            self.batch_capacity,
+            self.n_ctx() as usize,
+        );
+        let mut one_by_one = Vec::with_capacity(check.sequences.len());
+        for (seq, context, rows) in check.entries() {
+            let mut logits = Vec::with_capacity(rows.len());
+            for (offset, &token) in context.iter().chain(rows).enumerate() {
+                if self.decode_one(seq, token, offset).is_err() {
+                    return Ok(0);
+                }
+                if offset >= context.len() {
+                    logits.push(self.logits(0).to_vec());
+                }
             }
-            one_by_one.push(self.logits(0).to_vec());
+            one_by_one.push(logits);
         }
         self.clear();
+        for (seq, context, _) in check.entries() {
+            for (position, &token) in context.iter().enumerate() {
+                if self.decode_one(seq, token, position).is_err() {
+                    return Ok(0);
+                }
+            }
+        }
+        let batch: Vec<Rows<'_>> = check
+            .entries()
+            .map(|(seq, context, rows)| Rows {
+                seq,
+                tokens: rows,
+                position: context.len(),
+                outputs: Outputs::All,
+            })
+            .collect();
         let products_before = self.host_products;
-        if self.decode(&tokens, 0, Outputs::All).is_err() {
+        if self.decode_rows(&batch).is_err() {
             return Ok(0);
         }
-        for (index, single) in one_by_one.iter().enumerate() {
-            let batch = self.logits(index);
-            if let Some(token) =
-                (0..batch.len()).find(|&t| batch[t].to_bits() != single[t].to_bits())
-            {
-                return Err(format!(
-                    "position {index}, token {token}: batch {} vs one by one {}",
-                    batch[token], single[token]
-                ));
+        let mut index = 0;
+        for ((seq, _, rows), single) in check.entries().zip(&one_by_one) {
+            for (row, single) in single.iter().enumerate().take(rows.len()) {
+                let batched = self.logits(index + row);
+                if let Some(token) =
+                    (0..batched.len()).find(|&t| batched[t].to_bits() != single[t].to_bits())
+                {
+                    return Err(format!(
+                        "sequence {seq}, row {row} of {}, token {token}: batch {} vs one by one {}",
+                        rows.len(),
+                        batched[token],
+                        single[token]
+                    ));
+                }
             }
+            index += rows.len();
         }
         Ok(self.host_products - products_before)
     }
+
+    /// Decodes one token of `seq` at `position`, with its logits.
+    fn decode_one(&mut self, seq: SeqId, token: Token, position: usize) -> Result<(), String> {
+        self.decode_rows(&[Rows {
+            seq,
+            tokens: &[token],
+            position,
+            outputs: Outputs::Last,
+        }])
+    }
+}
+
+/// The batch the start-up check decodes: the first sequence's rows (a largest verify batch)
+/// from position 0 and, when the context holds more sequences, a second sequence's few rows
+/// after a short context of its own and a third's single row, so rows of several lengths,
+/// sequences and contexts share one batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct BatchCheck {
+    /// Per sequence: its context (decoded before the batch) and its rows in the batch.
+    sequences: Vec<(SeqId, Vec<Token>, Vec<Token>)>,
+}
+
+impl BatchCheck {
+    fn new(rows: usize, sequences: u32, batch_capacity: usize, ctx_size: usize) -> Self {
+        let rows = rows.min(ctx_size).max(1);
+        // Token ids do not matter to the arithmetic; different ones per sequence make the
+        // rows different.
+        let mut check = vec![(SeqId::FIRST, Vec::new(), (0..rows as Token).collect())];
+        let room = batch_capacity.saturating_sub(rows);
+        if sequences >= 2
+            && room >= CHECK_SECOND_ROWS
+            && ctx_size >= CHECK_SECOND_CONTEXT + CHECK_SECOND_ROWS
+        {
+            let context = (0..CHECK_SECOND_CONTEXT as Token).map(|t| t + 7).collect();
+            let second = (0..CHECK_SECOND_ROWS as Token).map(|t| t + 3).collect();
+            check.push((SeqId(1), context, second));
+            if sequences >= 3 && room > CHECK_SECOND_ROWS {
+                check.push((SeqId(2), Vec::new(), vec![11]));
+            }
+        }
+        Self { sequences: check }
+    }
+
+    /// `(sequence, context, rows)` of each sequence, in batch order.
+    fn entries(&self) -> impl Iterator<Item = (SeqId, &[Token], &[Token])> + '_ {
+        self.sequences
+            .iter()
+            .map(|(seq, context, rows)| (*seq, context.as_slice(), rows.as_slice()))
+    }
+}
+
+/// Says that llama.cpp's own kernels decode a batch differently from its tokens one by one:
+/// output still comes from the target, but speculation may change it.
+fn warn_not_batch_invariant(reason: &str) {
+    tracing::warn!(
+        %reason,
+        "batches: llama.cpp decodes a batch differently from its tokens one by one on this CPU or model, so speculative output may differ from plain decoding near ties; see docs/exactness.md for the settings that make it exact"
+    );
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -47,6 +47,11 @@ use super::verify::DEFAULT_BATCH_SIZE;
 use super::vocab::VocabFingerprint;
 use crate::cascade::{DraftModel, DraftModelFactory, DraftedToken, Token};
 
+/// Rows of the start-up check of a draft context's batches: its batches are prompt catch-ups,
+/// whose exactness does not matter (the target verifies every drafted token); the check decides
+/// only whether the host's products are used.
+const DRAFT_CHECK_ROWS: usize = 3;
+
 /// Where the draft model comes from and how its contexts are sized.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DraftModelConfig {
@@ -132,6 +137,8 @@ impl DraftModelHost {
             // for speed.
             batch_size: DEFAULT_BATCH_SIZE.min(ctx_size),
             threads: self.config.threads.max(1),
+            sequences: 1,
+            check_rows: DRAFT_CHECK_ROWS,
         };
         let backend = started_backend()?;
         let context = {

@@ -26,6 +26,7 @@
 //! Not here: where drafts come from (`cascade`, `plugins`) and how requests arrive
 //! (`commands`, `server`).
 
+mod batcher;
 mod budget;
 mod build_info;
 mod context;
@@ -41,6 +42,7 @@ mod text;
 mod verify;
 mod vocab;
 
+pub use self::batcher::{BatchedSequence, Batcher, BatcherSettings, MAX_GATHER_WAIT};
 pub use self::budget::{MaxDraftLenError, RoundLimits, check_max_draft_len};
 pub use self::build_info::{BackendDevice, BuildInfo};
 pub use self::draft::{
@@ -49,9 +51,10 @@ pub use self::draft::{
 pub use self::error::EngineError;
 pub(crate) use self::model::started_backend;
 pub use self::model::{MessageContents, Target, TargetParams};
+pub use self::context::SeqId;
 pub use self::rounds::{
     Generation, Outcome, Prefill, Request, RoundControl, RoundDecision, RoundDraft, StopReason,
-    Verifier, generate,
+    Verified, Verifier, VerifyBatch, generate,
 };
 pub use self::sample::{MIN_TEMPERATURE, SamplingParams};
 pub use self::stats::GenerationStats;

@@ -386,7 +386,8 @@ impl Target {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    /// Creates a session: a llama.cpp context with its own KV cache.
+    /// Creates a session: a llama.cpp context with its own KV cache, one sequence of
+    /// `params.ctx_size` tokens per request it decodes at once.
     pub fn session(&self, params: &SessionParams) -> Result<Session<'_>, EngineError> {
         let context_error = |reason: String| EngineError::Context {
             ctx_size: params.ctx_size,
@@ -399,6 +400,8 @@ impl Target {
             ctx_size: params.ctx_size,
             batch_size: params.batch_size,
             threads: params.threads,
+            sequences: u32::try_from(params.sequences.max(1)).unwrap_or(u32::MAX),
+            check_rows: params.max_draft_len + 1,
         };
         // The backend must be started (with this target's NUMA strategy) before a context.
         let context = ModelContext::new(backend(self.numa)?, &self.model, &settings)

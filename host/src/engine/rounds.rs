@@ -153,6 +153,38 @@ pub struct RoundDraft {
     pub max_draft_len: usize,
 }
 
+/// What the target returned for one round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// The target's tokens for `[last, draft..]`: equal to the draft as far as it matches, then
+    /// one of its own.
+    pub tokens: Vec<Token>,
+    /// The verify batch the round was decoded in (with other requests' rounds, in a server).
+    pub batch: VerifyBatch,
+}
+
+/// One verify batch as a whole: every round decoded in it, of one request or of several.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VerifyBatch {
+    /// Tokens it decoded: `1 + draft length` of each round in it.
+    pub rows: usize,
+    /// Tokens its rounds committed, together.
+    pub committed: usize,
+    /// What decoding and sampling it took.
+    pub time: Duration,
+}
+
+impl VerifyBatch {
+    /// The batch of one round verified alone, which committed `committed` tokens in `time`.
+    pub fn alone(round: &RoundDraft, committed: usize, time: Duration) -> Self {
+        Self {
+            rows: round.tokens.len() + 1,
+            committed,
+            time,
+        }
+    }
+}
+
 /// What a round's draft is checked against: the target (a llama.cpp context) or a recording of
 /// it. The protocol ([`Generation`]) calls it; it never sees the cascade.
 pub trait Verifier {
@@ -188,7 +220,7 @@ pub trait Verifier {
     /// equal the draft, then the first one that does not (or the one after the whole draft),
     /// each sampled exactly once; afterwards the verifier holds the context plus the accepted
     /// draft tokens, nothing of the rejected ones.
-    fn verify(&mut self, round: &RoundDraft) -> Result<Vec<Token>, EngineError>;
+    fn verify(&mut self, round: &RoundDraft) -> Result<Verified, EngineError>;
 }
 
 /// Generates `request` on `verifier`, drafting with `cascade` and asking `control` between
@@ -233,8 +265,8 @@ pub fn generate(
         )
         .entered();
         let verify_started = Instant::now();
-        let target = verifier.verify(&round)?;
-        generation.settle(&*verifier, &round, &target, verify_started.elapsed());
+        let verified = verifier.verify(&round)?;
+        generation.settle(&*verifier, &round, &verified, verify_started.elapsed());
     }
     Ok(generation.finish())
 }
@@ -380,14 +412,15 @@ impl<'g> Generation<'g> {
     }
 
     /// Commits the target's tokens of `round` (what the verifier returned for it, after
-    /// `verify_time`) and tells the cascade how its draft fared.
+    /// waiting `verify_time`) and tells the cascade how its draft fared and what its batch cost.
     pub fn settle(
         &mut self,
         verifier: &dyn Verifier,
         round: &RoundDraft,
-        target: &[Token],
+        verified: &Verified,
         verify_time: Duration,
     ) {
+        let target = &verified.tokens;
         let (draft, draft_time) = self.pending.take().unwrap_or_default();
         let drafted = round.tokens.len();
         self.stats.verify_time += verify_time;
@@ -423,7 +456,9 @@ impl<'g> Generation<'g> {
             };
             let timing = RoundTiming {
                 draft_time,
-                verify_time,
+                verify_time: verified.batch.time,
+                batch_rows: verified.batch.rows,
+                batch_committed: verified.batch.committed,
             };
             self.cascade
                 .accept(&draft, n_accepted, &committed, timing, &committed_text);
@@ -569,17 +604,14 @@ mod tests {
                 first: 100 + request.prompt.len() as Token,
             })
         }
-        fn verify(&mut self, round: &RoundDraft) -> Result<Vec<Token>, EngineError> {
-            let mut tokens = Vec::new();
-            for (offset, &drafted) in round.tokens.iter().enumerate() {
-                let target = 101 + (round.n_past + offset) as Token;
-                tokens.push(target);
-                if drafted != target {
-                    return Ok(tokens);
-                }
-            }
-            tokens.push(101 + (round.n_past + round.tokens.len()) as Token);
-            Ok(tokens)
+        fn verify(&mut self, round: &RoundDraft) -> Result<Verified, EngineError> {
+            let target = |offset: usize| 101 + (round.n_past + offset) as Token;
+            let n_accepted = (0..round.tokens.len())
+                .take_while(|&offset| round.tokens[offset] == target(offset))
+                .count();
+            let tokens: Vec<Token> = (0..=n_accepted).map(target).collect();
+            let batch = VerifyBatch::alone(round, tokens.len(), Duration::ZERO);
+            Ok(Verified { tokens, batch })
         }
     }
 

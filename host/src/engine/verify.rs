@@ -13,15 +13,16 @@ mod cost;
 
 pub use self::cost::{DEFAULT_COST_REPETITIONS, VerifyCurve};
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::context::{ModelContext, Outputs};
+use super::context::{ModelContext, Outputs, Rows, SeqId};
 use super::error::EngineError;
 use super::model::Target;
 use super::rounds::{
-    Outcome, Prefill, Request, RoundControl, RoundDecision, RoundDraft, Verifier, generate,
+    Outcome, Prefill, Request, RoundControl, RoundDecision, RoundDraft, Verified, Verifier,
+    VerifyBatch, generate,
 };
-use super::sample::TokenSampler;
+use super::sample::{SamplingParams, TokenSampler};
 use crate::cascade::{Cascade, ModelFacts, Token};
 
 /// Default maximum draft length per round.
@@ -39,12 +40,19 @@ pub const DEFAULT_BATCH_SIZE: u32 = 512;
 /// Settings of a llama.cpp context.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionParams {
-    /// Context size in tokens (prompt + output).
+    /// Context size of each sequence in tokens (prompt + output of one request).
     pub ctx_size: u32,
-    /// Tokens per `llama_decode` call when processing the prompt.
+    /// Tokens per `llama_decode` call when processing the prompt, and the most tokens one
+    /// decode holds (every sequence's verify rows together).
     pub batch_size: u32,
     /// Compute threads of the target.
     pub threads: usize,
+    /// Requests the context decodes together, each in a sequence of its own with `ctx_size`
+    /// tokens of KV cache (a server's `--parallel`; 1 for `run` and `bench`).
+    pub sequences: usize,
+    /// The largest draft a round verifies: the start-up check decodes a batch of this many
+    /// tokens plus one, beside other sequences' rows when there are several.
+    pub max_draft_len: usize,
 }
 
 impl Default for SessionParams {
@@ -53,11 +61,19 @@ impl Default for SessionParams {
             ctx_size: DEFAULT_CTX_SIZE,
             batch_size: DEFAULT_BATCH_SIZE,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            sequences: 1,
+            max_draft_len: DEFAULT_MAX_DRAFT_LEN,
         }
     }
 }
 
 /// A llama.cpp context of the target, reused across requests, and what verifying costs in it.
+///
+/// It holds one sequence per request decoded at once ([`SessionParams::sequences`]). `run` and
+/// `bench` decode one request at a time in [`SeqId::FIRST`] through the session's
+/// [`Verifier`]; a server's batcher (`engine::batcher`) drives every sequence through the same
+/// steps: [`Self::begin`], [`Self::prefill_chunk`], [`Self::verify_batch`] (the rounds of every
+/// sequence in one decode) and [`Self::end`].
 pub struct Session<'a> {
     target: &'a Target,
     context: ModelContext<'a>,
@@ -65,26 +81,32 @@ pub struct Session<'a> {
     /// The verify cost curve measured in this context (empty until measured), which every
     /// request's policy gets for its prompt's length.
     verify_curve: VerifyCurve,
-    /// The request's sampler, from its prefill on.
-    sampler: Option<TokenSampler>,
+    /// Per sequence: the sampler of the request it holds, from its prefill on.
+    samplers: Vec<Option<TokenSampler>>,
 }
 
 impl<'a> Session<'a> {
     pub(super) fn new(target: &'a Target, context: ModelContext<'a>) -> Self {
         // llama.cpp may adjust the requested sizes (it caps the batch at the context size).
         let batch_size = context.batch_capacity();
+        let samplers = (0..context.sequences()).map(|_| None).collect();
         Self {
             target,
             context,
             batch_size,
             verify_curve: VerifyCurve::default(),
-            sampler: None,
+            samplers,
         }
     }
 
-    /// Context size in tokens.
+    /// Context size of each sequence, in tokens.
     pub fn ctx_size(&self) -> u32 {
         self.context.n_ctx()
+    }
+
+    /// Sequences: requests the session decodes together.
+    pub fn sequences(&self) -> usize {
+        self.samplers.len()
     }
 
     /// The target this session decodes.
@@ -127,7 +149,8 @@ impl<'a> Session<'a> {
         generate(self, request, cascade, on_text, control)
     }
 
-    /// Decodes the prompt in batches, asking `stop` before every batch after the first.
+    /// Decodes the prompt into the first sequence in batches, asking `stop` before every batch
+    /// after the first.
     fn decode_prompt(
         &mut self,
         prompt: &[Token],
@@ -159,24 +182,11 @@ impl<'a> Session<'a> {
     /// with `max_tokens` after it. [`Self::generate`] checks it too; call it first to refuse a
     /// request before doing work for it.
     pub fn check_request(&self, request: &Request) -> Result<(), EngineError> {
-        let prompt = &request.prompt;
-        if prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        let ctx_size = self.ctx_size();
-        let needed = prompt.len() + request.max_tokens;
-        if needed > ctx_size as usize {
-            return Err(EngineError::ContextOverflow {
-                prompt: prompt.len(),
-                max_tokens: request.max_tokens,
-                ctx_size,
-                needed,
-            });
-        }
-        Ok(())
+        check_request_fits(request, self.ctx_size())
     }
 
-    /// Decodes `[last, draft..]` at `n_past..` with logits at every position.
+    /// Decodes `[last, draft..]` into the first sequence at `n_past..` with logits at every
+    /// position.
     fn decode_round(
         &mut self,
         last: Token,
@@ -187,23 +197,15 @@ impl<'a> Session<'a> {
         self.decode_at(&tokens, n_past, true)
     }
 
-    /// Decodes `tokens` at positions `position..` in one batch (at most the batch size), with
-    /// logits at every position when `all_logits`, else at the last only.
+    /// Decodes `tokens` into the first sequence at positions `position..` in one batch (at most
+    /// the batch size), with logits at every position when `all_logits`, else at the last only.
     pub(super) fn decode_at(
         &mut self,
         tokens: &[Token],
         position: usize,
         all_logits: bool,
     ) -> Result<(), EngineError> {
-        let needed = position + tokens.len();
-        if needed > self.ctx_size() as usize || tokens.len() > self.batch_size {
-            return Err(EngineError::ContextOverflow {
-                prompt: position,
-                max_tokens: tokens.len(),
-                ctx_size: self.ctx_size(),
-                needed,
-            });
-        }
+        self.check_fits(position, tokens.len())?;
         let outputs = if all_logits {
             Outputs::All
         } else {
@@ -213,6 +215,235 @@ impl<'a> Session<'a> {
             .decode(tokens, position, outputs)
             .map_err(|e| decode_error(tokens.len(), e))
     }
+
+    /// Errors unless `n_tokens` decoded at `position` fit in one batch and in a sequence's
+    /// context.
+    fn check_fits(&self, position: usize, n_tokens: usize) -> Result<(), EngineError> {
+        let needed = position + n_tokens;
+        if needed > self.ctx_size() as usize || n_tokens > self.batch_size {
+            return Err(EngineError::ContextOverflow {
+                prompt: position,
+                max_tokens: n_tokens,
+                ctx_size: self.ctx_size(),
+                needed,
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts a request in `seq`: empties its part of the KV cache and makes its sampler.
+    pub fn begin(&mut self, seq: SeqId, sampling: &SamplingParams) -> Result<(), EngineError> {
+        let slot = self.sampler_slot(seq)?;
+        *slot = Some(TokenSampler::new(sampling));
+        self.context
+            .clear_sequence(seq)
+            .map_err(|e| decode_error(0, e))
+    }
+
+    /// Decodes `chunk`, prompt tokens of `seq`'s request at positions `position..`, in one
+    /// decode of its own; when it is the prompt's `last` chunk, returns the target's first
+    /// token after the prompt, sampled with the request's sampler.
+    pub fn prefill_chunk(
+        &mut self,
+        seq: SeqId,
+        chunk: &[Token],
+        position: usize,
+        last: bool,
+    ) -> Result<Option<Token>, EngineError> {
+        if chunk.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        self.check_fits(position, chunk.len())?;
+        let outputs = if last { Outputs::Last } else { Outputs::None };
+        self.context
+            .decode_rows(&[Rows {
+                seq,
+                tokens: chunk,
+                position,
+                outputs,
+            }])
+            .map_err(|e| decode_error(chunk.len(), e))?;
+        if !last {
+            return Ok(None);
+        }
+        let logits = self.context.logits(chunk.len() - 1);
+        let sampler = self
+            .samplers
+            .get_mut(seq.0 as usize)
+            .and_then(Option::as_mut)
+            .ok_or(EngineError::NoRequest)?;
+        Ok(Some(sampler.sample(logits)))
+    }
+
+    /// Verifies the rounds of several sequences (at most one each) together: their rows
+    /// (`[last, draft..]` of each) are decoded in as few decodes as the batch size allows
+    /// (one, normally), then each sequence's target tokens are sampled with its own sampler
+    /// and its rejected rows rolled back. A round that does not fit its context fails alone;
+    /// a failed decode fails the rounds it held.
+    ///
+    /// Exactness: every row is computed as it would be alone (batch-invariant kernels, a KV
+    /// stream per sequence), which the start-up check of the context proves for batches of
+    /// several sequences.
+    pub fn verify_batch(
+        &mut self,
+        rounds: &[(SeqId, &RoundDraft)],
+    ) -> Vec<Result<Verified, EngineError>> {
+        let started = Instant::now();
+        let mut results: Vec<Option<Result<Vec<Token>, EngineError>>> =
+            rounds.iter().map(|_| None).collect();
+        let rows: Vec<Vec<Token>> = rounds
+            .iter()
+            .map(|(_, round)| {
+                std::iter::once(round.last)
+                    .chain(round.tokens.iter().copied())
+                    .collect()
+            })
+            .collect();
+        let mut group = Vec::new();
+        let mut group_tokens = 0;
+        for (index, ((seq, round), tokens)) in rounds.iter().zip(&rows).enumerate() {
+            if let Err(error) = self
+                .check_fits(round.n_past, tokens.len())
+                .and_then(|()| self.sampler_slot(*seq).map(|_| ()))
+            {
+                results[index] = Some(Err(error));
+                continue;
+            }
+            if group_tokens + tokens.len() > self.batch_size {
+                self.verify_group(&group, rounds, &rows, &mut results);
+                group.clear();
+                group_tokens = 0;
+            }
+            group.push(index);
+            group_tokens += tokens.len();
+        }
+        self.verify_group(&group, rounds, &rows, &mut results);
+        let batch = VerifyBatch {
+            rows: rows.iter().map(Vec::len).sum(),
+            committed: results
+                .iter()
+                .flatten()
+                .filter_map(|result| result.as_ref().ok())
+                .map(Vec::len)
+                .sum(),
+            time: started.elapsed(),
+        };
+        results
+            .into_iter()
+            .map(|result| {
+                result
+                    .unwrap_or(Err(EngineError::NoRequest))
+                    .map(|tokens| Verified { tokens, batch })
+            })
+            .collect()
+    }
+
+    /// Decodes the rounds at `group` (indices into `rounds` and `rows`) in one decode and
+    /// settles each into `results`.
+    fn verify_group(
+        &mut self,
+        group: &[usize],
+        rounds: &[(SeqId, &RoundDraft)],
+        rows: &[Vec<Token>],
+        results: &mut [Option<Result<Vec<Token>, EngineError>>],
+    ) {
+        if group.is_empty() {
+            return;
+        }
+        let batch: Vec<Rows<'_>> = group
+            .iter()
+            .map(|&index| Rows {
+                seq: rounds[index].0,
+                tokens: &rows[index],
+                position: rounds[index].1.n_past,
+                outputs: Outputs::All,
+            })
+            .collect();
+        if let Err(reason) = self.context.decode_rows(&batch) {
+            let n_tokens = batch.iter().map(|entry| entry.tokens.len()).sum();
+            for &index in group {
+                results[index] = Some(Err(decode_error(n_tokens, &reason)));
+            }
+            return;
+        }
+        let mut first_row = 0;
+        for &index in group {
+            let (seq, round) = rounds[index];
+            results[index] = Some(self.settle_round(seq, round, first_row));
+            first_row += rows[index].len();
+        }
+    }
+
+    /// Samples `seq`'s target tokens from its rows' logits (from batch index `first_row` on),
+    /// as far as they match the draft, then one more, and rolls back its rejected rows.
+    fn settle_round(
+        &mut self,
+        seq: SeqId,
+        round: &RoundDraft,
+        first_row: usize,
+    ) -> Result<Vec<Token>, EngineError> {
+        let draft = &round.tokens;
+        let sampler = self
+            .samplers
+            .get_mut(seq.0 as usize)
+            .and_then(Option::as_mut)
+            .ok_or(EngineError::NoRequest)?;
+        let mut target = Vec::with_capacity(draft.len() + 1);
+        for position in 0..=draft.len() {
+            let token = sampler.sample(self.context.logits(first_row + position));
+            target.push(token);
+            if draft.get(position) != Some(&token) {
+                break;
+            }
+        }
+        let n_accepted = target.len() - 1;
+        if n_accepted < draft.len() {
+            let first_rejected = round.n_past + n_accepted + 1;
+            self.context
+                .remove_positions(seq, first_rejected)
+                .map_err(|e| decode_error(draft.len() + 1, e))?;
+        }
+        Ok(target)
+    }
+
+    /// Ends `seq`'s request: drops its sampler and empties its part of the KV cache.
+    pub fn end(&mut self, seq: SeqId) {
+        if let Some(slot) = self.samplers.get_mut(seq.0 as usize) {
+            *slot = None;
+        }
+        if let Err(reason) = self.context.clear_sequence(seq) {
+            tracing::warn!(%seq, %reason, "cannot empty a finished sequence's cache; its next request empties it again");
+        }
+    }
+
+    fn sampler_slot(&mut self, seq: SeqId) -> Result<&mut Option<TokenSampler>, EngineError> {
+        let sequences = self.samplers.len();
+        self.samplers
+            .get_mut(seq.0 as usize)
+            .ok_or_else(|| EngineError::Decode {
+                n_tokens: 0,
+                reason: format!("sequence {seq} is outside the session's {sequences} sequences"),
+            })
+    }
+}
+
+/// Checks that `request` has a prompt and fits a context of `ctx_size` tokens with its
+/// `max_tokens`.
+pub(crate) fn check_request_fits(request: &Request, ctx_size: u32) -> Result<(), EngineError> {
+    let prompt = &request.prompt;
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    let needed = prompt.len() + request.max_tokens;
+    if needed > ctx_size as usize {
+        return Err(EngineError::ContextOverflow {
+            prompt: prompt.len(),
+            max_tokens: request.max_tokens,
+            ctx_size,
+            needed,
+        });
+    }
+    Ok(())
 }
 
 impl Verifier for Session<'_> {
@@ -245,38 +476,24 @@ impl Verifier for Session<'_> {
         request: &Request,
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Prefill, EngineError> {
-        self.context.clear();
-        let mut sampler = TokenSampler::new(&request.sampling);
+        self.begin(SeqId::FIRST, &request.sampling)?;
         let prefill = match self.decode_prompt(&request.prompt, stop)? {
-            PromptRead::Done { last_index } => Prefill::Done {
-                first: sampler.sample(self.context.logits(last_index)),
-            },
+            PromptRead::Done { last_index } => {
+                let logits = self.context.logits(last_index);
+                let sampler = self.samplers[0].as_mut().ok_or(EngineError::NoRequest)?;
+                Prefill::Done {
+                    first: sampler.sample(logits),
+                }
+            }
             PromptRead::Stopped { read } => Prefill::Stopped { read },
         };
-        self.sampler = Some(sampler);
         Ok(prefill)
     }
 
-    fn verify(&mut self, round: &RoundDraft) -> Result<Vec<Token>, EngineError> {
-        let draft = &round.tokens;
-        self.decode_round(round.last, draft, round.n_past)?;
-        let sampler = self.sampler.as_mut().ok_or(EngineError::NoRequest)?;
-        let mut target = Vec::with_capacity(draft.len() + 1);
-        for position in 0..=draft.len() {
-            let token = sampler.sample(self.context.logits(position));
-            target.push(token);
-            if draft.get(position) != Some(&token) {
-                break;
-            }
-        }
-        let n_accepted = target.len() - 1;
-        if n_accepted < draft.len() {
-            let first_rejected = round.n_past + n_accepted + 1;
-            self.context
-                .remove_from(first_rejected)
-                .map_err(|e| decode_error(draft.len() + 1, e))?;
-        }
-        Ok(target)
+    fn verify(&mut self, round: &RoundDraft) -> Result<Verified, EngineError> {
+        self.verify_batch(&[(SeqId::FIRST, round)])
+            .pop()
+            .unwrap_or(Err(EngineError::NoRequest))
     }
 }
 

@@ -1,7 +1,9 @@
 //! The bounded queue between HTTP handlers and the engine's slots.
 //!
 //! Fairness is arrival order: a free slot always takes the oldest waiting request, so no
-//! request is overtaken. The queue holds at most `slots + max_queue` requests in all (running
+//! request is overtaken. Of several free slots the lowest-numbered takes it: busy slots stay
+//! packed at the low sequence numbers, which llama.cpp decodes together in one pass over the
+//! weights (it splits a batch at a gap in sequence numbers). The queue holds at most `slots + max_queue` requests in all (running
 //! plus waiting); [`Queue::submit`] refuses the next with [`Rejected::Full`], which the API
 //! answers with 429 and a `Retry-After` estimated from recent request times.
 //!
@@ -10,7 +12,7 @@
 //! goes away its handler drops the receiving end; the slot sees the channel closed before it
 //! starts the request, or between two rounds, and stops.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -116,6 +118,8 @@ pub struct QueueGauges {
 struct State {
     waiting: VecDeque<Job>,
     running: usize,
+    /// Slots waiting in [`Queue::next`].
+    idle: BTreeSet<usize>,
     closed: bool,
 }
 
@@ -163,20 +167,35 @@ impl Queue {
         }
         state.waiting.push_back(job);
         drop(state);
-        self.ready.notify_one();
+        // Every idle slot wakes; the lowest-numbered takes the job.
+        self.ready.notify_all();
         Ok(())
     }
 
-    /// The oldest waiting request, blocking until there is one; `None` once the queue is closed
-    /// and empty. The caller must call [`Self::finished`] when done with it.
-    pub fn next(&self) -> Option<Job> {
+    /// The oldest waiting request for `slot`, blocking until there is one and no lower-numbered
+    /// slot is idle; `None` once the queue is closed and empty. The caller must call
+    /// [`Self::finished`] when done with it.
+    pub fn next(&self, slot: usize) -> Option<Job> {
         let mut state = self.lock();
+        state.idle.insert(slot);
         loop {
-            if let Some(job) = state.waiting.pop_front() {
+            if state.idle.first() == Some(&slot)
+                && let Some(job) = state.waiting.pop_front()
+            {
+                state.idle.remove(&slot);
                 state.running += 1;
+                let more = !state.waiting.is_empty();
+                drop(state);
+                if more {
+                    // The next idle slot takes the next job.
+                    self.ready.notify_all();
+                }
                 return Some(job);
             }
-            if state.closed {
+            if state.closed && state.waiting.is_empty() {
+                state.idle.remove(&slot);
+                drop(state);
+                self.ready.notify_all();
                 return None;
             }
             state = self.ready.wait(state).unwrap_or_else(|e| e.into_inner());
@@ -267,7 +286,7 @@ mod tests {
                 .contains("3 waiting, as many as it holds (1 slots plus 2 waiting"),
             "{refused}"
         );
-        let first = queue.next().expect("a job");
+        let first = queue.next(0).expect("a job");
         assert_eq!(first.request.max_tokens, 1, "the oldest job first");
         assert_eq!(
             queue.gauges(),
@@ -279,7 +298,7 @@ mod tests {
             }
         );
         queue.finished();
-        assert_eq!(queue.next().map(|j| j.request.max_tokens), Some(2));
+        assert_eq!(queue.next(0).map(|j| j.request.max_tokens), Some(2));
     }
 
     #[test]
@@ -293,9 +312,45 @@ mod tests {
             queue.submit(late, Duration::ZERO),
             Err(Rejected::ShuttingDown)
         );
-        assert_eq!(queue.next().map(|j| j.request.max_tokens), Some(1));
+        assert_eq!(queue.next(0).map(|j| j.request.max_tokens), Some(1));
         queue.finished();
-        assert!(queue.next().is_none(), "closed and empty");
+        assert!(queue.next(0).is_none(), "closed and empty");
+    }
+
+    #[test]
+    fn the_lowest_idle_slot_takes_a_job() {
+        let queue = std::sync::Arc::new(Queue::new(3, 4));
+        let (taken, took) = std::sync::mpsc::channel();
+        let slots: Vec<_> = [2, 1]
+            .into_iter()
+            .map(|slot| {
+                let (queue, taken) = (std::sync::Arc::clone(&queue), taken.clone());
+                let thread = std::thread::spawn(move || {
+                    while let Some(job) = queue.next(slot) {
+                        taken
+                            .send((slot, job.request.max_tokens))
+                            .expect("the test listens");
+                        queue.finished();
+                    }
+                });
+                // Both slots wait before any job arrives.
+                while !queue.lock().idle.contains(&slot) {
+                    std::thread::yield_now();
+                }
+                thread
+            })
+            .collect();
+        let (job, _receiver) = job(7);
+        queue.submit(job, Duration::ZERO).expect("room");
+        assert_eq!(
+            took.recv().expect("a slot took it"),
+            (1, 7),
+            "slot 1 is the lowest idle slot"
+        );
+        queue.close();
+        for slot in slots {
+            slot.join().expect("slot thread");
+        }
     }
 
     #[test]

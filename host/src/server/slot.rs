@@ -1,25 +1,22 @@
-//! A slot: one engine thread that owns one llama.cpp context and its plugin instances, and
-//! generates the requests it takes from the queue, one after another.
-//!
-//! Before its first request a slot measures the target's verify cost curve on its own context,
-//! once, up to the server's `--draft-max` and within [`VERIFY_CURVE_BUDGET`]; every request's
-//! policy gets it (cut to the request's draft length), so no request waits for a measurement.
+//! A slot: one thread that generates the requests it takes from the queue, one after another,
+//! on its sequence of the shared context (the batcher decodes every slot's rounds together), and
+//! keeps its plugin instances across them.
 //!
 //! One request, in order:
 //! 1. skip it if its client already went away;
 //! 2. resolve its cascade against the published registry snapshot and build it, with its
 //!    policy, from the slot's [`SourcePool`];
-//! 3. generate, asking a [`SwapControl`] between prompt chunks whether the client is gone, and
-//!    before every round: it stops when the client is gone, and when the registry published a
-//!    new generation it resolves the request's cascade again and, if its sources changed (a new
-//!    plugin version, config or default cascade), hands the engine a new cascade, which the
-//!    engine begins with the whole context so far;
+//! 3. generate on the slot's [`BatchedSequence`], asking a [`SwapControl`] between prompt
+//!    chunks whether the client is gone, and before every round: it stops when the client is
+//!    gone, and when the registry published a new generation it resolves the request's cascade
+//!    again and, if its sources changed (a new plugin version, config or default cascade),
+//!    hands the engine a new cascade, which the engine begins with the whole context so far;
 //! 4. send the result, count it, keep what the cascade learnt of its sources, report plugin
 //!    health; with `--state-dir`, save the plugins' cross-request state when
 //!    [`STATE_SAVE_INTERVAL`] has passed since the last save, and when the slot stops.
 //!
-//! A panic while generating is caught: the request fails with a 500 and the slot goes on (the
-//! next request starts from a cleared KV cache).
+//! A panic while generating is caught: the request fails with a 500 and the slot goes on (its
+//! sequence's request is ended in the batcher, and the next starts from an empty cache).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -34,25 +31,18 @@ use super::scheduler::{Event, Finished, Job, Queue};
 use super::startup::SlotHandles;
 use crate::cascade::CascadeSettings;
 use crate::config::ServeConfig;
-use crate::engine::{DEFAULT_COST_REPETITIONS, RoundControl, RoundDecision, Session, StopReason};
+use crate::engine::{BatchedSequence, RoundControl, RoundDecision, StopReason};
 use crate::plugins::save_plugin_states;
 
 /// Least time between two saves of the plugins' state by one slot (with `--state-dir`).
 pub const STATE_SAVE_INTERVAL: Duration = Duration::from_secs(60);
-/// Time a slot may spend measuring its verify cost curve at start-up beyond one warm-up and
-/// one measured sweep per context length (which always run).
-pub const VERIFY_CURVE_BUDGET: Duration = Duration::from_secs(3);
-/// The short context the verify cost curve is measured after, in tokens.
-const VERIFY_CURVE_SHORT_CONTEXT: usize = 64;
-/// The long one: requests between the two get costs interpolated for their prompt's length.
-const VERIFY_CURVE_LONG_CONTEXT: usize = 1024;
 
-/// One engine thread's context, plugin instances, and what it shares with the server.
+/// One slot thread's sequence, plugin instances, and what it shares with the server.
 pub struct Slot<'a> {
-    /// The slot's number, for logs.
+    /// The slot's number, for logs; also its sequence's number.
     pub index: usize,
-    /// Its llama.cpp context.
-    pub session: Session<'a>,
+    /// Its sequence of the shared context.
+    pub sequence: BatchedSequence<'a>,
     /// The published plugins and defaults.
     pub registry: Arc<Registry>,
     /// Where requests come from.
@@ -66,17 +56,17 @@ pub struct Slot<'a> {
 }
 
 impl<'a> Slot<'a> {
-    /// Slot `index` over `session`, with an empty plugin pool, saving plugin state when the
+    /// Slot `index` over `sequence`, with an empty plugin pool, saving plugin state when the
     /// server has `--state-dir`.
     pub fn new(
         index: usize,
-        session: Session<'a>,
+        sequence: BatchedSequence<'a>,
         handles: SlotHandles,
         config: &ServeConfig,
     ) -> Self {
         Self {
             index,
-            session,
+            sequence,
             registry: handles.registry,
             queue: handles.queue,
             metrics: handles.metrics,
@@ -85,57 +75,16 @@ impl<'a> Slot<'a> {
         }
     }
 
-    /// Measures the verify cost curve up to `draft_max`, when drafts can be verified on this
-    /// target: done once, before the server listens.
-    pub fn prepare(&mut self, max_draft_len: usize) {
-        if self.session.target().can_roll_back() {
-            self.measure_verify_curve(max_draft_len);
-        }
-    }
-
-    /// Measures the verify cost curve for batches of 1 to `draft_max + 1` tokens (as far as
-    /// the context and batch allow) after a short and a long context, within
-    /// [`VERIFY_CURVE_BUDGET`].
-    fn measure_verify_curve(&mut self, max_draft_len: usize) {
-        let long = VERIFY_CURVE_LONG_CONTEXT.min(self.session.ctx_size() as usize / 2);
-        let started = Instant::now();
-        match self.session.measure_verify_curve(
-            &[VERIFY_CURVE_SHORT_CONTEXT, long],
-            max_draft_len + 1,
-            DEFAULT_COST_REPETITIONS,
-            VERIFY_CURVE_BUDGET,
-        ) {
-            Ok(curve) => {
-                let (short, long_costs) = (curve.at(VERIFY_CURVE_SHORT_CONTEXT), curve.at(long));
-                let ms = |costs: &[Duration], n: usize| {
-                    costs.get(n).map_or(0.0, |cost| cost.as_secs_f64() * 1e3)
-                };
-                tracing::info!(
-                    slot = self.index,
-                    tokens = short.len(),
-                    one_token_ms = ms(&short, 0),
-                    all_tokens_ms = ms(&short, short.len().saturating_sub(1)),
-                    long_context = long,
-                    long_one_token_ms = ms(&long_costs, 0),
-                    long_all_tokens_ms = ms(&long_costs, long_costs.len().saturating_sub(1)),
-                    took_ms = started.elapsed().as_secs_f64() * 1e3,
-                    "measured the verify cost curve"
-                );
-            }
-            Err(error) => {
-                tracing::warn!(slot = self.index, %error, "cannot measure the verify cost curve; policies learn it from rounds");
-            }
-        }
-    }
-
     /// Serves requests until the queue is closed and empty.
     pub fn run(mut self) {
         tracing::debug!(slot = self.index, "slot started");
         let mut state_saved_at = Instant::now();
-        while let Some(job) = self.queue.next() {
+        while let Some(job) = self.queue.next(self.index) {
             let span = job.span.clone();
             let _entered = span.enter();
             let served = std::panic::catch_unwind(AssertUnwindSafe(|| self.generate(&job)));
+            // A panic may have left the sequence's request open in the batcher.
+            self.sequence.end();
             if served.is_err() {
                 tracing::error!(slot = self.index, "generation panicked; the slot goes on");
                 let _ = job.events.send(Event::Failed(
@@ -204,7 +153,7 @@ impl<'a> Slot<'a> {
             let _ = job.events.send(Event::Text(text.to_owned()));
         };
         let result =
-            self.session
+            self.sequence
                 .generate_controlled(&request, &mut cascade, &mut on_text, &mut control);
         let swaps = control.swaps;
         let sources = control.sources;

@@ -2,27 +2,27 @@
 //!
 //! Start-up, in order: start the plugin host and load the plugins and policies (a misspelt
 //! cascade fails before the model is loaded); load the target and the draft model, if any,
-//! and offer it to the plugins; create one llama.cpp context per slot, each on the thread that
-//! will decode with it; check every plugin's config and the default policy's settings against
-//! the model; every slot measures the target's verify cost curve; then start the HTTP listener
-//! (its address is printed on stdout) and the watcher on a thread of their own, and the slots
-//! take requests.
+//! and offer it to the plugins; create the one llama.cpp context, with a sequence per slot, and
+//! measure the target's verify cost curve in it; check every plugin's config and the default
+//! policy's settings against the model; then start a thread per slot, the HTTP listener (its
+//! address is printed on stdout) and the watcher on a thread of their own, and decode.
 //!
-//! Slot 0 runs on the process's main thread, as llama.cpp's own server runs its decoding
-//! loop: GNU OpenMP counts the main thread as one of its threads from the start, and a team
-//! started by any other thread makes it count one thread more than there are cores, after
-//! which its workers sleep between parallel regions instead of spinning (measured on 2 cores:
-//! 30 ms instead of 6 ms per decoded token).
+//! The batcher (`engine::Batcher`) decodes on the process's main thread, as llama.cpp's own
+//! server runs its decoding loop: GNU OpenMP counts the main thread as one of its threads from
+//! the start, and a team started by any other thread makes it count one thread more than there
+//! are cores, after which its workers sleep between parallel regions instead of spinning
+//! (measured on 2 cores: 30 ms instead of 6 ms per decoded token). Slot threads run the round
+//! protocol and the plugins, on the CPUs left over from the compute CPUs when there are any.
 //!
 //! Shutdown on Ctrl-C or SIGTERM: the listener stops accepting and the queue closes (new
 //! requests get 503); requests in flight (streams included) run on for at most
 //! `--shutdown-timeout`, then the ones still open are cancelled; the slots save the plugins'
-//! state (with `--state-dir`) and their threads exit.
+//! state (with `--state-dir`) and their threads exit, and then the batcher.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
@@ -37,10 +37,20 @@ use super::slot::Slot;
 use super::state::{AppState, PromptTokenizer, RequestLimits, Shared};
 use super::watch;
 use crate::config::ServeConfig;
-use crate::engine::{EngineError, Session, Target};
+use crate::engine::{
+    BatchedSequence, Batcher, BatcherSettings, DEFAULT_COST_REPETITIONS, Session, Target,
+};
 use crate::plugins::PluginHost;
 use crate::plugins::SourceSpec;
 use crate::stack::{Decoding, Stack, StackConfig};
+
+/// Time the server may spend measuring its verify cost curve at start-up beyond one warm-up
+/// and one measured sweep per context length (which always run).
+pub const VERIFY_CURVE_BUDGET: Duration = Duration::from_secs(3);
+/// The short context the verify cost curve is measured after, in tokens.
+const VERIFY_CURVE_SHORT_CONTEXT: usize = 64;
+/// The long one: requests between the two get costs interpolated for their prompt's length.
+const VERIFY_CURVE_LONG_CONTEXT: usize = 1024;
 
 /// How a server started from code (`spechost bench --clients`) tells its address and is
 /// stopped, besides Ctrl-C and SIGTERM.
@@ -86,7 +96,7 @@ fn serve_with(
             state_dir: config.state_dir.as_deref(),
             cache_dir,
         },
-        Decoding::OnOtherThreads,
+        Decoding::OnThisThread,
         |host| {
             let plugins = load_startup_plugins(host, &config.cascade)?;
             let default_cascade = plugins
@@ -98,114 +108,127 @@ fn serve_with(
             Ok(((plugins, policies), default_cascade))
         },
     )?;
+    let mut session = target
+        .session(&config.session)
+        .context("creating the server's llama.cpp context")?;
+    if target.can_roll_back() {
+        measure_verify_curve(&mut session, config.max_draft_len);
+    }
+    let shared = start_shared(
+        config,
+        &target,
+        host,
+        plugins,
+        policies,
+        session.ctx_size(),
+    )?;
+    let (batcher, sequences) = Batcher::new(
+        session,
+        BatcherSettings {
+            prefill_chunk: config.prefill_chunk,
+        },
+    );
     std::thread::scope(|scope| {
-        let mut others = Vec::with_capacity(config.parallel.saturating_sub(1));
-        let (prepared, slots_prepared) = mpsc::channel::<()>();
-        for index in 1..config.parallel {
-            let (ready, context_made) = mpsc::channel();
-            let (go, handles) = mpsc::channel::<SlotHandles>();
-            let target = &*target;
-            let prepared = prepared.clone();
-            std::thread::Builder::new()
-                .name(format!("slot-{index}"))
-                .spawn_scoped(scope, move || {
-                    let Some(session) = create_context(config, target, index, &ready) else {
-                        return;
-                    };
-                    // Dropped unsent when the server does not start.
-                    if let Ok(handles) = handles.recv() {
-                        let mut slot = Slot::new(index, session, handles, config);
-                        slot.prepare(config.max_draft_len);
-                        let _ = prepared.send(());
-                        drop(prepared);
-                        slot.run();
-                    }
-                })
-                .context("starting a slot thread")?;
-            others.push((context_made, go));
+        let queue = Arc::clone(&shared.queue);
+        let started = start_threads(scope, config, shared, sequences, embedding);
+        if started.is_err() {
+            // Slots already started finish what is queued (nothing), then stop.
+            queue.close();
         }
-        drop(prepared);
-        let (ready, context_made) = mpsc::channel();
-        let first = create_context(config, &target, 0, &ready);
-        let mut ctx_size = config.session.ctx_size;
-        for context_made in std::iter::once(&context_made).chain(others.iter().map(|(c, _)| c)) {
-            ctx_size = context_made
-                .recv()
-                .context("a slot thread ended while creating its context")??;
-        }
-        let shared = start_shared(config, &target, host, plugins, policies, ctx_size)?;
-        let handles = || SlotHandles {
-            registry: Arc::clone(&shared.registry),
-            queue: Arc::clone(&shared.queue),
-            metrics: Arc::clone(&shared.metrics),
-        };
-        for (_, go) in &others {
-            // A slot that is gone has already reported why.
-            let _ = go.send(handles());
-        }
-        let first = first.map(|session| {
-            let mut slot = Slot::new(0, session, handles(), config);
-            slot.prepare(config.max_draft_len);
-            slot
-        });
-        // The server listens once every slot measured its verify costs (a slot that ended
-        // early dropped its sender).
-        while slots_prepared.recv().is_ok() {}
-        let (registry, metrics, queue) = (
-            Arc::clone(&shared.registry),
-            Arc::clone(&shared.metrics),
-            Arc::clone(&shared.queue),
-        );
-        let http = std::thread::Builder::new()
-            .name("spechost-http".into())
-            .spawn_scoped(scope, move || {
-                let served = config
-                    .stack
-                    .placement
-                    .pin_auxiliary()
-                    .context("pinning the server's threads")
-                    .and_then(|()| {
-                        serve_http(
-                            config,
-                            AppState::new(shared),
-                            &registry,
-                            &metrics,
-                            embedding,
-                        )
-                    });
-                // Slots finish what is queued, then stop.
-                queue.close();
-                served
-            })
-            .context("starting the HTTP thread")?;
-        if let Some(slot) = first {
-            slot.run();
-        }
-        http.join()
+        // Decodes until every slot has stopped: after shutdown, once the queue is drained.
+        batcher.run();
+        started?
+            .join()
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the HTTP thread panicked")))
     })
 }
 
-/// On the calling slot thread: pins it to the compute CPUs (llama.cpp's OpenMP workers,
-/// started at its first decode, inherit them) and creates its context, reporting the context's
-/// size (or the error) on `ready`.
-fn create_context<'t>(
-    config: &ServeConfig,
-    target: &'t Target,
-    index: usize,
-    ready: &mpsc::Sender<Result<u32, EngineError>>,
-) -> Option<Session<'t>> {
-    if let Err(error) = config.stack.placement.pin_compute() {
-        tracing::warn!(slot = index, %error, "cannot pin the slot to the compute CPUs; it runs unpinned");
+/// Starts a thread per slot, each generating on its sequence, and the HTTP thread, which closes
+/// the queue when the server shuts down (the slots then finish and stop).
+fn start_threads<'scope, 'env: 'scope>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    config: &'env ServeConfig,
+    shared: Shared,
+    sequences: Vec<BatchedSequence<'env>>,
+    embedding: Option<Embedding>,
+) -> anyhow::Result<std::thread::ScopedJoinHandle<'scope, anyhow::Result<()>>> {
+    for (index, sequence) in sequences.into_iter().enumerate() {
+        let handles = SlotHandles {
+            registry: Arc::clone(&shared.registry),
+            queue: Arc::clone(&shared.queue),
+            metrics: Arc::clone(&shared.metrics),
+        };
+        std::thread::Builder::new()
+            .name(format!("slot-{index}"))
+            .spawn_scoped(scope, move || {
+                // A slot runs plugins, not llama.cpp: it keeps off the compute CPUs when
+                // others are left.
+                if let Err(error) = config.stack.placement.pin_auxiliary() {
+                    tracing::warn!(slot = index, %error, "cannot pin the slot's thread; it runs unpinned");
+                }
+                Slot::new(index, sequence, handles, config).run();
+            })
+            .context("starting a slot thread")?;
     }
-    match target.session(&config.session) {
-        Ok(session) => {
-            let _ = ready.send(Ok(session.ctx_size()));
-            Some(session)
+    let (registry, metrics, queue) = (
+        Arc::clone(&shared.registry),
+        Arc::clone(&shared.metrics),
+        Arc::clone(&shared.queue),
+    );
+    std::thread::Builder::new()
+        .name("spechost-http".into())
+        .spawn_scoped(scope, move || {
+            let served = config
+                .stack
+                .placement
+                .pin_auxiliary()
+                .context("pinning the server's threads")
+                .and_then(|()| {
+                    serve_http(
+                        config,
+                        AppState::new(shared),
+                        &registry,
+                        &metrics,
+                        embedding,
+                    )
+                });
+            // Slots finish what is queued, then stop.
+            queue.close();
+            served
+        })
+        .context("starting the HTTP thread")
+}
+
+/// Measures the verify cost curve for batches of 1 to `max_draft_len + 1` tokens (as far as
+/// the context and batch allow) after a short and a long context, within
+/// [`VERIFY_CURVE_BUDGET`]: once, before the server listens, so no request waits for it.
+fn measure_verify_curve(session: &mut Session<'_>, max_draft_len: usize) {
+    let long = VERIFY_CURVE_LONG_CONTEXT.min(session.ctx_size() as usize / 2);
+    let started = Instant::now();
+    match session.measure_verify_curve(
+        &[VERIFY_CURVE_SHORT_CONTEXT, long],
+        max_draft_len + 1,
+        DEFAULT_COST_REPETITIONS,
+        VERIFY_CURVE_BUDGET,
+    ) {
+        Ok(curve) => {
+            let (short, long_costs) = (curve.at(VERIFY_CURVE_SHORT_CONTEXT), curve.at(long));
+            let ms = |costs: &[Duration], n: usize| {
+                costs.get(n).map_or(0.0, |cost| cost.as_secs_f64() * 1e3)
+            };
+            tracing::info!(
+                tokens = short.len(),
+                one_token_ms = ms(&short, 0),
+                all_tokens_ms = ms(&short, short.len().saturating_sub(1)),
+                long_context = long,
+                long_one_token_ms = ms(&long_costs, 0),
+                long_all_tokens_ms = ms(&long_costs, long_costs.len().saturating_sub(1)),
+                took_ms = started.elapsed().as_secs_f64() * 1e3,
+                "measured the verify cost curve"
+            );
         }
         Err(error) => {
-            let _ = ready.send(Err(error));
-            None
+            tracing::warn!(%error, "cannot measure the verify cost curve; policies learn it from rounds");
         }
     }
 }
