@@ -276,7 +276,7 @@ fn each_request_may_choose_its_policy_and_the_output_does_not_change() {
     assert_eq!(
         log.matches("measured the verify cost curve").count(),
         1,
-        "one measurement per slot, at start-up: {log}"
+        "one measurement, at start-up: {log}"
     );
 }
 

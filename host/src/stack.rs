@@ -5,11 +5,11 @@
 //! 2. The plugin host starts and the command loads its plugins and policies (a closure of the
 //!    command's): a misspelt cascade entry fails before the model is loaded.
 //! 3. A plugin that drafts with the draft model needs one (`--draft-model`).
-//! 4. When this thread decodes ([`Decoding::OnThisThread`]: `run`, `bench`), it is pinned to the
-//!    compute CPUs, so llama.cpp's OpenMP workers, started at its first decode, inherit them; a
-//!    server's slots pin themselves.
+//! 4. This thread, which decodes (`run`, `bench`, a server's batcher), is pinned to the compute
+//!    CPUs, so llama.cpp's OpenMP workers, started at its first decode, inherit them.
 //! 5. The target loads; then the draft model, if any (a default draft is made from its base
-//!    model on first use), is checked against the target's tokenizer and offered to the plugins.
+//!    model on first use), is checked against the target's tokenizer and, for
+//!    [`DraftContexts::PerInstance`], offered to the plugins.
 //!
 //! Also here: building a cascade of loaded plugins with their configs and policy
 //! ([`build_cascade`]), which checks every config before anything decodes.
@@ -39,24 +39,28 @@ pub struct StackConfig<'a> {
     pub cache_dir: &'a Path,
 }
 
-/// Which thread decodes with the target.
+/// How plugin instances that draft with the draft model get their contexts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decoding {
-    /// The thread that loads the stack (`run`, `bench`): it is pinned to the compute CPUs.
-    OnThisThread,
-    /// Threads of their own, which pin themselves (the server's slots).
-    OnOtherThreads,
+pub enum DraftContexts {
+    /// Each opens a llama.cpp context of its own (`run`, `bench`): the stack attaches the
+    /// draft model to the plugin host (on `--draft-cpus`, if given).
+    PerInstance,
+    /// Each gets a sequence of one context, drafted for together (a server's batcher): the
+    /// caller attaches the batcher's factory to the plugin host; the stack only loads the
+    /// model.
+    Batched,
 }
 
-/// The plugin host with the command's plugins, the target, and the draft model offered to the
-/// plugins.
+/// The plugin host with the command's plugins, the target, and the draft model.
 pub struct Stack<P> {
-    /// The plugin host (the draft model attached).
+    /// The plugin host (the draft model attached, for [`DraftContexts::PerInstance`]).
     pub host: PluginHost,
     /// What the command's closure loaded.
     pub plugins: P,
     /// The target.
     pub target: Arc<Target>,
+    /// The draft model, if any (`--draft-model`).
+    pub draft_model: Option<Arc<DraftModelHost>>,
 }
 
 impl<P> Stack<P> {
@@ -65,7 +69,7 @@ impl<P> Stack<P> {
     /// draft model if they draft with one (the command's default cascade).
     pub fn load(
         config: &StackConfig<'_>,
-        decoding: Decoding,
+        draft_contexts: DraftContexts,
         load_plugins: impl FnOnce(&PluginHost) -> anyhow::Result<(P, Vec<LoadedPlugin>)>,
     ) -> anyhow::Result<Self> {
         let settings = config.settings;
@@ -85,20 +89,20 @@ impl<P> Stack<P> {
         .context("starting the plugin host")?;
         let (plugins, drafting) = load_plugins(&host)?;
         require_draft_model(&drafting, settings.draft.as_ref())?;
-        if decoding == Decoding::OnThisThread {
-            settings
-                .placement
-                .pin_compute()
-                .context("pinning the target's compute threads")?;
-        }
+        settings
+            .placement
+            .pin_compute()
+            .context("pinning the target's compute threads")?;
         let target = Arc::new(Target::load(&settings.model, &settings.target)?);
-        if let Some(draft_model) = load_draft_model(config, &target)? {
-            host.attach_draft_model(draft_model);
+        let draft_model = load_draft_model(config, &target)?;
+        if let (Some(draft_model), DraftContexts::PerInstance) = (&draft_model, draft_contexts) {
+            host.attach_draft_model(per_instance_factory(config, Arc::clone(draft_model)));
         }
         Ok(Self {
             host,
             plugins,
             target,
+            draft_model,
         })
     }
 }
@@ -120,11 +124,11 @@ fn require_draft_model(
 
 /// Loads the draft model of `config` for `target`, if any: makes a default draft from its base
 /// model on first use (with the draft's threads), loads it as the target is loaded, and checks
-/// that it shares the target's tokenizer. With draft CPUs, its contexts compute there.
+/// that it shares the target's tokenizer.
 fn load_draft_model(
     config: &StackConfig<'_>,
     target: &Target,
-) -> anyhow::Result<Option<Arc<dyn DraftModelFactory>>> {
+) -> anyhow::Result<Option<Arc<DraftModelHost>>> {
     let Some(settings) = &config.settings.draft else {
         return Ok(None);
     };
@@ -133,15 +137,22 @@ fn load_draft_model(
             .make(config.cache_dir, settings.model.threads)
             .with_context(|| format!("making the default draft model {}", default_draft.name()))?;
     }
-    let draft: Arc<dyn DraftModelFactory> = Arc::new(DraftModelHost::load_for(
+    Ok(Some(Arc::new(DraftModelHost::load_for(
         target,
         &settings.model,
         &config.settings.target,
-    )?);
-    Ok(Some(match &settings.cpus {
-        Some(cpus) => Arc::new(PinnedDraftFactory::new(draft, cpus.clone())),
-        None => draft,
-    }))
+    )?)))
+}
+
+/// The factory of a context per plugin instance: with draft CPUs, its contexts compute there.
+fn per_instance_factory(
+    config: &StackConfig<'_>,
+    draft_model: Arc<DraftModelHost>,
+) -> Arc<dyn DraftModelFactory> {
+    match config.settings.draft.as_ref().and_then(|d| d.cpus.as_ref()) {
+        Some(cpus) => Arc::new(PinnedDraftFactory::new(draft_model, cpus.clone())),
+        None => draft_model,
+    }
 }
 
 /// Makes one source per loaded plugin, in cascade order, configured from `plugin_configs` (by

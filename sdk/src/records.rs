@@ -86,6 +86,18 @@ impl RoundRecord {
     pub fn n_drafted(&self) -> u32 {
         self.n_verified.saturating_sub(1)
     }
+
+    /// Tokens of other requests' rounds in this round's verify batch (0 when it was verified
+    /// alone, or by a host that does not say).
+    pub fn others_verified(&self) -> u32 {
+        self.batch_verified.saturating_sub(self.n_verified)
+    }
+
+    /// Tokens other requests' rounds committed in this round's verify batch (0 when alone).
+    pub fn others_committed(&self) -> u32 {
+        self.batch_committed
+            .saturating_sub(self.n_accepted.saturating_add(1))
+    }
 }
 
 impl Decision {
@@ -177,6 +189,22 @@ mod tests {
             .collect();
         assert_eq!(shadows, ["a", "c"], "{record:?}");
         assert_eq!(record.n_drafted(), 4, "{record:?}");
+        assert_eq!(
+            (record.others_verified(), record.others_committed()),
+            (0, 0),
+            "a host that does not say verified the round alone"
+        );
+        let batched = RoundRecord {
+            n_accepted: 2,
+            batch_verified: 12,
+            batch_committed: 7,
+            ..record
+        };
+        assert_eq!(
+            (batched.others_verified(), batched.others_committed()),
+            (7, 4),
+            "{batched:?}"
+        );
         assert_eq!(RoundRecord::default().n_drafted(), 0);
     }
 

@@ -9,7 +9,7 @@ use crate::config::RunConfig;
 use crate::engine::Request;
 use crate::placement;
 use crate::plugins::save_plugin_states;
-use crate::stack::{Decoding, Stack, StackConfig, build_cascade};
+use crate::stack::{DraftContexts, Stack, StackConfig, build_cascade};
 
 /// Loads the target and the cascade, generates, streams the text and prints the stats.
 pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
@@ -19,7 +19,7 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
             state_dir: config.state_dir.as_deref(),
             cache_dir,
         },
-        Decoding::OnThisThread,
+        DraftContexts::PerInstance,
         |host| {
             let plugins = config
                 .cascade

@@ -42,7 +42,10 @@ mod text;
 mod verify;
 mod vocab;
 
-pub use self::batcher::{BatchedSequence, Batcher, BatcherSettings, MAX_GATHER_WAIT};
+pub use self::batcher::{
+    BatchedDraftFactory, BatchedSequence, Batcher, BatcherSettings, DRAFT_SEQUENCES_PER_SLOT,
+    MAX_GATHER_WAIT,
+};
 pub use self::budget::{MaxDraftLenError, RoundLimits, check_max_draft_len};
 pub use self::build_info::{BackendDevice, BuildInfo};
 pub use self::draft::{

@@ -130,6 +130,8 @@ impl From<&CascadeRecord> for RoundRecord {
             verify_us: micros(round.verify_time),
             n_verified: saturating_u32(round.n_verified),
             n_accepted: saturating_u32(round.n_accepted),
+            batch_verified: saturating_u32(round.batch_verified),
+            batch_committed: saturating_u32(round.batch_committed),
             committed_text: round.committed_text.clone(),
         }
     }

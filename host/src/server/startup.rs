@@ -38,11 +38,12 @@ use super::state::{AppState, PromptTokenizer, RequestLimits, Shared};
 use super::watch;
 use crate::config::ServeConfig;
 use crate::engine::{
-    BatchedSequence, Batcher, BatcherSettings, DEFAULT_COST_REPETITIONS, Session, Target,
+    BatchedSequence, Batcher, BatcherSettings, DEFAULT_COST_REPETITIONS, DRAFT_SEQUENCES_PER_SLOT,
+    Session, Target,
 };
 use crate::plugins::PluginHost;
 use crate::plugins::SourceSpec;
-use crate::stack::{Decoding, Stack, StackConfig};
+use crate::stack::{DraftContexts, Stack, StackConfig};
 
 /// Time the server may spend measuring its verify cost curve at start-up beyond one warm-up
 /// and one measured sweep per context length (which always run).
@@ -90,13 +91,14 @@ fn serve_with(
         host,
         plugins: (plugins, policies),
         target,
+        draft_model,
     } = Stack::load(
         &StackConfig {
             settings: &config.stack,
             state_dir: config.state_dir.as_deref(),
             cache_dir,
         },
-        Decoding::OnThisThread,
+        DraftContexts::Batched,
         |host| {
             let plugins = load_startup_plugins(host, &config.cascade)?;
             let default_cascade = plugins
@@ -114,20 +116,33 @@ fn serve_with(
     if target.can_roll_back() {
         measure_verify_curve(&mut session, config.max_draft_len);
     }
+    let draft = draft_model
+        .map(|draft| {
+            if config.stack.draft.as_ref().is_some_and(|d| d.cpus.is_some()) {
+                tracing::warn!("serve drafts for every slot on the compute CPUs, with the target; --draft-cpus applies to run and bench");
+            }
+            draft.open_batch(config.parallel * DRAFT_SEQUENCES_PER_SLOT)
+        })
+        .transpose()
+        .context("creating the draft model's context")?;
+    let (batcher, sequences) = Batcher::new(
+        session,
+        draft,
+        BatcherSettings {
+            prefill_chunk: config.prefill_chunk,
+        },
+    );
+    if let Some(factory) = batcher.draft_factory() {
+        host.attach_draft_model(Arc::new(factory));
+    }
     let shared = start_shared(
         config,
         &target,
         host,
         plugins,
         policies,
-        session.ctx_size(),
+        batcher.ctx_size(),
     )?;
-    let (batcher, sequences) = Batcher::new(
-        session,
-        BatcherSettings {
-            prefill_chunk: config.prefill_chunk,
-        },
-    );
     std::thread::scope(|scope| {
         let queue = Arc::clone(&shared.queue);
         let started = start_threads(scope, config, shared, sequences, embedding);

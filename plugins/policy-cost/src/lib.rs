@@ -78,6 +78,22 @@
 //! (0.5) and the linear cost model that is K = 1: the policy starts cautious and grows K as
 //! drafts are accepted.
 //!
+//! **In a batch.** A server verifies the rounds of every running request in one batch
+//! (`round.batch_verified` tokens, committing `round.batch_committed`), which costs what a
+//! batch of that many tokens costs: `verify(n)` is learned per batch size, whoever's tokens
+//! they are. With the other requests' last round as the estimate of theirs (`R` tokens
+//! verified, `T` committed), the policy maximises the whole batch's throughput:
+//!
+//! ```text
+//! argmax_K (T + E[tokens | K]) / (verify(R + K + 1) + K · draft_per_token)
+//! ```
+//!
+//! so a draft is worth its tokens when what it adds to the batch's time buys more tokens than
+//! the batch commits per unit of time anyway: drafts grow where extra tokens in a batch are
+//! nearly free (a memory-bound machine) and shrink where the batch is already compute-bound.
+//! Alone (`R = T = 0`) this is the rule above. The same holds for costly sources, against plain
+//! decoding in the same batch.
+//!
 //! **Across requests.** A session that ends leaves its counts and learned times (per source
 //! too) to the next session of the same plugin instance (the host keeps one instance per
 //! cascade), which starts from them instead of the prior: in a server or a benchmark the second
@@ -204,6 +220,17 @@ impl PositionCounts {
     }
 }
 
+/// Most batch sizes the policy learns verify times for: above any batch a host decodes.
+const MAX_BATCH_SIZES: usize = 4096;
+
+/// The rest of the verify batch, as of the last round: the other requests' tokens in it and
+/// what they committed (both 0 when the round was alone).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Others {
+    verified: usize,
+    committed: f64,
+}
+
 /// Verify times per batch size: the host's, or learned from rounds.
 #[derive(Debug, Clone, PartialEq)]
 struct VerifyCosts {
@@ -227,9 +254,13 @@ impl VerifyCosts {
         }
     }
 
-    /// Adds an observed verify time of `time_us` for `n` tokens.
+    /// Adds an observed verify time of `time_us` for a batch of `n` tokens.
     fn learn(&mut self, n: u32, time_us: u64) {
-        let Some(average) = (n as usize)
+        let n = n as usize;
+        if n > self.learned.len() && n <= MAX_BATCH_SIZES {
+            self.learned.resize(n, None);
+        }
+        let Some(average) = n
             .checked_sub(1)
             .and_then(|index| self.learned.get_mut(index))
         else {
@@ -244,12 +275,12 @@ impl VerifyCosts {
 
     /// The best known verify time for every size `n = 1..=sizes`, filling the gaps (see the
     /// crate docs).
-    fn table(&self) -> Vec<f64> {
-        let known: Vec<Option<f64>> = self
-            .measured
-            .iter()
-            .zip(&self.learned)
-            .map(|(measured, learned)| measured.or(*learned))
+    fn table(&self, sizes: usize) -> Vec<f64> {
+        let known: Vec<Option<f64>> = (0..sizes)
+            .map(|index| {
+                let measured = self.measured.get(index).copied().flatten();
+                measured.or(self.learned.get(index).copied().flatten())
+            })
             .collect();
         let linear = |index: usize| 1.0 + VERIFY_SLOPE * index as f64;
         (0..known.len())
@@ -334,17 +365,18 @@ impl SourceModel {
     }
 
     /// Expected committed tokens per microsecond of a round that asks this source and drafts
-    /// up to K tokens, for every K in `1..verify.len()`: it proposes with its proposal rate,
+    /// up to K tokens, for every K in `1..verify.len()` (`verify[k]`: the batch's time with K
+    /// drafted, which commits `others` tokens besides): it proposes with its proposal rate,
     /// else the round decodes one token plainly; the ask takes its average time, or K times its
     /// time per drafted token if that is longer.
-    fn rates(&self, verify: &[f64]) -> Vec<f64> {
+    fn rates(&self, verify: &[f64], others: f64) -> Vec<f64> {
         let ask = self.ask_us.unwrap_or(0.0);
         let per_token = self.draft_per_token_us.unwrap_or(0.0);
         let p = self.proposal_rate;
         let expected = expected_tokens(&self.positions.acceptance(), verify.len());
         (1..verify.len())
             .map(|k| {
-                let tokens = p * expected[k] + (1.0 - p);
+                let tokens = others + p * expected[k] + (1.0 - p);
                 let time = p * verify[k] + (1.0 - p) * verify[0] + ask.max(per_token * k as f64);
                 if time > 0.0 { tokens / time } else { 0.0 }
             })
@@ -366,6 +398,8 @@ pub struct Cost {
     /// Acceptance of the verified drafts, whichever source made them.
     positions: PositionCounts,
     verify: VerifyCosts,
+    /// The rest of the last round's verify batch.
+    others: Others,
     /// One per cascade source, in cascade order.
     sources: Vec<SourceModel>,
     shadow_len: u32,
@@ -425,6 +459,7 @@ impl Policy for Cost {
                 .collect(),
             positions: counts,
             verify: VerifyCosts::new(cap as usize + 1, &setup.verify_us),
+            others: Others::default(),
             shadow_len,
             probe_after,
             rounds_without_evidence: 0,
@@ -437,7 +472,12 @@ impl Policy for Cost {
     }
 
     fn observe(&mut self, round: &RoundRecord) {
-        self.verify.learn(round.n_verified, round.verify_us);
+        self.verify
+            .learn(round.batch_verified.max(round.n_verified), round.verify_us);
+        self.others = Others {
+            verified: round.others_verified() as usize,
+            committed: f64::from(round.others_committed()),
+        };
         let round_us = round.verify_us.saturating_add(round.draft_us);
         for model in &mut self.sources {
             model.since_ask_us = model.since_ask_us.saturating_add(round_us);
@@ -468,11 +508,15 @@ impl Policy for Cost {
     }
 
     fn decide(&mut self) -> Decision {
-        let verify = self.verify.table();
-        let unprofitable = self.unprofitable_sources(&verify);
+        // `verify[k]`: the batch's time when this request drafts k tokens beside the others'.
+        let table = self
+            .verify
+            .table(self.others.verified + self.cap as usize + 1);
+        let verify = &table[self.others.verified..];
+        let unprofitable = self.unprofitable_sources(verify, table[0]);
         // K is chosen for the sources that pay: a probe of one that does not is not a reason
         // to draft less (it would keep K at 0, where the probe never happens).
-        let (best, best_above_zero) = self.best_draft_lengths(&verify, &unprofitable);
+        let (best, best_above_zero) = self.best_draft_lengths(verify, &unprofitable);
         let mut length = best;
         if best == 0 {
             self.rounds_without_evidence = self.rounds_without_evidence.saturating_add(1);
@@ -509,7 +553,9 @@ impl Cost {
             ..self.positions.clone()
         });
         let mut verify_learned = learned.verify_learned;
-        verify_learned.resize(self.verify.learned.len(), None);
+        if verify_learned.len() < self.verify.learned.len() {
+            verify_learned.resize(self.verify.learned.len(), None);
+        }
         self.verify.learned = verify_learned;
         for model in &mut self.sources {
             if let Some(earlier) = learned.sources.iter().find(|m| m.name == model.name) {
@@ -522,18 +568,22 @@ impl Cost {
     }
 
     /// Indices of the costly sources whose drafts, at their best K, commit fewer tokens per
-    /// unit of time than plain decoding.
-    fn unprofitable_sources(&self, verify: &[f64]) -> Vec<usize> {
-        let Some(&verify_one) = verify.first() else {
+    /// unit of time than plain decoding in the same batch (`verify[k]`: the batch with k
+    /// drafted; `verify_alone_us`: one token alone, against which a source's cost counts).
+    fn unprofitable_sources(&self, verify: &[f64], verify_alone_us: f64) -> Vec<usize> {
+        let Some(&plain_batch) = verify.first() else {
             return Vec::new();
         };
-        let plain = 1.0 / verify_one;
+        let plain = (self.others.committed + 1.0) / plain_batch;
         let mut unprofitable = Vec::new();
         for (index, model) in self.sources.iter().enumerate() {
-            if !model.is_costly(verify_one) {
+            if !model.is_costly(verify_alone_us) {
                 continue;
             }
-            let best_rate = model.rates(verify).into_iter().fold(0.0, f64::max);
+            let best_rate = model
+                .rates(verify, self.others.committed)
+                .into_iter()
+                .fold(0.0, f64::max);
             if best_rate < plain {
                 unprofitable.push(index);
             }
@@ -565,6 +615,7 @@ impl Cost {
             verify,
             &self.positions.acceptance(),
             self.draft_per_token(excluded),
+            self.others.committed,
         );
         let argmax = |from: usize| {
             let mut best: Option<(usize, f64)> = None;
@@ -600,9 +651,15 @@ fn expected_tokens(acceptance: &[f64], len: usize) -> Vec<f64> {
     table
 }
 
-/// Expected committed tokens per microsecond for every K in `0..verify.len()`, given the verify
-/// times, the acceptance per position and the drafting time per token.
-fn throughput(verify: &[f64], acceptance: &[f64], draft_per_token: f64) -> Vec<f64> {
+/// Expected committed tokens per microsecond of the verify batch for every K in
+/// `0..verify.len()`, given its time with K drafted (`verify[K]`), the acceptance per position,
+/// the drafting time per token, and what the rest of the batch commits (`others`).
+fn throughput(
+    verify: &[f64],
+    acceptance: &[f64],
+    draft_per_token: f64,
+    others: f64,
+) -> Vec<f64> {
     let expected = expected_tokens(acceptance, verify.len());
     verify
         .iter()
@@ -610,7 +667,11 @@ fn throughput(verify: &[f64], acceptance: &[f64], draft_per_token: f64) -> Vec<f
         .enumerate()
         .map(|(k, (verify_time, tokens))| {
             let time = verify_time + k as f64 * draft_per_token;
-            if time > 0.0 { tokens / time } else { 0.0 }
+            if time > 0.0 {
+                (others + tokens) / time
+            } else {
+                0.0
+            }
         })
         .collect()
 }
@@ -718,6 +779,54 @@ mod tests {
         );
     }
 
+    /// A target that accepts the first drafted token of 3 rounds in 5 and never a second, in a
+    /// verify batch beside `others` requests that each verify and commit one token a round.
+    fn batch_target(others: u32) -> impl FnMut(&Decision) -> RoundRecord {
+        let mut round = 0;
+        move |decision| {
+            round += 1;
+            let accepted = u32::from(round % 5 < 3).min(decision.max_draft_len);
+            let mut record = target(accepted, accepted)(decision);
+            if others > 0 {
+                record.batch_verified = record.n_verified + others;
+                record.batch_committed = record.n_accepted + 1 + others;
+            }
+            record
+        }
+    }
+
+    #[test]
+    fn drafts_less_beside_other_requests_when_their_batch_is_compute_bound() {
+        // Each extra token of a batch costs 0.3 of a token alone. Alone, a token accepted 60% of
+        // the time pays for itself; beside 7 requests committing a token each, the batch
+        // already commits 8 tokens in 3.1 units, and the draft's 0.6 tokens for 0.3 units lower
+        // that.
+        let mut alone = cost("", setup_with_slope(CAP, 0.3));
+        let lengths_alone = lengths(&alone.run(60, batch_target(0)));
+        let mut beside = cost("", setup_with_slope(CAP, 0.3));
+        let lengths_beside = lengths(&beside.run(60, batch_target(7)));
+        let drafting = |lengths: &[u32]| lengths[30..].iter().filter(|&&k| k > 0).count();
+        assert!(
+            drafting(&lengths_alone) >= 25,
+            "alone it drafts: {lengths_alone:?}"
+        );
+        assert!(
+            drafting(&lengths_beside) <= 3,
+            "beside 7 requests on a compute-bound target it decodes plainly: {lengths_beside:?}"
+        );
+    }
+
+    #[test]
+    fn keeps_drafting_beside_other_requests_when_their_batch_is_memory_bound() {
+        // Extra tokens of a batch cost 0.02 of a token: the draft's tokens are nearly free.
+        let mut beside = cost("", setup_with_slope(CAP, 0.02));
+        let lengths = lengths(&beside.run(60, batch_target(15)));
+        assert!(
+            lengths[30..].iter().all(|&k| k > 0),
+            "beside 15 requests on a memory-bound target it drafts: {lengths:?}"
+        );
+    }
+
     #[test]
     fn switches_to_plain_decoding_with_shadows_when_drafts_fail() {
         let mut harness = cost("", setup_with_slope(CAP, 0.3));
@@ -789,7 +898,7 @@ mod tests {
     #[test]
     fn learns_verify_costs_from_rounds_and_fills_the_gaps() {
         let mut costs = VerifyCosts::new(6, &[]);
-        assert_close(&costs.table(), &[1.0, 1.3, 1.6, 1.9, 2.2, 2.5]);
+        assert_close(&costs.table(6), &[1.0, 1.3, 1.6, 1.9, 2.2, 2.5]);
         costs.learn(1, 1000);
         costs.learn(3, 2000);
         costs.learn(3, 3000);
@@ -802,10 +911,22 @@ mod tests {
             2200.0 * 2.2 / 1.6,
             2200.0 * 2.5 / 1.6,
         ];
-        assert_close(&costs.table(), &expected);
-        costs.learn(7, 5000);
+        assert_close(&costs.table(6), &expected);
         costs.learn(0, 5000);
-        assert_eq!(costs.table().len(), 6, "sizes beyond the table are ignored");
+        assert_close(&costs.table(6), &expected);
+        // A batch of several requests' rounds, larger than one request drafts: the sizes
+        // between it and n = 3 are interpolated now.
+        costs.learn(8, 5000);
+        assert_close(
+            &costs.table(8),
+            &[1000.0, 1600.0, 2200.0, 2760.0, 3320.0, 3880.0, 4440.0, 5000.0],
+        );
+        costs.learn(MAX_BATCH_SIZES as u32 + 1, 5000);
+        assert_eq!(
+            costs.learned.len(),
+            8,
+            "sizes beyond any batch a host decodes are ignored"
+        );
     }
 
     #[test]
@@ -813,7 +934,7 @@ mod tests {
         let mut costs = VerifyCosts::new(3, &[500.0, f32::NAN]);
         costs.learn(1, 9000);
         costs.learn(2, 700);
-        assert_close(&costs.table(), &[500.0, 700.0, 700.0 * 1.6 / 1.3]);
+        assert_close(&costs.table(3), &[500.0, 700.0, 700.0 * 1.6 / 1.3]);
     }
 
     fn assert_close(got: &[f64], want: &[f64]) {

@@ -121,6 +121,13 @@ fn check_record(round: &RoundRecord) -> Result<(), String> {
                 .to_owned(),
         );
     }
+    if round.batch_verified != 0 && round.batch_verified < round.n_verified {
+        return Err(format!(
+            "batch_verified is {} but the round alone verified {} tokens; set it to 0 (alone) or \
+                    to n_verified plus the other requests' tokens",
+            round.batch_verified, round.n_verified
+        ));
+    }
     if round.n_accepted > round.n_drafted() {
         return Err(format!(
             "n_accepted is {} but only {} tokens were drafted (n_verified {} - 1)",

@@ -1,0 +1,46 @@
+//! The messages between sequences (and draft-model handles) and the batcher: every call is
+//! answered exactly once, on the caller's own channel.
+
+use std::sync::mpsc::Sender;
+
+use crate::cascade::{DraftedToken, Token};
+use crate::engine::context::SeqId;
+use crate::engine::error::EngineError;
+use crate::engine::rounds::{RoundDraft, Verified};
+use crate::engine::sample::SamplingParams;
+
+/// What a sequence, or a draft-model handle, asks of the batcher.
+pub(super) enum Call {
+    /// Decode a chunk of `seq`'s prompt; the first chunk carries the request's sampling and
+    /// starts the request.
+    Prefill {
+        seq: SeqId,
+        chunk: Vec<Token>,
+        position: usize,
+        sampling: Option<SamplingParams>,
+        last: bool,
+    },
+    /// Verify `seq`'s round.
+    Verify { seq: SeqId, round: RoundDraft },
+    /// `seq`'s request ended.
+    End { seq: SeqId },
+    /// Draft after `context` in draft sequence `seq`.
+    Draft {
+        seq: SeqId,
+        context: Vec<Token>,
+        max_draft_len: usize,
+        p_min: f32,
+        reply: Sender<Vec<DraftedToken>>,
+    },
+    /// The plugin instance holding draft sequence `seq` is gone.
+    CloseDraft { seq: SeqId },
+}
+
+/// The batcher's answer to a sequence's call.
+pub(super) enum Reply {
+    /// A prompt chunk was decoded; after the last, the target's first token.
+    Prefilled(Result<Option<Token>, EngineError>),
+    /// The round was verified.
+    Verified(Result<Verified, EngineError>),
+}
+
