@@ -112,6 +112,8 @@ pub(super) struct ModelContext<'m> {
     batch: LlamaBatch<'static>,
     batch_capacity: usize,
     sequences: u32,
+    /// Rows of the check's longest sequence (see [`ContextSettings::check_rows`]).
+    check_rows: usize,
     /// Matrix products of this context's decodes that the host's batched kernel computed.
     host_products: u64,
 }
@@ -126,8 +128,7 @@ impl<'m> ModelContext<'m> {
         settings: &ContextSettings,
     ) -> Result<Self, String> {
         let mut context = Self::create(backend, model, settings)?;
-        let checked = context.check_batches(settings.check_rows);
-        context.clear();
+        let checked = context.check_batch_invariance();
         match checked {
             Ok(products) if products > 0 => tracing::info!(
                 products,
@@ -146,9 +147,7 @@ impl<'m> ModelContext<'m> {
                 // This context's scheduler may have placed products on the host already.
                 drop(context);
                 let mut context = Self::create(backend, model, settings)?;
-                let checked = context.check_batches(settings.check_rows);
-                context.clear();
-                if let Err(reason) = checked {
+                if let Err(reason) = context.check_batch_invariance() {
                     warn_not_batch_invariant(&reason);
                 }
                 return Ok(context);
@@ -196,6 +195,7 @@ impl<'m> ModelContext<'m> {
             batch: LlamaBatch::new(batch_capacity, 1),
             batch_capacity,
             sequences,
+            check_rows: settings.check_rows,
             host_products: 0,
         })
     }
@@ -294,7 +294,9 @@ impl<'m> ModelContext<'m> {
                     .map_err(|e| e.to_string())
             })?;
         removed.then_some(()).ok_or_else(|| {
-            format!("llama.cpp could not remove positions {from}.. of sequence {seq} from the cache")
+            format!(
+                "llama.cpp could not remove positions {from}.. of sequence {seq} from the cache"
+            )
         })
     }
 
@@ -306,6 +308,13 @@ impl<'m> ModelContext<'m> {
     /// Empties the KV cache.
     pub(super) fn clear(&mut self) {
         self.context.clear_kv_cache();
+    }
+
+    /// The start-up check, again: see [`Self::check_batches`]. Empties the cache.
+    pub(super) fn check_batch_invariance(&mut self) -> Result<u64, String> {
+        let checked = self.check_batches(self.check_rows);
+        self.clear();
+        checked
     }
 
     /// Decodes the check's batch (see [`BatchCheck`]) one token at a time, with llama.cpp's

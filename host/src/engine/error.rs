@@ -103,7 +103,9 @@ pub enum EngineError {
     #[error("cannot apply the model's chat template: {0}; pass --raw to send the prompt as-is")]
     ChatTemplate(String),
     /// The batcher that decodes for a server's requests is gone (the server is stopping).
-    #[error("the server's decoding thread has stopped; retry on another instance or after it restarts")]
+    #[error(
+        "the server's decoding thread has stopped; retry on another instance or after it restarts"
+    )]
     BatcherStopped,
     /// The prompt has no tokens.
     #[error("the prompt is empty; give text with --prompt, --prompt-file or on stdin")]

@@ -48,13 +48,13 @@ pub use self::batcher::{
 };
 pub use self::budget::{MaxDraftLenError, RoundLimits, check_max_draft_len};
 pub use self::build_info::{BackendDevice, BuildInfo};
+pub use self::context::SeqId;
 pub use self::draft::{
     DraftModelConfig, DraftModelContext, DraftModelHost, check_vocab_compatible,
 };
 pub use self::error::EngineError;
 pub(crate) use self::model::started_backend;
 pub use self::model::{MessageContents, Target, TargetParams};
-pub use self::context::SeqId;
 pub use self::rounds::{
     Generation, Outcome, Prefill, Request, RoundControl, RoundDecision, RoundDraft, StopReason,
     Verified, Verifier, VerifyBatch, generate,

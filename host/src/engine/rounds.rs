@@ -166,6 +166,8 @@ pub struct Verified {
 /// One verify batch as a whole: every round decoded in it, of one request or of several.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VerifyBatch {
+    /// Rounds in it: requests verified together.
+    pub sequences: usize,
     /// Tokens it decoded: `1 + draft length` of each round in it.
     pub rows: usize,
     /// Tokens its rounds committed, together.
@@ -178,6 +180,7 @@ impl VerifyBatch {
     /// The batch of one round verified alone, which committed `committed` tokens in `time`.
     pub fn alone(round: &RoundDraft, committed: usize, time: Duration) -> Self {
         Self {
+            sequences: 1,
             rows: round.tokens.len() + 1,
             committed,
             time,
@@ -426,6 +429,8 @@ impl<'g> Generation<'g> {
         self.stats.verify_time += verify_time;
         self.stats.rounds += 1;
         self.stats.count_verify_batch(drafted + 1);
+        self.stats.batch_requests += verified.batch.sequences as u64;
+        self.stats.batch_tokens += verified.batch.rows as u64;
         if drafted > 0 {
             self.stats.draft_rounds += 1;
             self.stats.drafted += drafted as u64;

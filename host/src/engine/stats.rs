@@ -30,6 +30,11 @@ pub struct GenerationStats {
     pub accepted: u64,
     /// `verify_batches[n - 1]`: rounds that verified a batch of `n` tokens (`[last, d1..]`).
     pub verify_batches: Vec<u64>,
+    /// Requests verified in the batch of each round, summed over rounds (`rounds` when every
+    /// round was verified alone; more in a server that verifies requests together).
+    pub batch_requests: u64,
+    /// Tokens of the batch of each round, every request's, summed over rounds.
+    pub batch_tokens: u64,
     /// Time spent in `llama_decode` for verify batches.
     #[serde(serialize_with = "seconds")]
     pub verify_time: Duration,
@@ -65,6 +70,16 @@ impl GenerationStats {
             self.generated_tokens.saturating_sub(1),
             self.generation_time,
         )
+    }
+
+    /// Requests per verify batch the rounds were in, on average (1 when alone).
+    pub fn mean_batch_requests(&self) -> f64 {
+        ratio(self.batch_requests, self.rounds)
+    }
+
+    /// Tokens per verify batch the rounds were in, every request's, on average.
+    pub fn mean_batch_tokens(&self) -> f64 {
+        ratio(self.batch_tokens, self.rounds)
     }
 
     /// Accepted over drafted tokens, in [0, 1].

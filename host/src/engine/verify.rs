@@ -319,6 +319,7 @@ impl<'a> Session<'a> {
         }
         self.verify_group(&group, rounds, &rows, &mut results);
         let batch = VerifyBatch {
+            sequences: rounds.len(),
             rows: rows.iter().map(Vec::len).sum(),
             committed: results
                 .iter()
@@ -404,6 +405,18 @@ impl<'a> Session<'a> {
                 .map_err(|e| decode_error(draft.len() + 1, e))?;
         }
         Ok(target)
+    }
+
+    /// Checks again what was checked when the session was made: the rows of a largest verify
+    /// batch of one sequence, beside other sequences' rows of other lengths and contexts,
+    /// decode bit for bit as each sequence's tokens one by one. Returns how many matrix
+    /// products of the batch the host computed, or where the logits first differ. Empties the
+    /// KV cache of every sequence: call it between requests.
+    pub fn check_batch_invariance(&mut self) -> Result<u64, String> {
+        for sampler in &mut self.samplers {
+            *sampler = None;
+        }
+        self.context.check_batch_invariance()
     }
 
     /// Ends `seq`'s request: drops its sampler and empties its part of the KV cache.

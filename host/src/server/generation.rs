@@ -456,6 +456,8 @@ pub fn speculative_report(finished: &Finished) -> SpeculativeReport {
         acceptance_percent: 100.0 * stats.acceptance(),
         mean_accepted_length: stats.mean_accepted_per_draft_round(),
         tokens_per_second: stats.generation_tokens_per_second(),
+        mean_batch_requests: stats.mean_batch_requests(),
+        mean_batch_tokens: stats.mean_batch_tokens(),
         swaps: finished.swaps,
         queue_ms: finished.queue_time.as_millis() as u64,
         sources: stats.sources.iter().map(SourceReport::from).collect(),

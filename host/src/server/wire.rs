@@ -259,6 +259,11 @@ pub struct SpeculativeReport {
     pub mean_accepted_length: f64,
     /// Generated tokens per second after the first.
     pub tokens_per_second: f64,
+    /// Requests verified together per step, on average over this request's rounds: the
+    /// server verifies the rounds of every running request in one batch.
+    pub mean_batch_requests: f64,
+    /// Tokens per verify batch (every request's), on average over this request's rounds.
+    pub mean_batch_tokens: f64,
     /// Times the cascade was replaced between rounds (hot swaps).
     pub swaps: u32,
     /// Milliseconds the request waited for a slot.

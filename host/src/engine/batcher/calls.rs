@@ -43,4 +43,3 @@ pub(super) enum Reply {
     /// The round was verified.
     Verified(Result<Verified, EngineError>),
 }
-

@@ -153,7 +153,9 @@ impl Verifier for BatchedSequence<'_> {
                 Reply::Prefilled(Ok(Some(first))) if last => return Ok(Prefill::Done { first }),
                 Reply::Prefilled(Ok(_)) => position += chunk.len(),
                 Reply::Prefilled(Err(error)) => return Err(error),
-                Reply::Verified(_) => unreachable!("the batcher answers a prompt chunk with Prefilled"),
+                Reply::Verified(_) => {
+                    unreachable!("the batcher answers a prompt chunk with Prefilled")
+                }
             }
         }
         Err(EngineError::NoRequest)

@@ -173,12 +173,10 @@ impl<'t> Batcher<'t> {
 
     fn has_waiting(&self) -> bool {
         self.draft.as_ref().is_some_and(|draft| draft.waiting() > 0)
-            || self.states.iter().any(|state| {
-                matches!(
-                    state,
-                    SeqState::Prefilling { .. } | SeqState::Verifying(_)
-                )
-            })
+            || self
+                .states
+                .iter()
+                .any(|state| matches!(state, SeqState::Prefilling { .. } | SeqState::Verifying(_)))
     }
 
     fn take(&mut self, call: Call) {

@@ -165,4 +165,3 @@ self_cell::self_cell!(
         dependent: BorrowedContext,
     }
 );
-

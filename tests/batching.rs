@@ -1,0 +1,147 @@
+//! Several sequences in one context (a server's batch): each sequence's tokens are exactly what
+//! it decodes alone, whatever the rest of its batch holds, on both default models (SmolLM2's
+//! Q4_1 layers through llama.cpp's kernels, Gemma 3's Q8_0/Q5_0 ones through the host's batched
+//! kernel). Needs the models (`spechost models fetch smollm2 gemma3`).
+
+mod common;
+
+use common::*;
+use spechost::cascade::Token;
+use spechost::engine::{RoundDraft, SamplingParams, SeqId, Session, SessionParams, Target};
+use spechost::models::DefaultModel;
+
+/// Tokens each sequence generates.
+const MAX_TOKENS: usize = 40;
+
+/// The plain (one token per round) greedy output of `prompt`, decoded alone.
+fn alone(target: &Target, prompt: &[Token]) -> Vec<Token> {
+    let mut session = target.session(&session_params()).expect("session");
+    let mut cascade = spechost::cascade::Cascade::new(Vec::new(), Default::default());
+    let request =
+        spechost::engine::Request::new(prompt.to_vec(), MAX_TOKENS, SamplingParams::greedy());
+    session
+        .generate(&request, &mut cascade, &mut |_| {})
+        .expect("generation succeeds")
+        .tokens
+}
+
+/// A draft of `len` tokens after position `at` of `output`, wrong at `wrong` (if inside it), so
+/// that rounds accept some tokens and roll the rest back.
+fn draft(output: &[Token], at: usize, len: usize, wrong: usize, vocab: u32) -> Vec<Token> {
+    output
+        .iter()
+        .skip(at + 1)
+        .take(len)
+        .enumerate()
+        .map(|(i, &token)| {
+            if i == wrong {
+                (token + 1) % vocab
+            } else {
+                token
+            }
+        })
+        .collect()
+}
+
+/// Decodes every fixture prompt in its own sequence of one session, all verifying in each
+/// batch together with drafts of different lengths that are wrong at different places, and
+/// checks every sequence's tokens against its output alone; then the start-up check again,
+/// after the cache held and dropped rejected rows of every sequence.
+fn batched_sequences_decode_as_alone(model: DefaultModel) {
+    let _guard = exclusive();
+    let target = load(model);
+    let prompts: Vec<Vec<Token>> = fixtures()
+        .iter()
+        .take(3)
+        .map(|fixture| {
+            target
+                .tokenize_chat(&fixture.user_message)
+                .expect("template")
+        })
+        .collect();
+    let expected: Vec<Vec<Token>> = prompts.iter().map(|p| alone(&target, p)).collect();
+    let mut session: Session<'_> = target
+        .session(&SessionParams {
+            sequences: prompts.len(),
+            ..session_params()
+        })
+        .expect("a session of several sequences");
+    let vocab = target.vocab_size();
+    // Position of each sequence's last committed token in its output.
+    let mut at = vec![0usize; prompts.len()];
+    for (index, prompt) in prompts.iter().enumerate() {
+        let seq = SeqId(index as u32);
+        session
+            .begin(seq, &SamplingParams::greedy())
+            .expect("begin");
+        let chunks: Vec<&[Token]> = prompt.chunks(session.batch_size()).collect();
+        let mut first = None;
+        for (i, chunk) in chunks.iter().enumerate() {
+            let last = i + 1 == chunks.len();
+            first = session
+                .prefill_chunk(seq, chunk, i * session.batch_size(), last)
+                .expect("prefill");
+        }
+        let first = first.expect("the last chunk gives a token");
+        assert_eq!(
+            first, expected[index][0],
+            "{model:?} sequence {index}: first token"
+        );
+    }
+    let mut round = 0;
+    loop {
+        let rounds: Vec<(SeqId, RoundDraft)> = (0..prompts.len())
+            .filter(|&index| at[index] + 1 < expected[index].len())
+            .map(|index| {
+                let output = &expected[index];
+                // Lengths 0..=6 and a wrong token at varying places, different per sequence;
+                // the round's own token must still be inside the output alone.
+                let remaining = output.len() - at[index] - 1;
+                let len = ((round + 2 * index) % 7).min(remaining - 1);
+                let wrong = (round + index) % 4;
+                let tokens = draft(output, at[index], len, wrong, vocab);
+                let round_draft = RoundDraft {
+                    last: output[at[index]],
+                    max_draft_len: tokens.len(),
+                    tokens,
+                    n_past: prompts[index].len() + at[index],
+                };
+                (SeqId(index as u32), round_draft)
+            })
+            .collect();
+        if rounds.is_empty() {
+            break;
+        }
+        let batch: Vec<(SeqId, &RoundDraft)> = rounds.iter().map(|(s, r)| (*s, r)).collect();
+        for ((seq, round_draft), result) in rounds.iter().zip(session.verify_batch(&batch)) {
+            let index = seq.0 as usize;
+            let verified = result.expect("verify");
+            assert_eq!(verified.batch.sequences, rounds.len());
+            let from = at[index] + 1;
+            let want = &expected[index][from..from + verified.tokens.len()];
+            assert_eq!(
+                verified.tokens, want,
+                "{model:?} sequence {index}, round {round} (draft {:?}): its tokens depend on the rest of the batch",
+                round_draft.tokens
+            );
+            at[index] += verified.tokens.len();
+        }
+        round += 1;
+    }
+    for index in 0..prompts.len() {
+        session.end(SeqId(index as u32));
+    }
+    session
+        .check_batch_invariance()
+        .unwrap_or_else(|difference| panic!("{model:?}: after use, a batch of several sequences differs from one-by-one decoding: {difference}"));
+}
+
+#[test]
+fn smollm2_batched_sequences_decode_as_alone() {
+    batched_sequences_decode_as_alone(DefaultModel::SmolLm2);
+}
+
+#[test]
+fn gemma3_batched_sequences_decode_as_alone() {
+    batched_sequences_decode_as_alone(DefaultModel::Gemma3);
+}
