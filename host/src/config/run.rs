@@ -118,8 +118,7 @@ impl RunArgs {
         if max_tokens == 0 {
             return Err(ConfigError::ZeroMaxTokens);
         }
-        let mut session =
-            session_params(placement.threads, self.target.ctx_size.or(run.ctx_size))?;
+        let mut session = session_params(placement.threads, self.target.ctx_size.or(run.ctx_size))?;
         session.max_draft_len = speculation.max_draft_len;
         let draft = draft_settings(
             self.target.draft_model.clone().or(run.draft_model.clone()),

@@ -135,14 +135,7 @@ fn serve_with(
     if let Some(factory) = batcher.draft_factory() {
         host.attach_draft_model(Arc::new(factory));
     }
-    let shared = start_shared(
-        config,
-        &target,
-        host,
-        plugins,
-        policies,
-        batcher.ctx_size(),
-    )?;
+    let shared = start_shared(config, &target, host, plugins, policies, batcher.ctx_size())?;
     std::thread::scope(|scope| {
         let queue = Arc::clone(&shared.queue);
         let started = start_threads(scope, config, shared, sequences, embedding);

@@ -654,12 +654,7 @@ fn expected_tokens(acceptance: &[f64], len: usize) -> Vec<f64> {
 /// Expected committed tokens per microsecond of the verify batch for every K in
 /// `0..verify.len()`, given its time with K drafted (`verify[K]`), the acceptance per position,
 /// the drafting time per token, and what the rest of the batch commits (`others`).
-fn throughput(
-    verify: &[f64],
-    acceptance: &[f64],
-    draft_per_token: f64,
-    others: f64,
-) -> Vec<f64> {
+fn throughput(verify: &[f64], acceptance: &[f64], draft_per_token: f64, others: f64) -> Vec<f64> {
     let expected = expected_tokens(acceptance, verify.len());
     verify
         .iter()
@@ -919,7 +914,9 @@ mod tests {
         costs.learn(8, 5000);
         assert_close(
             &costs.table(8),
-            &[1000.0, 1600.0, 2200.0, 2760.0, 3320.0, 3880.0, 4440.0, 5000.0],
+            &[
+                1000.0, 1600.0, 2200.0, 2760.0, 3320.0, 3880.0, 4440.0, 5000.0,
+            ],
         );
         costs.learn(MAX_BATCH_SIZES as u32 + 1, 5000);
         assert_eq!(
