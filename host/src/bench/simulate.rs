@@ -454,7 +454,7 @@ mod tests {
                 n_past: 2,
                 max_draft_len: 8,
             };
-            verifier.verify(&round).expect("the trace goes on")
+            verifier.verify(&round).expect("the trace goes on").tokens
         };
         assert_eq!(verify(&[7, 8, 9], &[7, 8, 4, 5]), vec![7, 8, 4]);
         assert_eq!(verify(&[7, 8], &[7, 8, 4]), vec![7, 8, 4]);

@@ -11,24 +11,29 @@
 //!    from the GGUF, messages as plain text) and queues a job.
 //! 2. The queue (`scheduler`) is bounded and first-come-first-served; a full queue answers 429
 //!    with `Retry-After`.
-//! 3. A slot (`slot`) takes the job: one std thread per slot owns one llama.cpp context and the
-//!    plugin instances it keeps across requests (`pool`), and runs the engine's round loop.
+//! 3. A slot (`slot`) takes the job: one std thread per slot keeps the plugin instances it uses
+//!    across requests (`pool`) and runs the engine's round loop on its sequence of the shared
+//!    context (`engine::BatchedSequence`); the batcher (`engine::Batcher`), on the main thread,
+//!    decodes for every slot: each step verifies the rounds of every running request in one
+//!    batch and reads a chunk of a starting request's prompt.
 //! 4. Between prompt chunks and before every round the slot checks whether the client went away
 //!    (stop), and before every round whether the plugin registry (`registry`) published new
 //!    sources for this request (swap the cascade, begun again with the context so far).
 //! 5. Text flows back over a channel and is returned whole or as server-sent events, with
 //!    `usage` and a `speculative` block (per-source drafted, accepted, rounds won, acceptance,
-//!    mean accepted length).
+//!    mean accepted length, and how many requests shared the request's verify batches).
 //!
-//! # Concurrency: one context per slot
+//! # Concurrency: one batch for every request
 //!
-//! `--parallel N` (default 1) creates N llama.cpp contexts, each served by its own thread, each
-//! with `--ctx-size` tokens of KV cache and `threads / N` compute threads. This was chosen over
-//! several sequences in one context because the engine's verify loop is single-sequence (its
-//! rollback, batch layout and exactness checks assume one sequence), because a slot then is a
-//! plain blocking loop with no cross-request batching to get wrong, and because on a CPU server
-//! speculation, not batching, is what makes one request fast. The cost: N full KV caches, and
-//! no batching of tokens across requests. Each slot keeps its own plugin instances, so a
+//! `--parallel N` (default 1) gives one llama.cpp context N sequences, each with a KV stream of
+//! `--ctx-size` tokens, and all the compute threads. A step reads the weights once for every
+//! running request's pending token and draft, which on a memory-bound machine costs about what
+//! one request's round costs; llama.cpp splits a batch into passes where sequences' row counts
+//! or numbers leave gaps, so a free slot's request goes to the lowest-numbered idle slot
+//! (`scheduler`). A request's output does not depend on what shares its batch: every row is
+//! computed as it would be alone (`docs/exactness.md`), which the context checks at start-up for
+//! batches of several sequences. A draft model is batched the same way: one draft context with
+//! a sequence per plugin instance using it. Each slot keeps its own plugin instances, so a
 //! cross-request cache (the `suffix` plugin's) is per slot.
 //!
 //! # Hot swap
@@ -43,9 +48,10 @@
 //!
 //! The default policy is `cost`, as for `spechost run`. A request may choose any loaded policy
 //! with its own settings (`speculative.policy`); each slot keeps a bounded number of policy
-//! instances (`pool`), and measured the target's verify cost curve once, at start-up, up to
-//! `--draft-max`, the most a request may draft. With `--draft-model`, every plugin instance
-//! that drafts with it opens its own draft context (one per slot). With `--state-dir`, each
+//! instances (`pool`); the target's verify cost curve is measured once, at start-up, up to
+//! `--draft-max`, the most a request may draft, and every policy learns what the server's
+//! batches cost from their rounds. With `--draft-model`, every plugin instance that drafts
+//! with it gets a sequence of the batcher's draft context. With `--state-dir`, each
 //! slot saves the plugins' cross-request state at most once a minute and when the server stops;
 //! with several slots the last save of a plugin's state wins.
 //!

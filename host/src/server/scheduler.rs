@@ -324,13 +324,13 @@ mod tests {
         let slots: Vec<_> = [2, 1]
             .into_iter()
             .map(|slot| {
-                let (queue, taken) = (std::sync::Arc::clone(&queue), taken.clone());
+                let (shared, taken) = (std::sync::Arc::clone(&queue), taken.clone());
                 let thread = std::thread::spawn(move || {
-                    while let Some(job) = queue.next(slot) {
+                    while let Some(job) = shared.next(slot) {
                         taken
                             .send((slot, job.request.max_tokens))
                             .expect("the test listens");
-                        queue.finished();
+                        shared.finished();
                     }
                 });
                 // Both slots wait before any job arrives.
