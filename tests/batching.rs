@@ -7,7 +7,9 @@ mod common;
 
 use common::*;
 use spechost::cascade::Token;
-use spechost::engine::{RoundDraft, SamplingParams, SeqId, Session, SessionParams, Target};
+use spechost::engine::{
+    BatchLayout, RoundDraft, SamplingParams, SeqId, Session, SessionParams, Target,
+};
 use spechost::models::DefaultModel;
 
 /// Tokens each sequence generates.
@@ -44,10 +46,11 @@ fn draft(output: &[Token], at: usize, len: usize, wrong: usize, vocab: u32) -> V
 }
 
 /// Decodes every fixture prompt in its own sequence of one session, all verifying in each
-/// batch together with drafts of different lengths that are wrong at different places, and
-/// checks every sequence's tokens against its output alone; then the start-up check again,
-/// after the cache held and dropped rejected rows of every sequence.
-fn batched_sequences_decode_as_alone(model: DefaultModel) {
+/// batch together with drafts of different lengths that are wrong at different places, laid
+/// out as `layout` says, and checks every sequence's tokens against its output alone; then the
+/// start-up check again, after the cache held and dropped rejected rows (and padding) of every
+/// sequence.
+fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout) {
     let _guard = exclusive();
     let target = load(model);
     let prompts: Vec<Vec<Token>> = fixtures()
@@ -63,6 +66,7 @@ fn batched_sequences_decode_as_alone(model: DefaultModel) {
     let mut session: Session<'_> = target
         .session(&SessionParams {
             sequences: prompts.len(),
+            layout,
             ..session_params()
         })
         .expect("a session of several sequences");
@@ -138,10 +142,20 @@ fn batched_sequences_decode_as_alone(model: DefaultModel) {
 
 #[test]
 fn smollm2_batched_sequences_decode_as_alone() {
-    batched_sequences_decode_as_alone(DefaultModel::SmolLm2);
+    batched_sequences_decode_as_alone(DefaultModel::SmolLm2, BatchLayout::Split);
+}
+
+#[test]
+fn smollm2_padded_batches_decode_as_alone() {
+    batched_sequences_decode_as_alone(DefaultModel::SmolLm2, BatchLayout::Padded);
 }
 
 #[test]
 fn gemma3_batched_sequences_decode_as_alone() {
-    batched_sequences_decode_as_alone(DefaultModel::Gemma3);
+    batched_sequences_decode_as_alone(DefaultModel::Gemma3, BatchLayout::Split);
+}
+
+#[test]
+fn gemma3_padded_batches_decode_as_alone() {
+    batched_sequences_decode_as_alone(DefaultModel::Gemma3, BatchLayout::Padded);
 }

@@ -14,7 +14,7 @@ use super::common::{
 use super::error::ConfigError;
 use super::file::FileRun;
 use crate::cascade::CascadeMode;
-use crate::engine::{MessageContents, SamplingParams, SessionParams};
+use crate::engine::{BatchLayout, MessageContents, SamplingParams, SessionParams};
 use crate::models::DefaultModel;
 use crate::plugins::SourceSpec;
 use crate::server::{AllowedHosts, ConnectionLimits};
@@ -58,6 +58,12 @@ pub struct ServeArgs {
     /// next chunk.
     #[arg(long, value_name = "TOKENS")]
     pub prefill_chunk: Option<usize>,
+    /// How a verify batch whose requests draft different lengths goes to llama.cpp, which
+    /// decodes such a batch in several passes over the weights: `split` keeps the passes,
+    /// `padded` pads every request to the longest (one pass, more arithmetic), `auto` takes
+    /// the cheaper by the measured verify costs (padded on memory-bound machines).
+    #[arg(long, value_enum)]
+    pub batch_layout: Option<BatchLayout>,
     /// Requests that may wait for a slot; more get 429 with Retry-After.
     #[arg(long)]
     pub max_queue: Option<usize>,
@@ -260,6 +266,7 @@ impl ServeArgs {
         let mut session = session_params(placement.threads, self.target.ctx_size)?;
         session.sequences = parallel;
         session.max_draft_len = speculation.max_draft_len;
+        session.layout = self.batch_layout.unwrap_or_default();
         let draft = draft_settings(
             self.target.draft_model.clone(),
             self.target.draft_threads,

@@ -300,6 +300,12 @@ impl<'m> ModelContext<'m> {
         })
     }
 
+    /// Positions `seq`'s part of the KV cache holds (`0..len`).
+    pub(super) fn sequence_len(&self, seq: SeqId) -> usize {
+        // llama.cpp answers -1 for an empty sequence.
+        usize::try_from(self.context.kv_cache_seq_pos_max(seq.llama()) + 1).unwrap_or(0)
+    }
+
     /// Empties `seq`'s part of the KV cache.
     pub(super) fn clear_sequence(&mut self, seq: SeqId) -> Result<(), String> {
         self.remove_positions(seq, 0)

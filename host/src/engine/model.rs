@@ -406,7 +406,7 @@ impl Target {
         // The backend must be started (with this target's NUMA strategy) before a context.
         let context = ModelContext::new(backend(self.numa)?, &self.model, &settings)
             .map_err(context_error)?;
-        Ok(Session::new(self, context))
+        Ok(Session::new(self, context, params.layout))
     }
 }
 

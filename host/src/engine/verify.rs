@@ -10,8 +10,10 @@
 //! is `rounds.rs`.
 
 mod cost;
+mod layout;
 
 pub use self::cost::{DEFAULT_COST_REPETITIONS, VerifyCurve};
+pub use self::layout::BatchLayout;
 
 use std::time::{Duration, Instant};
 
@@ -53,6 +55,8 @@ pub struct SessionParams {
     /// The largest draft a round verifies: the start-up check decodes a batch of this many
     /// tokens plus one, beside other sequences' rows when there are several.
     pub max_draft_len: usize,
+    /// How verify batches of several sequences are laid out (see [`BatchLayout`]).
+    pub layout: BatchLayout,
 }
 
 impl Default for SessionParams {
@@ -63,6 +67,7 @@ impl Default for SessionParams {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             sequences: 1,
             max_draft_len: DEFAULT_MAX_DRAFT_LEN,
+            layout: BatchLayout::default(),
         }
     }
 }
@@ -83,10 +88,12 @@ pub struct Session<'a> {
     verify_curve: VerifyCurve,
     /// Per sequence: the sampler of the request it holds, from its prefill on.
     samplers: Vec<Option<TokenSampler>>,
+    /// How batches of several sequences are laid out.
+    layout: BatchLayout,
 }
 
 impl<'a> Session<'a> {
-    pub(super) fn new(target: &'a Target, context: ModelContext<'a>) -> Self {
+    pub(super) fn new(target: &'a Target, context: ModelContext<'a>, layout: BatchLayout) -> Self {
         // llama.cpp may adjust the requested sizes (it caps the batch at the context size).
         let batch_size = context.batch_capacity();
         let samplers = (0..context.sequences()).map(|_| None).collect();
@@ -96,6 +103,7 @@ impl<'a> Session<'a> {
             batch_size,
             verify_curve: VerifyCurve::default(),
             samplers,
+            layout,
         }
     }
 
@@ -339,8 +347,8 @@ impl<'a> Session<'a> {
             .collect()
     }
 
-    /// Decodes the rounds at `group` (indices into `rounds` and `rows`) in one decode and
-    /// settles each into `results`.
+    /// Decodes the rounds at `group` (indices into `rounds` and `rows`) in one decode, laid out
+    /// as [`layout`] chooses, and settles each into `results`.
     fn verify_group(
         &mut self,
         group: &[usize],
@@ -351,37 +359,139 @@ impl<'a> Session<'a> {
         if group.is_empty() {
             return;
         }
-        let batch: Vec<Rows<'_>> = group
+        let entries = self.lay_out(group, rounds, rows);
+        let batch: Vec<Rows<'_>> = entries
             .iter()
-            .map(|&index| Rows {
-                seq: rounds[index].0,
-                tokens: &rows[index],
-                position: rounds[index].1.n_past,
-                outputs: Outputs::All,
+            .flat_map(|entry| {
+                let (real, padding) = entry.tokens.split_at(entry.outputs);
+                let real = Rows {
+                    seq: entry.seq,
+                    tokens: real,
+                    position: entry.position,
+                    outputs: Outputs::All,
+                };
+                let padding = Rows {
+                    seq: entry.seq,
+                    tokens: padding,
+                    position: entry.position + entry.outputs,
+                    outputs: Outputs::None,
+                };
+                [real, padding]
+                    .into_iter()
+                    .filter(|rows| !rows.tokens.is_empty())
             })
             .collect();
-        if let Err(reason) = self.context.decode_rows(&batch) {
-            let n_tokens = batch.iter().map(|entry| entry.tokens.len()).sum();
+        let decoded = self.context.decode_rows(&batch);
+        drop(batch);
+        if let Err(reason) = decoded {
+            let n_tokens = entries.iter().map(|entry| entry.tokens.len()).sum();
             for &index in group {
                 results[index] = Some(Err(decode_error(n_tokens, &reason)));
             }
+            // Padding rows of sequences outside the group may have been decoded.
+            self.drop_padding(&entries);
             return;
         }
         let mut first_row = 0;
+        for entry in &entries {
+            if let Some(index) = entry.round {
+                let round = rounds[index].1;
+                results[index] =
+                    Some(self.settle_round(entry.seq, round, first_row, entry.tokens.len()));
+            }
+            first_row += entry.tokens.len();
+        }
+        self.drop_padding(&entries);
+    }
+
+    /// The entries of a verify batch of the rounds at `group`: each round's rows as they are,
+    /// or, when [`layout::choose`] pads, every sequence from the first to the last at the
+    /// longest round's rows (padding rows repeat the round's last token; sequences without a
+    /// round get padding only, after what their cache holds).
+    fn lay_out(
+        &self,
+        group: &[usize],
+        rounds: &[(SeqId, &RoundDraft)],
+        rows: &[Vec<Token>],
+    ) -> Vec<BatchEntry> {
+        let as_is = || {
+            group
+                .iter()
+                .map(|&index| BatchEntry {
+                    seq: rounds[index].0,
+                    tokens: rows[index].clone(),
+                    position: rounds[index].1.n_past,
+                    outputs: rows[index].len(),
+                    round: Some(index),
+                })
+                .collect()
+        };
+        let mut by_seq = vec![0; self.samplers.len()];
+        let mut round_of = vec![None; self.samplers.len()];
         for &index in group {
-            let (seq, round) = rounds[index];
-            results[index] = Some(self.settle_round(seq, round, first_row));
-            first_row += rows[index].len();
+            let seq = rounds[index].0.0 as usize;
+            by_seq[seq] = rows[index].len();
+            round_of[seq] = Some(index);
+        }
+        let context_len = group.iter().map(|&i| rounds[i].1.n_past).sum::<usize>() / group.len();
+        let curve = self.verify_curve.at(context_len);
+        if !layout::choose(self.layout, &by_seq, self.batch_size, |n| {
+            pass_cost(&curve, n)
+        }) {
+            return as_is();
+        }
+        let Some((span, longest)) = layout::padded(&by_seq) else {
+            return as_is();
+        };
+        let mut entries = Vec::with_capacity(span.clone().count());
+        for seq in span {
+            let entry = match round_of[seq] {
+                Some(index) => {
+                    let mut tokens = rows[index].clone();
+                    tokens.resize(longest, rounds[index].1.last);
+                    BatchEntry {
+                        seq: SeqId(seq as u32),
+                        tokens,
+                        position: rounds[index].1.n_past,
+                        outputs: rows[index].len(),
+                        round: Some(index),
+                    }
+                }
+                None => BatchEntry {
+                    seq: SeqId(seq as u32),
+                    tokens: vec![rounds[group[0]].1.last; longest],
+                    position: self.context.sequence_len(SeqId(seq as u32)),
+                    outputs: 0,
+                    round: None,
+                },
+            };
+            if entry.position + longest > self.ctx_size() as usize {
+                return as_is();
+            }
+            entries.push(entry);
+        }
+        entries
+    }
+
+    /// Rolls back the padding rows of sequences that had no round in the batch (those of
+    /// rounds go with their rejected rows).
+    fn drop_padding(&mut self, entries: &[BatchEntry]) {
+        for entry in entries.iter().filter(|entry| entry.round.is_none()) {
+            if let Err(reason) = self.context.remove_positions(entry.seq, entry.position) {
+                tracing::warn!(seq = %entry.seq, %reason, "cannot roll back a padding row");
+            }
         }
     }
 
     /// Samples `seq`'s target tokens from its rows' logits (from batch index `first_row` on),
-    /// as far as they match the draft, then one more, and rolls back its rejected rows.
+    /// as far as they match the draft, then one more, and rolls back its rows past them (the
+    /// rejected draft tokens and any padding: `decoded` rows were decoded in all).
     fn settle_round(
         &mut self,
         seq: SeqId,
         round: &RoundDraft,
         first_row: usize,
+        decoded: usize,
     ) -> Result<Vec<Token>, EngineError> {
         let draft = &round.tokens;
         let sampler = self
@@ -398,11 +508,11 @@ impl<'a> Session<'a> {
             }
         }
         let n_accepted = target.len() - 1;
-        if n_accepted < draft.len() {
+        if n_accepted + 1 < decoded {
             let first_rejected = round.n_past + n_accepted + 1;
             self.context
                 .remove_positions(seq, first_rejected)
-                .map_err(|e| decode_error(draft.len() + 1, e))?;
+                .map_err(|e| decode_error(decoded, e))?;
         }
         Ok(target)
     }
@@ -507,6 +617,31 @@ impl Verifier for Session<'_> {
         self.verify_batch(&[(SeqId::FIRST, round)])
             .pop()
             .unwrap_or(Err(EngineError::NoRequest))
+    }
+}
+
+/// One sequence's rows in a verify batch: its round's (with padding after them, if padded), or
+/// only padding.
+struct BatchEntry {
+    seq: SeqId,
+    tokens: Vec<Token>,
+    /// Position of the first row.
+    position: usize,
+    /// Leading rows that get logits (the round's own; the rest is padding).
+    outputs: usize,
+    /// Index of the round in the batch, if the sequence has one.
+    round: Option<usize>,
+}
+
+/// What one pass of `n` rows costs by `curve` (`curve[n - 1]`), extrapolated along its last
+/// step beyond it; NaN when nothing was measured (no layout is then preferred).
+fn pass_cost(curve: &[Duration], n: usize) -> f64 {
+    let seconds = |index: usize| curve[index].as_secs_f64();
+    match curve.len() {
+        0 => f64::NAN,
+        len if n <= len => seconds(n.max(1) - 1),
+        1 => seconds(0) * n as f64,
+        len => seconds(len - 1) + (seconds(len - 1) - seconds(len - 2)) * (n - len) as f64,
     }
 }
 

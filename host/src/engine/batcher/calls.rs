@@ -24,6 +24,8 @@ pub(super) enum Call {
     Verify { seq: SeqId, round: RoundDraft },
     /// `seq`'s request ended.
     End { seq: SeqId },
+    /// A sequence's thread is done: the batcher stops once every sequence's is.
+    Close,
     /// Draft after `context` in draft sequence `seq`.
     Draft {
         seq: SeqId,

@@ -95,6 +95,7 @@ impl<'t> BatchedSequence<'t> {
 impl Drop for BatchedSequence<'_> {
     fn drop(&mut self) {
         self.end();
+        let _ = self.calls.send(Call::Close);
     }
 }
 

@@ -57,6 +57,8 @@ pub struct Batcher<'t> {
     prefill_order: VecDeque<SeqId>,
     /// Time of the last verify batch: how long a step takes.
     last_verify: Duration,
+    /// Sequences whose [`BatchedSequence`] is not dropped yet.
+    open: usize,
 }
 
 impl<'t> Batcher<'t> {
@@ -71,6 +73,7 @@ impl<'t> Batcher<'t> {
     ) -> (Self, Vec<BatchedSequence<'t>>) {
         let (calls, inbox) = mpsc::channel();
         let prefill_chunk = settings.prefill_chunk.clamp(1, session.batch_size());
+        let session_sequences = session.sequences();
         let mut replies = Vec::with_capacity(session.sequences());
         let mut sequences = Vec::with_capacity(session.sequences());
         for index in 0..session.sequences() {
@@ -95,6 +98,7 @@ impl<'t> Batcher<'t> {
             states,
             prefill_order: VecDeque::new(),
             last_verify: Duration::ZERO,
+            open: session_sequences,
         };
         (batcher, sequences)
     }
@@ -117,8 +121,8 @@ impl<'t> Batcher<'t> {
         ))
     }
 
-    /// Decodes for the sequences until every [`BatchedSequence`] and draft-model handle is
-    /// dropped.
+    /// Decodes for the sequences until every [`BatchedSequence`] is dropped (a draft-model
+    /// handle still held by a plugin instance then gets no more draft tokens).
     pub fn run(mut self) {
         tracing::debug!(
             sequences = self.states.len(),
@@ -128,7 +132,7 @@ impl<'t> Batcher<'t> {
         // The batcher's own sender would keep the inbox open for ever.
         let (closed, _) = mpsc::channel();
         drop(std::mem::replace(&mut self.calls, closed));
-        loop {
+        while self.open > 0 {
             if !self.has_waiting() {
                 match self.inbox.recv() {
                     Ok(call) => self.take(call),
@@ -210,6 +214,7 @@ impl<'t> Batcher<'t> {
                 self.prefill_order.retain(|waiting| *waiting != seq);
                 self.set_state(seq, SeqState::Idle);
             }
+            Call::Close => self.open = self.open.saturating_sub(1),
             Call::Draft {
                 seq,
                 context,
