@@ -50,7 +50,8 @@ pub use self::budget::{MaxDraftLenError, RoundLimits, check_max_draft_len};
 pub use self::build_info::{BackendDevice, BuildInfo};
 pub use self::context::SeqId;
 pub use self::draft::{
-    DraftModelConfig, DraftModelContext, DraftModelHost, check_vocab_compatible,
+    BatchDrafter, DraftAsk, DraftBatch, DraftModelConfig, DraftModelContext, DraftModelHost,
+    check_vocab_compatible,
 };
 pub use self::error::EngineError;
 pub(crate) use self::model::started_backend;

@@ -6,7 +6,8 @@
 //! CPUs instead, [`PinnedDraftFactory`] gives every draft context a worker thread of its own,
 //! pinned to the draft CPUs, which opens the context and makes every call on it. A plugin's call
 //! waits for the worker's answer: a channel round trip of microseconds, against milliseconds for
-//! a decode.
+//! a decode. A server's draft context, which drafts for every slot at once, lives on such a
+//! worker too ([`PinnedDraftBatch`]).
 
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
@@ -14,6 +15,7 @@ use std::thread::JoinHandle;
 use super::affinity::pin_current_thread;
 use super::cpulist::CpuList;
 use crate::cascade::{DraftModel, DraftModelFactory, DraftedToken, Token};
+use crate::engine::{BatchDrafter, DraftAsk, DraftBatch, SeqId};
 
 /// Name of every draft worker thread, as `/proc` and `spechost run --json` show it.
 pub const DRAFT_THREAD_NAME: &str = "spechost-draft";
@@ -77,6 +79,138 @@ impl DraftModelFactory for PinnedDraftFactory {
             calls: Some(calls),
             worker: Some(worker),
         }))
+    }
+}
+
+/// A server's draft context ([`DraftBatch`]) on a worker thread pinned to the draft CPUs: the
+/// batcher's proposals and clears go to the worker, which drafts and answers each proposal as
+/// soon as it is complete.
+pub struct PinnedDraftBatch {
+    /// `None` only while dropping, which ends the worker's loop.
+    jobs: Option<mpsc::Sender<BatchJob>>,
+    worker: Option<JoinHandle<()>>,
+    sequences: usize,
+    ctx_size: u32,
+}
+
+/// Work for a pinned draft context.
+enum BatchJob {
+    /// Draft for these asks (sequence, context, length, `p_min`), answering `(index, draft)`.
+    Propose {
+        asks: Vec<(SeqId, Vec<Token>, usize, f32)>,
+        answers: mpsc::Sender<(usize, Vec<DraftedToken>)>,
+    },
+    Clear(SeqId),
+}
+
+impl PinnedDraftBatch {
+    /// Opens the context with `open` on a new worker thread pinned to `cpus`.
+    pub fn open(
+        cpus: CpuList,
+        open: impl FnOnce() -> Result<DraftBatch, String> + Send + 'static,
+    ) -> Result<Self, String> {
+        let (jobs, inbox) = mpsc::channel::<BatchJob>();
+        let (opened, open_result) = mpsc::channel::<Result<(usize, u32), String>>();
+        let worker = std::thread::Builder::new()
+            .name(DRAFT_THREAD_NAME.into())
+            .spawn(move || {
+                if let Err(error) = pin_current_thread(&cpus) {
+                    let _ = opened.send(Err(format!(
+                        "cannot pin the draft model's thread to --draft-cpus {cpus}: {error}"
+                    )));
+                    return;
+                }
+                // Opened here, so its buffers are first touched next to the draft CPUs.
+                let mut batch = match open() {
+                    Ok(batch) => batch,
+                    Err(reason) => {
+                        let _ = opened.send(Err(reason));
+                        return;
+                    }
+                };
+                let _ = opened.send(Ok((batch.sequences(), batch.ctx_size())));
+                for job in inbox {
+                    match job {
+                        BatchJob::Propose { asks, answers } => {
+                            let asks: Vec<DraftAsk<'_>> = asks
+                                .iter()
+                                .map(|(seq, context, max_draft_len, p_min)| DraftAsk {
+                                    seq: *seq,
+                                    context,
+                                    max_draft_len: *max_draft_len,
+                                    p_min: *p_min,
+                                })
+                                .collect();
+                            batch.propose(&asks, |index, drafted| {
+                                let _ = answers.send((index, drafted));
+                            });
+                        }
+                        BatchJob::Clear(seq) => batch.clear(seq),
+                    }
+                }
+            })
+            .map_err(|error| format!("cannot start the draft model's thread: {error}"))?;
+        let (sequences, ctx_size) = open_result.recv().map_err(|_| {
+            "the draft model's thread stopped while opening its context".to_owned()
+        })??;
+        Ok(Self {
+            jobs: Some(jobs),
+            worker: Some(worker),
+            sequences,
+            ctx_size,
+        })
+    }
+}
+
+impl BatchDrafter for PinnedDraftBatch {
+    fn sequences(&self) -> usize {
+        self.sequences
+    }
+
+    fn ctx_size(&self) -> u32 {
+        self.ctx_size
+    }
+
+    fn propose(&mut self, asks: &[DraftAsk<'_>], answer: &mut dyn FnMut(usize, Vec<DraftedToken>)) {
+        let (answers, answered) = mpsc::channel();
+        let job = BatchJob::Propose {
+            asks: asks
+                .iter()
+                .map(|ask| (ask.seq, ask.context.to_vec(), ask.max_draft_len, ask.p_min))
+                .collect(),
+            answers,
+        };
+        if let Some(jobs) = &self.jobs {
+            // A worker that is gone drops the job, and with it the answers' sender.
+            let _ = jobs.send(job);
+        }
+        let mut unanswered = vec![true; asks.len()];
+        // Until the worker is done with the job (or gone).
+        for (index, drafted) in answered {
+            if unanswered.get(index) == Some(&true) {
+                unanswered[index] = false;
+                answer(index, drafted);
+            }
+        }
+        // Every ask is answered: with nothing when the worker is gone.
+        for (index, _) in unanswered.iter().enumerate().filter(|(_, open)| **open) {
+            answer(index, Vec::new());
+        }
+    }
+
+    fn clear(&mut self, seq: SeqId) {
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(BatchJob::Clear(seq));
+        }
+    }
+}
+
+impl Drop for PinnedDraftBatch {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
     }
 }
 

@@ -38,7 +38,7 @@ pub use self::affinity::{
     AffinityError, ThreadCpus, current_thread_cpus, pin_current_thread, thread_cpus,
 };
 pub use self::cpulist::{CpuList, CpuListError, MAX_CPU};
-pub use self::draft::{DRAFT_THREAD_NAME, PinnedDraftFactory};
+pub use self::draft::{DRAFT_THREAD_NAME, PinnedDraftBatch, PinnedDraftFactory};
 pub use self::memory::{HugepagePool, MemorySettings};
 pub use self::plan::{NumaMode, PlacementError, PlacementRequest, Plan};
 pub use self::report::PlacementReport;

@@ -38,9 +38,10 @@ use super::state::{AppState, PromptTokenizer, RequestLimits, Shared};
 use super::watch;
 use crate::config::ServeConfig;
 use crate::engine::{
-    BatchedSequence, Batcher, BatcherSettings, DEFAULT_COST_REPETITIONS, DRAFT_SEQUENCES_PER_SLOT,
-    Session, Target,
+    BatchDrafter, BatchedSequence, Batcher, BatcherSettings, DEFAULT_COST_REPETITIONS,
+    DRAFT_SEQUENCES_PER_SLOT, DraftModelHost, Session, Target,
 };
+use crate::placement::PinnedDraftBatch;
 use crate::plugins::PluginHost;
 use crate::plugins::SourceSpec;
 use crate::stack::{DraftContexts, Stack, StackConfig};
@@ -117,12 +118,7 @@ fn serve_with(
         measure_verify_curve(&mut session, config.max_draft_len);
     }
     let draft = draft_model
-        .map(|draft| {
-            if config.stack.draft.as_ref().is_some_and(|d| d.cpus.is_some()) {
-                tracing::warn!("serve drafts for every slot on the compute CPUs, with the target; --draft-cpus applies to run and bench");
-            }
-            draft.open_batch(config.parallel * DRAFT_SEQUENCES_PER_SLOT)
-        })
+        .map(|draft| open_draft_batch(config, draft))
         .transpose()
         .context("creating the draft model's context")?;
     let (batcher, sequences) = Batcher::new(
@@ -149,6 +145,25 @@ fn serve_with(
             .join()
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the HTTP thread panicked")))
     })
+}
+
+/// The draft model's context for every slot's plugin instances: on a worker thread pinned to
+/// `--draft-cpus` when given, else on the batcher's thread with the target.
+fn open_draft_batch(
+    config: &ServeConfig,
+    draft: Arc<DraftModelHost>,
+) -> anyhow::Result<Box<dyn BatchDrafter>> {
+    let sequences = config.parallel * DRAFT_SEQUENCES_PER_SLOT;
+    match config.stack.draft.as_ref().and_then(|d| d.cpus.clone()) {
+        Some(cpus) => {
+            let pinned = PinnedDraftBatch::open(cpus, move || {
+                draft.open_batch(sequences).map_err(|e| e.to_string())
+            })
+            .map_err(anyhow::Error::msg)?;
+            Ok(Box::new(pinned))
+        }
+        None => Ok(Box::new(draft.open_batch(sequences)?)),
+    }
 }
 
 /// Starts a thread per slot, each generating on its sequence, and the HTTP thread, which closes

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use super::calls::Call;
 use crate::cascade::{DraftModel, DraftModelFactory, DraftedToken, Token};
 use crate::engine::context::SeqId;
-use crate::engine::draft::{DraftAsk, DraftBatch, FedTokens};
+use crate::engine::draft::{BatchDrafter, DraftAsk, FedTokens};
 
 /// Draft-model sequences a server keeps per slot: one for each slot's drafting plugin
 /// instance, and as many again for instances of other versions or settings that requests
@@ -26,8 +26,8 @@ use crate::engine::draft::{DraftAsk, DraftBatch, FedTokens};
 pub const DRAFT_SEQUENCES_PER_SLOT: usize = 2;
 
 /// The batcher's draft context and the proposals waiting.
-pub(super) struct DraftSide {
-    batch: DraftBatch,
+pub(super) struct DraftSide<'t> {
+    batch: Box<dyn BatchDrafter + 't>,
     waiting: Vec<Waiting>,
 }
 
@@ -43,8 +43,8 @@ struct Waiting {
     reply: Sender<Vec<DraftedToken>>,
 }
 
-impl DraftSide {
-    pub(super) fn new(batch: DraftBatch) -> Self {
+impl<'t> DraftSide<'t> {
+    pub(super) fn new(batch: Box<dyn BatchDrafter + 't>) -> Self {
         Self {
             batch,
             waiting: Vec::new(),
@@ -102,7 +102,7 @@ impl DraftSide {
                 p_min: waiting.p_min,
             })
             .collect();
-        self.batch.propose(&asks, |index, drafted| {
+        self.batch.propose(&asks, &mut |index, drafted| {
             // An instance that is gone has closed its sequence, or will.
             let _ = waiting[index].reply.send(drafted);
         });

@@ -9,7 +9,7 @@ use super::draft::{BatchedDraftFactory, DraftSide};
 use super::sequence::BatchedSequence;
 use crate::cascade::Token;
 use crate::engine::context::SeqId;
-use crate::engine::draft::DraftBatch;
+use crate::engine::draft::BatchDrafter;
 use crate::engine::rounds::RoundDraft;
 use crate::engine::verify::Session;
 
@@ -47,7 +47,7 @@ enum SeqState {
 /// The thread that decodes for every sequence; see the [module](super) docs.
 pub struct Batcher<'t> {
     session: Session<'t>,
-    draft: Option<DraftSide>,
+    draft: Option<DraftSide<'t>>,
     settings: BatcherSettings,
     calls: Sender<Call>,
     inbox: Receiver<Call>,
@@ -68,7 +68,7 @@ impl<'t> Batcher<'t> {
     /// every sequence gets it for its policies.
     pub fn new(
         session: Session<'t>,
-        draft: Option<DraftBatch>,
+        draft: Option<Box<dyn BatchDrafter + 't>>,
         settings: BatcherSettings,
     ) -> (Self, Vec<BatchedSequence<'t>>) {
         let (calls, inbox) = mpsc::channel();

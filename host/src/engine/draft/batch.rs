@@ -29,6 +29,23 @@ pub struct DraftAsk<'a> {
     pub p_min: f32,
 }
 
+/// Drafts for several sequences of one draft context at once: a [`DraftBatch`] on the calling
+/// thread, or one that computes elsewhere (`placement::PinnedDraftBatch`, on `--draft-cpus`).
+pub trait BatchDrafter {
+    /// Sequences of the context.
+    fn sequences(&self) -> usize;
+
+    /// Context size of each sequence, in tokens.
+    fn ctx_size(&self) -> u32;
+
+    /// Drafts for every ask at once, calling `answer(i, drafted)` for ask `i` as soon as its
+    /// draft is complete; see [`DraftBatch::propose`].
+    fn propose(&mut self, asks: &[DraftAsk<'_>], answer: &mut dyn FnMut(usize, Vec<DraftedToken>));
+
+    /// Forgets what `seq` holds (its user is gone).
+    fn clear(&mut self, seq: SeqId);
+}
+
 /// A draft-model context holding a sequence per user, and what each sequence's cache holds.
 pub struct DraftBatch {
     context: OwnedContext,
@@ -290,6 +307,24 @@ impl DraftBatch {
             self.clear(state.seq);
             answer(index, Vec::new());
         }
+    }
+}
+
+impl BatchDrafter for DraftBatch {
+    fn sequences(&self) -> usize {
+        DraftBatch::sequences(self)
+    }
+
+    fn ctx_size(&self) -> u32 {
+        DraftBatch::ctx_size(self)
+    }
+
+    fn propose(&mut self, asks: &[DraftAsk<'_>], answer: &mut dyn FnMut(usize, Vec<DraftedToken>)) {
+        DraftBatch::propose(self, asks, answer);
+    }
+
+    fn clear(&mut self, seq: SeqId) {
+        DraftBatch::clear(self, seq);
     }
 }
 

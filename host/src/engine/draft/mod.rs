@@ -43,7 +43,7 @@ mod context;
 mod fed;
 mod host;
 
-pub use self::batch::{DraftAsk, DraftBatch};
+pub use self::batch::{BatchDrafter, DraftAsk, DraftBatch};
 pub use self::context::DraftModelContext;
 pub use self::fed::FedTokens;
 pub use self::host::{DraftModelConfig, DraftModelHost, check_vocab_compatible};
