@@ -9,6 +9,8 @@
 #     `<--draft-cascade> K=K`;
 #   - the verify cost curve: llama-bench -p 1,2,4,8,16,32 at the first workload's curve depth,
 #     next to spechost's (bench measures it).
+# llama-server, with concurrent clients over HTTP, is measured next to `spechost serve` by
+# bench/serve-scaling.sh (the same `spechost bench --clients` drives both), not here.
 # The prompts are written by `spechost prompts` (chat template applied by spechost's target) and
 # passed whole with -p, so every tool reads the same text. Tools are built by bench/llama-peer.sh.
 # Prints three markdown tables and writes peers.md, best-lookup.md, verify-cost.md, peers.json and

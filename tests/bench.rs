@@ -165,6 +165,104 @@ fn a_base_model_gets_raw_prompts_and_an_echo_of_a_chat_prompt_is_flagged() {
     }
 }
 
+/// `bench --clients` (issue 24): the server started in this process, one and then two
+/// concurrent clients streaming the workload over HTTP (its chat request to
+/// /v1/chat/completions, its raw one to /v1/completions), plain decoding and `lookup`; every
+/// answer equals plain decoding's at one client, and `run` is measured next to one-client
+/// `serve`.
+#[test]
+fn serve_bench_drives_concurrent_clients_and_every_answer_matches_plain_decoding() {
+    let _guard = common::exclusive();
+    let model = common::smollm2_path();
+    let workload = scratch("serve.jsonl");
+    std::fs::write(&workload, WORKLOAD).expect("write workload");
+    let out_dir = scratch("serve-results");
+    let out = quick_bench(&[
+        "--model",
+        common::arg(&model),
+        "--workload",
+        common::arg(&workload),
+        "--cascade",
+        "lookup",
+        "--draft-max",
+        "4",
+        "--clients",
+        "1,2",
+        "--requests-per-client",
+        "1",
+        "--max-tokens",
+        "16",
+        "--ctx-size",
+        "1024",
+        "--out",
+        common::arg(&out_dir),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench --clients failed:\n{stdout}\n{stderr}"
+    );
+    for row in [
+        "| plain | 1 | 1 |",
+        "| plain | 2 | 2 |",
+        "| lookup cost K≤4 | 1 | 1 |",
+        "| lookup cost K≤4 | 2 | 2 |",
+    ] {
+        assert!(stdout.contains(row), "row `{row}` missing:\n{stdout}");
+    }
+    assert_eq!(
+        stdout.matches(" | yes |").count(),
+        4,
+        "every level identical to plain decoding at one client:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("| configuration | run tok/s | serve tok/s (1 client) | serve / run |"),
+        "the single-stream comparison:\n{stdout}"
+    );
+    let json =
+        std::fs::read_to_string(out_dir.join("serve-results.json")).expect("serve-results.json");
+    let report: serde_json::Value = serde_json::from_str(&json).expect("serve-results.json parses");
+    assert_eq!(report["outputs_match"], true, "{json}");
+    let rows = report["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 4, "2 configurations × 2 client counts: {json}");
+    for row in rows {
+        let figures = &row["figures"];
+        let tokens = figures["completion_tokens"].as_u64().expect("tokens");
+        let requests = figures["requests"].as_u64().expect("requests");
+        assert!(
+            (requests..=16 * requests).contains(&tokens)
+                && figures["tokens_per_second"].as_f64() > Some(0.0),
+            "at most 16 tokens per request, timed: {row}"
+        );
+        assert!(
+            figures["time_to_first_token"]["p95_ms"].as_f64() > Some(0.0),
+            "time to first token measured: {row}"
+        );
+    }
+    for single in report["single_stream"]
+        .as_array()
+        .expect("single-stream rows")
+    {
+        assert!(
+            single["run_tokens_per_second"].as_f64() > Some(0.0)
+                && single["serve_tokens_per_second"].as_f64() > Some(0.0),
+            "run and one-client serve side by side: {single}"
+        );
+    }
+    let references = report["references"].as_array().expect("references");
+    assert_eq!(references.len(), 2, "both requests were sent: {json}");
+    let csv =
+        std::fs::read_to_string(out_dir.join("serve-results.csv")).expect("serve-results.csv");
+    assert_eq!(
+        csv.lines().count(),
+        5,
+        "a header and a line per level:\n{csv}"
+    );
+    assert!(out_dir.join("serve-results.md").exists());
+    let _ = std::fs::remove_dir_all(out_dir);
+}
+
 #[test]
 fn bad_workload_line_is_an_error_naming_file_and_line() {
     let workload = scratch("bad.jsonl");

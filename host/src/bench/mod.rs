@@ -18,6 +18,10 @@
 //!    `requests.csv`, `results.json`, `speedup.svg` and `acceptance-by-position.svg` into
 //!    `--out`, and fails when any output differed from plain decoding.
 //!
+//! With `--clients`, [`serve`] measures `spechost serve` instead: concurrent clients over
+//! HTTP, plain decoding and each cascade at each client count, next to the same requests
+//! decoded through the engine.
+//!
 //! Beside the benchmark: [`trace`] records the target's greedy output on workloads once,
 //! [`simulate`] replays it through cascades without the model (acceptance in seconds), and
 //! [`prompts`] writes the exact prompt text for running llama.cpp's tools on it
@@ -33,6 +37,7 @@ mod prepare;
 pub mod prompts;
 mod report;
 mod runner;
+pub mod serve;
 pub mod simulate;
 mod stats;
 pub mod trace;
@@ -45,14 +50,15 @@ use anyhow::Context as _;
 pub use self::ceiling::{VerifyCostPoint, VerifyCosts, points_markdown};
 pub use self::chart::{acceptance_svg, speedup_svg};
 pub use self::degenerate::{Degeneracy, ECHO_WORDS, LOOP_MIN_TOKENS, LOOP_REPEATS};
-pub use self::prepare::{Prepared, TokenLimits, prepare, resolve_prompt_style};
+pub use self::prepare::{Prepared, TokenLimits, choose_prompt, prepare, resolve_prompt_style};
 pub use self::report::{
     ConfigurationReport, Report, SourceReport, VerifyCostReport, WorkloadReport,
 };
 pub use self::runner::{
     Configuration, DegenerateRequest, Measurements, Mismatch, RequestRow, WorkloadRun, measure,
+    measure_workloads,
 };
-pub use self::stats::{Summary, Totals, acceptance_by_position, speedup};
+pub use self::stats::{Summary, Totals, acceptance_by_position, percentile, speedup};
 pub use self::workload::{ChatMessage, Prompt, Workload, WorkloadError, WorkloadRequest};
 
 use crate::config::BenchConfig;
@@ -72,8 +78,11 @@ pub const ACCEPTANCE_SVG: &str = "acceptance-by-position.svg";
 
 /// Measures, prints the tables (per workload, then the mixed set), writes the result files; an
 /// error when any greedy output differed from plain decoding (after everything is written, so
-/// the evidence is kept).
+/// the evidence is kept). With `--clients`, the server benchmark ([`serve::run`]) instead.
 pub fn run(config: &BenchConfig, cache_dir: &Path) -> anyhow::Result<()> {
+    if let Some(serve) = &config.serve {
+        return serve::run(config, serve, cache_dir);
+    }
     let measurements = measure(config, cache_dir)?;
     let report = Report::new(config, measurements);
     print!("{}", report.markdown_table());

@@ -4,7 +4,7 @@
 
 use anyhow::Context as _;
 
-use super::workload::{Prompt, Workload};
+use super::workload::{Prompt, Workload, WorkloadRequest};
 use crate::config::PromptStyle;
 use crate::engine::{Request, SamplingParams, StopStrings, Target};
 
@@ -60,9 +60,22 @@ fn other_style(style: PromptStyle) -> PromptStyle {
     }
 }
 
-/// Prompts every request of `workload` as `style` says, tokenizes it and checks that it fits in
-/// a context of `ctx_size` tokens. With `Auto`, a request that has only the other form is
-/// prompted with it; `Chat` and `Raw` require their form.
+/// The form of `request` a model is prompted with: `preferred` (the style `style` resolved to
+/// for the model); with `Auto`, a request that has only the other form gets that one, while
+/// `Chat` and `Raw` require their form. The error names what to add.
+pub fn choose_prompt(
+    request: &WorkloadRequest,
+    style: PromptStyle,
+    preferred: PromptStyle,
+) -> Result<Prompt<'_>, String> {
+    match (request.prompt(preferred), style) {
+        (Err(_), PromptStyle::Auto) => request.prompt(other_style(preferred)),
+        (prompt, _) => prompt,
+    }
+}
+
+/// Prompts every request of `workload` as `style` says ([`choose_prompt`]), tokenizes it and
+/// checks that it fits in a context of `ctx_size` tokens.
 pub fn prepare(
     target: &Target,
     workload: &Workload,
@@ -88,12 +101,8 @@ pub fn prepare(
                     request.id
                 )
             };
-            let prompt = match (request.prompt(preferred), style) {
-                (Err(_), PromptStyle::Auto) => request.prompt(other_style(preferred)),
-                (prompt, _) => prompt,
-            };
-            let prompt =
-                prompt.map_err(|problem| anyhow::anyhow!("{}: {problem} ({model})", where_()))?;
+            let prompt = choose_prompt(request, style, preferred)
+                .map_err(|problem| anyhow::anyhow!("{}: {problem} ({model})", where_()))?;
             let (opening, text) = match prompt {
                 Prompt::Chat(messages) => {
                     let pairs: Vec<(&str, &str)> = messages

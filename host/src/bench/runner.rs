@@ -30,7 +30,7 @@ use crate::config::{BenchConfig, FIXED_POLICY, PromptStyle};
 use crate::engine::{GenerationStats, Request, Session, VerifyCurve};
 use crate::plugins::{LoadedPlugin, LoadedPolicy, PluginHost};
 use crate::plugins::{PolicySpec, SourceSpec};
-use crate::stack::{Decoding, Stack, StackConfig, build_cascade};
+use crate::stack::{DraftContexts, Stack, StackConfig, build_cascade};
 
 /// How often the progress bar redraws its elapsed time while a request runs.
 const PROGRESS_TICK: Duration = Duration::from_millis(250);
@@ -240,14 +240,24 @@ pub struct Measurements {
     pub ctx_size: u32,
 }
 
-/// Loads the plugins and the target, then runs every pass; see the [module docs](self).
+/// Reads the workloads, loads the plugins and the target, then runs every pass; see the
+/// [module docs](self).
 pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Result<Measurements> {
     let workloads = config
         .workloads
         .iter()
         .map(|path| Workload::read(path))
         .collect::<Result<Vec<_>, _>>()?;
+    measure_workloads(config, workloads, cache_dir)
+}
 
+/// [`measure`] on workloads already read (`bench --clients` gives the requests of its
+/// one-client level only).
+pub fn measure_workloads(
+    config: &BenchConfig,
+    workloads: Vec<Workload>,
+    cache_dir: &std::path::Path,
+) -> anyhow::Result<Measurements> {
     let configurations = Configuration::all(config);
     // Its ticker thread is started with the plugin host's, on the auxiliary CPUs; the length
     // is known once the requests are tokenized.
@@ -258,7 +268,7 @@ pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Res
             state_dir: None,
             cache_dir,
         },
-        Decoding::OnThisThread,
+        DraftContexts::PerInstance,
         |host| {
             let plugins = load_plugins(host, &configurations)?;
             let all: Vec<LoadedPlugin> = plugins.iter().flatten().cloned().collect();

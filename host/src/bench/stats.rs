@@ -39,6 +39,20 @@ impl Summary {
     }
 }
 
+/// The `fraction` quantile of `values` (0.5: the median, as [`Summary`] takes it; 0.95: the
+/// 95th percentile), interpolated linearly between the two nearest ranks; `None` when there are
+/// no values.
+pub fn percentile(values: &[f64], fraction: f64) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let last = sorted.len().checked_sub(1)?;
+    let rank = fraction.clamp(0.0, 1.0) * last as f64;
+    let below = rank.floor() as usize;
+    let above = rank.ceil() as usize;
+    let weight = rank - below as f64;
+    Some(sorted[below] + (sorted[above] - sorted[below]) * weight)
+}
+
 /// `value / baseline`, or `None` when the baseline is zero (nothing was timed) or not finite.
 pub fn speedup(value: f64, baseline: f64) -> Option<f64> {
     (baseline > 0.0 && baseline.is_finite() && value.is_finite()).then(|| value / baseline)
@@ -222,6 +236,19 @@ mod tests {
             "seen {one:?}"
         );
         assert_eq!(Summary::of(&[]), None);
+    }
+
+    #[test]
+    fn percentiles_interpolate_between_ranks_and_the_50th_is_the_median() {
+        let values = [40.0, 10.0, 30.0, 20.0];
+        let median = Summary::of(&values).expect("values").median;
+        assert_eq!(percentile(&values, 0.5), Some(median), "p50 of {values:?}");
+        let p95 = percentile(&values, 0.95).expect("values");
+        assert!((p95 - 38.5).abs() < 1e-9, "p95 of {values:?}: seen {p95}");
+        assert_eq!(percentile(&values, 0.0), Some(10.0));
+        assert_eq!(percentile(&values, 1.0), Some(40.0));
+        assert_eq!(percentile(&[7.0], 0.95), Some(7.0));
+        assert_eq!(percentile(&[], 0.5), None);
     }
 
     #[test]

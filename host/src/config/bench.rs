@@ -13,6 +13,7 @@ use super::common::{
 use super::env::env_plugin_dirs;
 use super::error::ConfigError;
 use super::file::FileRun;
+use super::serve::{DEFAULT_MAX_QUEUE, ServeArgs, ServeConfig};
 use crate::cascade::CascadeMode;
 use crate::engine::{DEFAULT_MAX_DRAFT_LEN, SessionParams, TargetParams};
 use crate::plugins::{PolicySpec, SourceSpec, parse_cascade, parse_policy};
@@ -51,8 +52,13 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t)]
     pub prompt_style: PromptStyle,
     /// A cascade to measure, as for `run --cascade` (repeatable). Plain decoding always runs as
-    /// the baseline.
-    #[arg(long = "cascade", short = 'c', value_name = "SOURCES", required = true)]
+    /// the baseline. Not with --url: that server decodes as it was started.
+    #[arg(
+        long = "cascade",
+        short = 'c',
+        value_name = "SOURCES",
+        required_unless_present = "url"
+    )]
     pub cascades: Vec<String>,
     /// Draft lengths (K) to measure each cascade with, comma-separated (default: 24, as for
     /// `run`). The `fixed` policy runs at each (a K sweep); an adaptive policy runs once,
@@ -83,9 +89,100 @@ pub struct BenchArgs {
     /// Measured runs of each batch size for the verify cost curve (its median is the cost).
     #[arg(long, default_value_t = crate::engine::DEFAULT_COST_REPETITIONS)]
     pub cost_repeat: usize,
-    /// Directory for results.md, results.csv, results.json and the SVG charts.
+    /// Directory for results.md, results.csv, results.json and the SVG charts (with
+    /// --clients: serve-results.md, serve-results.csv and serve-results.json).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// The server benchmark: concurrent clients of each level, comma-separated (`1,2,4,8`).
+    /// A server is started in this process with a slot per client of the largest level (or the
+    /// one at --url is driven), and each level's clients send the workloads' requests over
+    /// HTTP, streamed, with plain decoding and then each cascade; --repeat and --warmup then
+    /// apply to the single-stream comparison through the engine.
+    #[arg(long = "clients", value_name = "C,C,...", value_delimiter = ',')]
+    pub client_counts: Vec<usize>,
+    /// With --clients: requests each client sends per level (default: 12).
+    #[arg(long, value_name = "N")]
+    pub requests_per_client: Option<usize>,
+    /// With --clients: drive the server already running at this address (llama-server,
+    /// another spechost build) instead of starting one; its requests carry no `speculative`
+    /// block, so it decodes as it was started.
+    #[arg(long, value_name = "http://HOST:PORT")]
+    pub url: Option<String>,
+    /// With --url: the name of its rows (default: the URL).
+    #[arg(long, value_name = "NAME")]
+    pub label: Option<String>,
+}
+
+/// Default `--requests-per-client` of `bench --clients`.
+pub const DEFAULT_REQUESTS_PER_CLIENT: usize = 12;
+
+/// `bench --clients`: the server benchmark, validated.
+#[derive(Debug, Clone)]
+pub struct ServeBenchConfig {
+    /// Concurrent clients of each level, ascending, none twice.
+    pub client_counts: Vec<usize>,
+    /// Requests each client sends per level.
+    pub requests_per_client: usize,
+    /// The server the clients drive.
+    pub server: BenchServer,
+}
+
+/// The server `bench --clients` drives.
+#[derive(Debug, Clone)]
+pub enum BenchServer {
+    /// Started in this process with these settings: the bench's target, threads, context,
+    /// draft model and plugins, a slot per client of the largest level, every cascade's
+    /// sources loaded.
+    InProcess(Box<ServeConfig>),
+    /// Already running at `address`; its rows are named `label`.
+    Running {
+        /// Where it listens.
+        address: ServerAddress,
+        /// The name of its rows.
+        label: String,
+    },
+}
+
+/// The address of a running server, from `--url http://HOST:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerAddress {
+    /// `HOST:PORT` as given (`127.0.0.1:8080`, `[::1]:8080`, `localhost:8080`): what the
+    /// clients connect to and send as the `Host` header.
+    pub authority: String,
+}
+
+impl ServerAddress {
+    /// Parses `http://HOST:PORT` (a trailing `/` is allowed; no path, query or TLS).
+    pub fn parse(url: &str) -> Result<Self, ConfigError> {
+        let problem = |problem: &str| ConfigError::BenchUrl {
+            url: url.to_owned(),
+            problem: problem.to_owned(),
+        };
+        let uri: hyper::Uri = url.parse().map_err(|_| problem("it is not a URL"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(_) => return Err(problem("only plain http:// is supported")),
+            None => return Err(problem("it has no http:// scheme")),
+        }
+        let authority = uri.authority().ok_or_else(|| problem("it names no host"))?;
+        if authority.host().is_empty() {
+            return Err(problem("it names no host"));
+        }
+        if authority.port_u16().is_none() {
+            return Err(problem("it names no port"));
+        }
+        if authority.as_str().contains('@') {
+            return Err(problem("it carries user information"));
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(problem(
+                "it has a path; the clients add /v1/chat/completions and /v1/completions themselves",
+            ));
+        }
+        Ok(Self {
+            authority: authority.as_str().to_owned(),
+        })
+    }
 }
 
 /// The policy whose configurations sweep every `--draft-max` given: it drafts exactly K tokens
@@ -135,6 +232,8 @@ pub struct BenchConfig {
     pub session: SessionParams,
     /// Where to write the result files, if anywhere.
     pub out: Option<PathBuf>,
+    /// The server benchmark (`--clients`), if asked for.
+    pub serve: Option<ServeBenchConfig>,
 }
 
 impl BenchArgs {
@@ -143,6 +242,7 @@ impl BenchArgs {
         let model = resolve_model(self.target.model.clone(), cache_dir)?;
         check_workload_names(&self.workloads)?;
         let cascades = parse_cascades(&self.cascades)?;
+        let serve = self.serve_bench(&cascades, cache_dir)?;
         let plugin_configs = plugin_configs_for(&self.target.plugin_config, &cascades)?;
         let max_draft_lens = check_max_draft_lens(self.max_draft_lens)?;
         let mut policies = Vec::new();
@@ -202,7 +302,147 @@ impl BenchArgs {
             plugin_configs,
             session,
             out: self.out,
+            serve,
         })
+    }
+
+    /// The server benchmark's settings: `None` without --clients (and then none of its flags
+    /// may be given).
+    fn serve_bench(
+        &self,
+        cascades: &[Vec<SourceSpec>],
+        cache_dir: &Path,
+    ) -> Result<Option<ServeBenchConfig>, ConfigError> {
+        let needs_clients = |flag| ConfigError::ServeBenchFlag {
+            flag,
+            fix: "belongs to the server benchmark; add --clients 1,2,4 (or drop it)",
+        };
+        if self.client_counts.is_empty() {
+            return match (&self.url, self.requests_per_client, &self.label) {
+                (Some(_), _, _) => Err(needs_clients("--url")),
+                (_, Some(_), _) => Err(needs_clients("--requests-per-client")),
+                (_, _, Some(_)) => Err(needs_clients("--label")),
+                (None, None, None) => Ok(None),
+            };
+        }
+        let mut client_counts = Vec::with_capacity(self.client_counts.len());
+        for &clients in &self.client_counts {
+            if clients == 0 {
+                return Err(ConfigError::ZeroCount { flag: "--clients" });
+            }
+            if client_counts.contains(&clients) {
+                return Err(ConfigError::Repeated {
+                    flag: "--clients",
+                    value: clients.to_string(),
+                });
+            }
+            client_counts.push(clients);
+        }
+        client_counts.sort_unstable();
+        let requests_per_client = self
+            .requests_per_client
+            .unwrap_or(DEFAULT_REQUESTS_PER_CLIENT);
+        if requests_per_client == 0 {
+            return Err(ConfigError::ZeroCount {
+                flag: "--requests-per-client",
+            });
+        }
+        let server = match &self.url {
+            Some(url) => {
+                if !cascades.is_empty() {
+                    return Err(ConfigError::ServeBenchFlag {
+                        flag: "--cascade",
+                        fix: "is not sent to a server given by --url, which decodes as it was started; drop --cascade and name its rows with --label",
+                    });
+                }
+                if self.prompt_style == PromptStyle::Auto {
+                    return Err(ConfigError::ServeBenchFlag {
+                        flag: "--prompt-style auto",
+                        fix: "needs the model, which is not loaded here with --url; pass --prompt-style chat or raw",
+                    });
+                }
+                BenchServer::Running {
+                    address: ServerAddress::parse(url)?,
+                    label: self.label.clone().unwrap_or_else(|| url.clone()),
+                }
+            }
+            None if self.label.is_some() => {
+                return Err(ConfigError::ServeBenchFlag {
+                    flag: "--label",
+                    fix: "names the rows of a server given by --url; add --url or drop --label (in-process rows are named by their cascades)",
+                });
+            }
+            None => {
+                let largest = *client_counts.last().expect("--clients is not empty");
+                let serve = self
+                    .in_process_serve_args(cascades, largest)
+                    .into_config(cache_dir)?;
+                BenchServer::InProcess(Box::new(serve))
+            }
+        };
+        Ok(Some(ServeBenchConfig {
+            client_counts,
+            requests_per_client,
+            server,
+        }))
+    }
+
+    /// `spechost serve`'s flags for the in-process server: the bench's target, placement,
+    /// context, draft model and plugins; every cascade's sources loaded (requests pick theirs
+    /// by name); the first policy and mode and the largest draft length as defaults (requests
+    /// send their own); a slot per client of the largest level, on a free loopback port.
+    fn in_process_serve_args(&self, cascades: &[Vec<SourceSpec>], slots: usize) -> ServeArgs {
+        let mut sources: Vec<&SourceSpec> = Vec::new();
+        for source in cascades.iter().flatten() {
+            if !sources.contains(&source) {
+                sources.push(source);
+            }
+        }
+        let cascade = sources
+            .iter()
+            .map(|source| match source {
+                SourceSpec::Builtin(name) => name.clone(),
+                SourceSpec::Path(path) => path.display().to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let target = &self.target;
+        ServeArgs {
+            target: TargetArgs {
+                model: target.model.clone(),
+                placement: super::common::PlacementArgs {
+                    threads: target.placement.threads,
+                    cpus: target.placement.cpus.clone(),
+                    draft_cpus: target.placement.draft_cpus.clone(),
+                    numa: target.placement.numa,
+                },
+                ctx_size: target.ctx_size,
+                mlock: target.mlock,
+                no_mmap: target.no_mmap,
+                llama_matmul: target.llama_matmul,
+                draft_model: target.draft_model.clone(),
+                draft_threads: target.draft_threads,
+                plugin_config: target.plugin_config.clone(),
+                plugin_dirs: target.plugin_dirs.clone(),
+                // As in `bench`'s own passes: no state from earlier runs.
+                state_dir: None,
+            },
+            speculation: super::common::SpeculationArgs {
+                cascade: Some(if cascade.is_empty() {
+                    "none".to_owned()
+                } else {
+                    cascade
+                }),
+                policy: self.policies.first().cloned(),
+                cascade_mode: self.cascade_modes.first().cloned(),
+                max_draft_len: self.max_draft_lens.iter().max().copied(),
+            },
+            parallel: Some(slots),
+            port: Some(0),
+            // Clients are closed-loop: at most one request each waits, plus the warm-up.
+            max_queue: Some(DEFAULT_MAX_QUEUE.max(2 * slots)),
+            ..ServeArgs::default()
+        }
     }
 }
 
@@ -550,6 +790,139 @@ mod tests {
             assert!(err.contains(needle), "wanted `{needle}` in: {err}");
         }
     }
+    #[test]
+    fn clients_flags_are_checked_with_the_fix_named() {
+        let args = |clients: &[usize]| BenchArgs {
+            workloads: vec!["w/extract.jsonl".into()],
+            cascades: vec!["lookup".into(), "lookup,suffix".into()],
+            max_draft_lens: vec![8, 16],
+            client_counts: clients.to_vec(),
+            cost_repeat: 1,
+            repeat: 1,
+            ..BenchArgs::default()
+        };
+        let config = args(&[4, 1, 2])
+            .into_config(Path::new("/tmp"))
+            .expect("valid");
+        let serve = config.serve.expect("--clients switches serve mode on");
+        assert_eq!(serve.client_counts, vec![1, 2, 4], "measured ascending");
+        assert_eq!(serve.requests_per_client, DEFAULT_REQUESTS_PER_CLIENT);
+        let BenchServer::InProcess(server) = serve.server else {
+            panic!(
+                "no --url: the server runs in-process, got {:?}",
+                serve.server
+            );
+        };
+        assert_eq!(
+            (server.parallel, server.port, server.max_draft_len),
+            (4, 0, 16),
+            "a slot per client of the largest level, a free port, the largest draft length"
+        );
+        let sources: Vec<String> = server.cascade.iter().map(SourceSpec::name).collect();
+        assert_eq!(
+            sources,
+            ["lookup", "suffix"],
+            "every cascade's sources, once"
+        );
+        assert!(
+            server.max_queue >= 4,
+            "queue for every client: {}",
+            server.max_queue
+        );
+        let running = BenchArgs {
+            cascades: Vec::new(),
+            url: Some("http://127.0.0.1:8081/".into()),
+            label: Some("llama-server".into()),
+            prompt_style: PromptStyle::Raw,
+            requests_per_client: Some(3),
+            ..args(&[1, 8])
+        }
+        .into_config(Path::new("/tmp"))
+        .expect("valid")
+        .serve
+        .expect("serve mode");
+        assert_eq!(running.requests_per_client, 3);
+        let BenchServer::Running { address, label } = running.server else {
+            panic!("--url drives a running server, got {:?}", running.server);
+        };
+        assert_eq!(
+            (address.authority.as_str(), label.as_str()),
+            ("127.0.0.1:8081", "llama-server")
+        );
+        let with_url = |url: &str| BenchArgs {
+            cascades: Vec::new(),
+            url: Some(url.into()),
+            prompt_style: PromptStyle::Chat,
+            ..args(&[1])
+        };
+        for (bad, needle) in [
+            (args(&[1, 0]), "--clients must be at least 1"),
+            (args(&[2, 1, 2]), "--clients `2` appears twice"),
+            (
+                BenchArgs {
+                    requests_per_client: Some(0),
+                    ..args(&[1])
+                },
+                "--requests-per-client must be at least 1",
+            ),
+            (
+                BenchArgs {
+                    url: Some("http://127.0.0.1:8080".into()),
+                    ..args(&[])
+                },
+                "--url belongs to the server benchmark; add --clients",
+            ),
+            (
+                BenchArgs {
+                    requests_per_client: Some(2),
+                    ..args(&[])
+                },
+                "--requests-per-client belongs to the server benchmark",
+            ),
+            (
+                BenchArgs {
+                    label: Some("x".into()),
+                    ..args(&[1])
+                },
+                "add --url or drop --label",
+            ),
+            (
+                BenchArgs {
+                    url: Some("http://127.0.0.1:8080".into()),
+                    prompt_style: PromptStyle::Chat,
+                    ..args(&[1])
+                },
+                "drop --cascade and name its rows with --label",
+            ),
+            (
+                BenchArgs {
+                    prompt_style: PromptStyle::Auto,
+                    ..with_url("http://127.0.0.1:8080")
+                },
+                "pass --prompt-style chat or raw",
+            ),
+            (with_url("127.0.0.1:8080"), "it has no http:// scheme"),
+            (with_url("https://example.com:443"), "only plain http://"),
+            (with_url("http://localhost"), "it names no port"),
+            (with_url("http://localhost:8080/v1"), "it has a path"),
+            (with_url("http:// bad"), "it is not a URL"),
+        ] {
+            let err = bad
+                .into_config(Path::new("/tmp"))
+                .expect_err(needle)
+                .to_string();
+            assert!(err.contains(needle), "wanted `{needle}` in: {err}");
+        }
+        let err = with_url("http://localhost")
+            .into_config(Path::new("/tmp"))
+            .expect_err("no port")
+            .to_string();
+        assert!(
+            err.contains("give the running server's address as http://HOST:PORT"),
+            "the fix is named: {err}"
+        );
+    }
+
     #[test]
     fn trace_and_prompts_refuse_plugin_flags() {
         let inputs = || WorkloadTargetArgs {

@@ -192,6 +192,24 @@ pub enum ConfigError {
         /// The subcommand.
         command: &'static str,
     },
+    /// A flag of `bench --clients` without what it needs, or with what it excludes.
+    #[error("{flag} {fix}")]
+    ServeBenchFlag {
+        /// The flag.
+        flag: &'static str,
+        /// Why it does not fit, and what to do.
+        fix: &'static str,
+    },
+    /// A `--url` that is not `http://HOST:PORT`.
+    #[error(
+        "invalid --url `{url}`: {problem}; give the running server's address as http://HOST:PORT, e.g. http://127.0.0.1:8080"
+    )]
+    BenchUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// The TOML file cannot be read or parsed.
     #[error("cannot use config file {path}: {problem}")]
     File {

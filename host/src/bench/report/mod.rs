@@ -2,6 +2,8 @@
 
 mod render;
 
+pub(super) use self::render::csv_field;
+
 use std::path::PathBuf;
 
 use serde::Serialize;

@@ -299,7 +299,7 @@ fn percent(fraction: f64) -> String {
 }
 
 /// A CSV field, quoted (RFC 4180) when it holds a comma, a quote or a line break.
-pub(super) fn csv_field(field: &str) -> String {
+pub(in crate::bench) fn csv_field(field: &str) -> String {
     if field.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", field.replace('"', "\"\""))
     } else {

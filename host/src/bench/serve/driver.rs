@@ -1,0 +1,155 @@
+//! [`run`]: `bench --clients` from the flags to the report, in-process or against `--url`.
+//!
+//! In-process, in order: the one-client level's requests through the engine (the
+//! single-stream comparison, which also resolves `--prompt-style auto` from the model); then the
+//! server on this thread (decoding must run on the process's main thread: GNU OpenMP is slow
+//! otherwise, see `server::startup`) while the clients run on a thread of their own with their
+//! own tokio runtime, and stop the server once every level is done (or failed).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, mpsc};
+
+use anyhow::Context as _;
+use tokio::sync::Notify;
+
+use super::super::prepare::TokenLimits;
+use super::super::runner::{Configuration, measure_workloads};
+use super::super::workload::Workload;
+use super::levels::{Driven, Levels, drive};
+use super::plan::{Row, plan_requests};
+use super::report::{IN_PROCESS, ServeReport, ServerSettings};
+use super::single_stream::OneClientShare;
+use crate::config::{BenchConfig, BenchServer, PromptStyle, ServeBenchConfig, ServeConfig};
+use crate::server::{Embedding, serve_embedded};
+
+/// Measures every level, prints the table, writes the result files; an error when any answer
+/// differed from its reference (after everything is written, so the evidence is kept).
+pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> anyhow::Result<()> {
+    let workloads = config
+        .workloads
+        .iter()
+        .map(|path| Workload::read(path))
+        .collect::<Result<Vec<_>, _>>()?;
+    let limits = TokenLimits {
+        default_max_tokens: config.default_max_tokens,
+        max_tokens_cap: config.max_tokens_cap,
+    };
+    let mut settings = ServerSettings {
+        server: IN_PROCESS.to_owned(),
+        model: None,
+        slots: None,
+        threads: None,
+        prompt_style: style_name(config.prompt_style),
+        requests_per_client: serve.requests_per_client,
+        max_tokens_cap: config.max_tokens_cap,
+    };
+    let report = match &serve.server {
+        BenchServer::InProcess(serve_config) => {
+            let total = workloads.iter().map(|w| w.requests.len()).sum();
+            let share = OneClientShare::new(total, serve.requests_per_client);
+            let measurements = measure_workloads(config, share.workloads(&workloads), cache_dir)
+                .context("decoding the one-client requests through the engine")?;
+            let requests = plan_requests(
+                &workloads,
+                config.prompt_style,
+                measurements.prompt_style,
+                &limits,
+            )?;
+            let rows: Vec<Row> = Configuration::all(config).iter().map(Row::of).collect();
+            let levels = Levels {
+                requests: &requests,
+                rows: &rows,
+                client_counts: &serve.client_counts,
+                requests_per_client: serve.requests_per_client,
+            };
+            let driven = drive_in_process(serve_config, cache_dir, levels)?;
+            settings.model = Some(serve_config.stack.model.clone());
+            settings.slots = Some(serve_config.parallel);
+            settings.threads = Some(serve_config.session.threads);
+            settings.prompt_style = style_name(measurements.prompt_style);
+            let run_rates = share.run_rates(&workloads, &measurements);
+            ServeReport::new(settings, driven, &run_rates, measurements.mismatches)
+        }
+        BenchServer::Running { address, label } => {
+            let requests = plan_requests(
+                &workloads,
+                config.prompt_style,
+                config.prompt_style,
+                &limits,
+            )?;
+            let rows = [Row::running(label)];
+            let driven = drive(
+                &address.authority,
+                Levels {
+                    requests: &requests,
+                    rows: &rows,
+                    client_counts: &serve.client_counts,
+                    requests_per_client: serve.requests_per_client,
+                },
+            )?;
+            settings.server.clone_from(&address.authority);
+            ServeReport::new(settings, driven, &[], Vec::new())
+        }
+    };
+    print!("{}", report.markdown());
+    if let Some(out) = &config.out {
+        report.write(out)?;
+        eprintln!("results written to {}", out.display());
+    }
+    if !report.outputs_match {
+        anyhow::bail!(
+            "{} answer(s) differ from their reference (listed above); greedy output must not depend on concurrency or speculation",
+            report.differences.len() + report.run_mismatches.len()
+        );
+    }
+    Ok(())
+}
+
+/// Runs the server on this thread and the clients on another until the clients are done.
+fn drive_in_process(
+    serve_config: &ServeConfig,
+    cache_dir: &Path,
+    levels: Levels<'_>,
+) -> anyhow::Result<Driven> {
+    let (listening, address) = mpsc::channel::<SocketAddr>();
+    let stop = Arc::new(Notify::new());
+    std::thread::scope(|scope| {
+        let stop_when_done = StopOnDrop(Arc::clone(&stop));
+        let clients = std::thread::Builder::new()
+            .name("bench-clients".into())
+            .spawn_scoped(scope, move || {
+                // Stops the server however the clients end, panics included.
+                let _stop = stop_when_done;
+                let address = address
+                    .recv()
+                    .context("the in-process server stopped before it listened")?;
+                drive(&address.to_string(), levels)
+            })
+            .context("starting the clients' thread")?;
+        let served = serve_embedded(serve_config, cache_dir, Embedding { listening, stop });
+        let driven = clients
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the clients' thread panicked")));
+        served.context("running the in-process server")?;
+        driven
+    })
+}
+
+/// Notifies the server to stop when dropped.
+struct StopOnDrop(Arc<Notify>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        // A permit is kept when the server is not waiting yet.
+        self.0.notify_one();
+    }
+}
+
+/// `chat` or `raw`.
+fn style_name(style: PromptStyle) -> &'static str {
+    match style {
+        PromptStyle::Raw => "raw",
+        PromptStyle::Chat | PromptStyle::Auto => "chat",
+    }
+}
