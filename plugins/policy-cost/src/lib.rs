@@ -79,13 +79,18 @@
 //! drafts are accepted.
 //!
 //! **In a batch.** A server verifies the rounds of every running request in one batch
-//! (`round.batch_verified` tokens, committing `round.batch_committed`), which costs what a
-//! batch of that many tokens costs: `verify(n)` is learned per batch size, whoever's tokens
-//! they are. With the other requests' last round as the estimate of theirs (`R` tokens
-//! verified, `T` committed), the policy maximises the whole batch's throughput:
+//! (`round.batch_verified` tokens, committing `round.batch_committed`). What such a batch costs
+//! is learned apart, per batch size (`verify_shared(n)`, the moving average of the rounds'
+//! `verify_us`), because it is not what a request's own curve says: the host decodes a batch
+//! whose requests verify different lengths in several passes over the weights, so one
+//! request's draft beside others' plain tokens may cost a whole pass. A size not seen yet in a
+//! batch is interpolated between seen ones, scaled from the largest seen above them, and
+//! taken from the request's own curve below the smallest (so it gets tried). With the other
+//! requests' last round as the estimate of theirs (`R` tokens verified, `T` committed), the
+//! policy maximises the whole batch's throughput:
 //!
 //! ```text
-//! argmax_K (T + E[tokens | K]) / (verify(R + K + 1) + K · draft_per_token)
+//! argmax_K (T + E[tokens | K]) / (verify_shared(R + K + 1) + K · draft_per_token)
 //! ```
 //!
 //! so a draft is worth its tokens when what it adds to the batch's time buys more tokens than
@@ -158,6 +163,7 @@ struct Learned {
     reached: Vec<f64>,
     accepted: Vec<f64>,
     verify_learned: Vec<Option<f64>>,
+    verify_batched: Vec<Option<f64>>,
     sources: Vec<SourceModel>,
 }
 
@@ -238,6 +244,8 @@ struct VerifyCosts {
     measured: Vec<Option<f64>>,
     /// Index `n - 1`: the moving average of observed verify times for `n` tokens.
     learned: Vec<Option<f64>>,
+    /// Index `n - 1`: the same for batches of `n` tokens that held other requests' rounds.
+    batched: Vec<Option<f64>>,
 }
 
 impl VerifyCosts {
@@ -251,19 +259,23 @@ impl VerifyCosts {
         Self {
             measured,
             learned: vec![None; sizes],
+            batched: Vec::new(),
         }
     }
 
-    /// Adds an observed verify time of `time_us` for a batch of `n` tokens.
-    fn learn(&mut self, n: u32, time_us: u64) {
+    /// Adds an observed verify time of `time_us` for a batch of `n` tokens, which held other
+    /// requests' rounds when `shared`.
+    fn learn(&mut self, n: u32, time_us: u64, shared: bool) {
+        let averages = if shared {
+            &mut self.batched
+        } else {
+            &mut self.learned
+        };
         let n = n as usize;
-        if n > self.learned.len() && n <= MAX_BATCH_SIZES {
-            self.learned.resize(n, None);
+        if n > averages.len() && n <= MAX_BATCH_SIZES {
+            averages.resize(n, None);
         }
-        let Some(average) = n
-            .checked_sub(1)
-            .and_then(|index| self.learned.get_mut(index))
-        else {
+        let Some(average) = n.checked_sub(1).and_then(|index| averages.get_mut(index)) else {
             return;
         };
         if time_us == 0 {
@@ -271,6 +283,39 @@ impl VerifyCosts {
         }
         // Microsecond counts stay far below 2^53, where f64 loses integer precision.
         *average = Some(moving_average(*average, time_us as f64));
+    }
+
+    /// The verify time of a batch shared with other requests for every size `n = 1..=sizes`:
+    /// the times observed for such batches where there are some; between two, interpolated;
+    /// above the largest, [`Self::table`]'s curve scaled to it; below the smallest, that curve
+    /// as it is (so a size not tried yet looks no dearer than alone, and gets tried). Never
+    /// decreasing with `n`. A shared batch costs what its passes over the weights cost, which
+    /// a request's own curve does not show (llama.cpp splits a batch whose requests verify
+    /// different lengths).
+    fn shared_table(&self, sizes: usize) -> Vec<f64> {
+        let alone = self.table(sizes);
+        let observed = |index: usize| self.batched.get(index).copied().flatten();
+        let mut table: Vec<f64> = (0..sizes)
+            .map(|index| {
+                if let Some(time) = observed(index) {
+                    return time;
+                }
+                let below = (0..index).rev().find_map(|i| observed(i).map(|t| (i, t)));
+                let above = (index + 1..sizes).find_map(|i| observed(i).map(|t| (i, t)));
+                match (below, above) {
+                    (Some((i, low)), Some((k, high))) => {
+                        low + (high - low) * (index - i) as f64 / (k - i) as f64
+                    }
+                    (Some((i, time)), None) => alone[index] * time / alone[i],
+                    (None, Some((_, time))) => alone[index].min(time),
+                    (None, None) => alone[index],
+                }
+            })
+            .collect();
+        for index in 1..table.len() {
+            table[index] = table[index].max(table[index - 1]);
+        }
+        table
     }
 
     /// The best known verify time for every size `n = 1..=sizes`, filling the gaps (see the
@@ -417,6 +462,7 @@ impl Drop for Cost {
                 reached: std::mem::take(&mut self.positions.reached),
                 accepted: std::mem::take(&mut self.positions.accepted),
                 verify_learned: std::mem::take(&mut self.verify.learned),
+                verify_batched: std::mem::take(&mut self.verify.batched),
                 sources: std::mem::take(&mut self.sources),
             };
             CARRIED.set(Some(learned));
@@ -472,8 +518,12 @@ impl Policy for Cost {
     }
 
     fn observe(&mut self, round: &RoundRecord) {
-        self.verify
-            .learn(round.batch_verified.max(round.n_verified), round.verify_us);
+        let shared = round.others_verified() > 0;
+        self.verify.learn(
+            round.batch_verified.max(round.n_verified),
+            round.verify_us,
+            shared,
+        );
         self.others = Others {
             verified: round.others_verified() as usize,
             committed: f64::from(round.others_committed()),
@@ -509,9 +559,12 @@ impl Policy for Cost {
 
     fn decide(&mut self) -> Decision {
         // `verify[k]`: the batch's time when this request drafts k tokens beside the others'.
-        let table = self
-            .verify
-            .table(self.others.verified + self.cap as usize + 1);
+        let sizes = self.others.verified + self.cap as usize + 1;
+        let table = if self.others.verified > 0 {
+            self.verify.shared_table(sizes)
+        } else {
+            self.verify.table(sizes)
+        };
         let verify = &table[self.others.verified..];
         let unprofitable = self.unprofitable_sources(verify, table[0]);
         // K is chosen for the sources that pay: a probe of one that does not is not a reason
@@ -557,6 +610,7 @@ impl Cost {
             verify_learned.resize(self.verify.learned.len(), None);
         }
         self.verify.learned = verify_learned;
+        self.verify.batched = learned.verify_batched;
         for model in &mut self.sources {
             if let Some(earlier) = learned.sources.iter().find(|m| m.name == model.name) {
                 *model = SourceModel {
@@ -823,6 +877,31 @@ mod tests {
     }
 
     #[test]
+    fn learns_that_a_draft_beside_other_requests_costs_a_pass_of_its_own() {
+        // Alone, each extra token costs 0.3 of one, and a first token accepted 4 times in 5
+        // pays. Beside 3 requests verifying one token each, the batch of 4 takes 1.5 units,
+        // but with a draft it takes 3: the host splits it into two passes over the weights.
+        let mut round = 0;
+        let mut beside = cost("", setup_with_slope(CAP, 0.3));
+        let decisions = beside.run(80, |decision| {
+            round += 1;
+            let accepted = u32::from(round % 5 != 0).min(decision.max_draft_len);
+            let mut record = target(accepted, accepted)(decision);
+            record.batch_verified = record.n_verified + 3;
+            record.batch_committed = record.n_accepted + 4;
+            let units = if record.n_verified > 1 { 3.0 } else { 1.5 };
+            record.verify_us = (ONE_TOKEN_US * units) as u64;
+            record
+        });
+        let lengths = lengths(&decisions);
+        let drafting = lengths[40..].iter().filter(|&&k| k > 0).count();
+        assert!(
+            drafting <= 4,
+            "a draft that doubles the batch's time does not pay: {lengths:?}"
+        );
+    }
+
+    #[test]
     fn switches_to_plain_decoding_with_shadows_when_drafts_fail() {
         let mut harness = cost("", setup_with_slope(CAP, 0.3));
         harness.run(30, target(CAP, CAP));
@@ -894,9 +973,9 @@ mod tests {
     fn learns_verify_costs_from_rounds_and_fills_the_gaps() {
         let mut costs = VerifyCosts::new(6, &[]);
         assert_close(&costs.table(6), &[1.0, 1.3, 1.6, 1.9, 2.2, 2.5]);
-        costs.learn(1, 1000);
-        costs.learn(3, 2000);
-        costs.learn(3, 3000);
+        costs.learn(1, 1000, false);
+        costs.learn(3, 2000, false);
+        costs.learn(3, 3000, false);
         // n = 3: 2000 + 0.2 * (3000 - 2000).
         let expected = [
             1000.0,
@@ -907,18 +986,18 @@ mod tests {
             2200.0 * 2.5 / 1.6,
         ];
         assert_close(&costs.table(6), &expected);
-        costs.learn(0, 5000);
+        costs.learn(0, 5000, false);
         assert_close(&costs.table(6), &expected);
         // A batch of several requests' rounds, larger than one request drafts: the sizes
         // between it and n = 3 are interpolated now.
-        costs.learn(8, 5000);
+        costs.learn(8, 5000, false);
         assert_close(
             &costs.table(8),
             &[
                 1000.0, 1600.0, 2200.0, 2760.0, 3320.0, 3880.0, 4440.0, 5000.0,
             ],
         );
-        costs.learn(MAX_BATCH_SIZES as u32 + 1, 5000);
+        costs.learn(MAX_BATCH_SIZES as u32 + 1, 5000, false);
         assert_eq!(
             costs.learned.len(),
             8,
@@ -929,8 +1008,8 @@ mod tests {
     #[test]
     fn host_measurements_take_precedence_over_learned_times() {
         let mut costs = VerifyCosts::new(3, &[500.0, f32::NAN]);
-        costs.learn(1, 9000);
-        costs.learn(2, 700);
+        costs.learn(1, 9000, false);
+        costs.learn(2, 700, false);
         assert_close(&costs.table(3), &[500.0, 700.0, 700.0 * 1.6 / 1.3]);
     }
 

@@ -59,6 +59,8 @@ pub struct Batcher<'t> {
     last_verify: Duration,
     /// Sequences whose [`BatchedSequence`] is not dropped yet.
     open: usize,
+    /// When the last verify batch ended.
+    last_step_end: Instant,
 }
 
 impl<'t> Batcher<'t> {
@@ -99,6 +101,7 @@ impl<'t> Batcher<'t> {
             prefill_order: VecDeque::new(),
             last_verify: Duration::ZERO,
             open: session_sequences,
+            last_step_end: Instant::now(),
         };
         (batcher, sequences)
     }
@@ -267,15 +270,13 @@ impl<'t> Batcher<'t> {
             rounds.iter().map(|(seq, round)| (*seq, round)).collect();
         let results = self.session.verify_batch(&batch);
         self.last_verify = started.elapsed();
-        tracing::trace!(
-            sequences = rounds.len(),
-            rows = results
-                .iter()
-                .find_map(|r| r.as_ref().ok())
-                .map_or(0, |v| v.batch.rows),
+        tracing::debug!(
+            rows = ?rounds.iter().map(|(seq, round)| (seq.0, round.tokens.len() + 1)).collect::<Vec<_>>(),
             ms = self.last_verify.as_secs_f64() * 1e3,
+            since_last_ms = self.last_step_end.elapsed().as_secs_f64() * 1e3 - self.last_verify.as_secs_f64() * 1e3,
             "verify batch"
         );
+        self.last_step_end = Instant::now();
         for ((seq, _), result) in rounds.iter().zip(results) {
             self.reply(*seq, Reply::Verified(result));
         }
