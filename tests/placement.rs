@@ -75,10 +75,12 @@ fn compute_threads_run_on_the_pinned_cpus_and_the_plugin_host_on_the_rest() {
 
         let target = common::load(DefaultModel::SmolLm2);
         // Two threads on one CPU, which the plan would refuse, so that llama.cpp starts an
-        // OpenMP worker whose CPUs can be checked.
+        // OpenMP worker whose CPUs can be checked. They wait for each other at every barrier,
+        // so the start-up check of batches stays short too (a verify batch of 2 tokens).
         let mut session = target
             .session(&SessionParams {
                 threads: 2,
+                max_draft_len: 1,
                 ..common::session_params()
             })
             .expect("session");

@@ -201,7 +201,10 @@ fn start_threads<'scope, 'env: 'scope>(
     std::thread::Builder::new()
         .name("spechost-http".into())
         .spawn_scoped(scope, move || {
-            let served = config
+            // Slots finish what is queued, then stop: also when serving panics, or they
+            // would wait for requests for ever and the process would never exit.
+            let _close = CloseOnExit(queue);
+            config
                 .stack
                 .placement
                 .pin_auxiliary()
@@ -214,12 +217,18 @@ fn start_threads<'scope, 'env: 'scope>(
                         &metrics,
                         embedding,
                     )
-                });
-            // Slots finish what is queued, then stop.
-            queue.close();
-            served
+                })
         })
         .context("starting the HTTP thread")
+}
+
+/// Closes the queue when dropped: when the HTTP thread ends, however it ends.
+struct CloseOnExit(Arc<Queue>);
+
+impl Drop for CloseOnExit {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 /// Measures the verify cost curve for batches of 1 to `max_draft_len + 1` tokens (as far as
