@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use spechost::bench::{ChatMessage, Workload, WorkloadError};
+use spechost::bench::{ChatMessage, Completion, Workload, WorkloadError};
 use spechost::cascade::{DraftSource as _, ModelFacts};
 use spechost::config::{ConfigError, RunArgs, RunConfig};
 use spechost::plugins::{LoadError, PluginHost, PluginHostConfig};
@@ -368,8 +368,7 @@ struct WrittenRequest {
     category: Option<String>,
     /// One form or both, never neither.
     messages: Option<Vec<ChatMessage>>,
-    completion: Option<String>,
-    stop: Vec<String>,
+    completion: Option<Completion>,
     max_tokens: Option<usize>,
     blank_lines_before: usize,
 }
@@ -384,33 +383,39 @@ fn chat_message() -> impl Strategy<Value = ChatMessage> {
 
 fn written_request() -> impl Strategy<Value = WrittenRequest> {
     let messages = || prop::collection::vec(chat_message(), 1..4);
-    let completion = || any::<String>().prop_filter("a raw prompt is not empty", |p| !p.is_empty());
+    let stop = || {
+        prop::collection::vec(
+            any::<String>().prop_filter("a stop string is not empty", |s| !s.is_empty()),
+            0..3,
+        )
+    };
+    let completion = || {
+        (
+            any::<String>().prop_filter("a raw prompt is not empty", |p| !p.is_empty()),
+            stop(),
+        )
+            .prop_map(|(text, stop)| Completion { text, stop })
+    };
     let forms = prop_oneof![
         messages().prop_map(|m| (Some(m), None)),
         completion().prop_map(|c| (None, Some(c))),
         (messages(), completion()).prop_map(|(m, c)| (Some(m), Some(c))),
     ];
-    let stop = prop::collection::vec(
-        any::<String>().prop_filter("a stop string is not empty", |s| !s.is_empty()),
-        0..3,
-    );
     (
         any::<bool>(),
         prop::option::of(any::<String>()),
         forms,
-        stop,
         prop::option::of(1usize..100_000),
         0usize..3,
     )
         .prop_map(
-            |(has_id, category, (messages, completion), stop, max_tokens, blank_lines_before)| {
+            |(has_id, category, (messages, completion), max_tokens, blank_lines_before)| {
                 WrittenRequest {
                     // Filled in with a unique value below when `has_id`.
                     id: has_id.then(String::new),
                     category,
                     messages,
                     completion,
-                    stop,
                     max_tokens,
                     blank_lines_before,
                 }
@@ -433,11 +438,11 @@ fn workload_line(request: &WrittenRequest) -> String {
             .collect();
         line.insert("messages".into(), serde_json::Value::Array(messages));
     }
-    if let Some(text) = &request.completion {
-        line.insert("prompt".into(), text.clone().into());
-    }
-    if !request.stop.is_empty() {
-        line.insert("stop".into(), request.stop.clone().into());
+    if let Some(completion) = &request.completion {
+        line.insert("prompt".into(), completion.text.clone().into());
+        if !completion.stop.is_empty() {
+            line.insert("stop".into(), completion.stop.clone().into());
+        }
     }
     if let Some(max_tokens) = request.max_tokens {
         line.insert("max_tokens".into(), max_tokens.into());
@@ -488,7 +493,6 @@ proptest! {
                 request.category.clone(),
                 request.messages.clone(),
                 request.completion.clone(),
-                request.stop.clone(),
                 request.max_tokens,
                 line,
             ));
@@ -499,7 +503,7 @@ proptest! {
             .map(|w| w.requests)
             .unwrap_or_default()
             .into_iter()
-            .map(|r| (r.id, r.category, r.messages, r.completion, r.stop, r.max_tokens, r.line))
+            .map(|r| (r.id, r.category, r.messages, r.completion, r.max_tokens, r.line))
             .collect();
         prop_assert_eq!(parsed, expected);
     }

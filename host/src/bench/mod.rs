@@ -59,7 +59,9 @@ pub use self::runner::{
     measure_workloads,
 };
 pub use self::stats::{Summary, Totals, acceptance_by_position, percentile, speedup};
-pub use self::workload::{ChatMessage, Prompt, Workload, WorkloadError, WorkloadRequest};
+pub use self::workload::{
+    ChatMessage, Completion, Prompt, Workload, WorkloadError, WorkloadRequest,
+};
 
 use crate::config::BenchConfig;
 

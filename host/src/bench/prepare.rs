@@ -103,7 +103,7 @@ pub fn prepare(
             };
             let prompt = choose_prompt(request, style, preferred)
                 .map_err(|problem| anyhow::anyhow!("{}: {problem} ({model})", where_()))?;
-            let (opening, text) = match prompt {
+            let (opening, text, stop) = match prompt {
                 Prompt::Chat(messages) => {
                     let pairs: Vec<(&str, &str)> = messages
                         .iter()
@@ -116,9 +116,13 @@ pub fn prepare(
                     let text = target
                         .template_messages(&pairs)
                         .with_context(|| format!("templating {}", where_()))?;
-                    (opening, text)
+                    (opening, text, Vec::new())
                 }
-                Prompt::Raw(text) => (text.to_owned(), text.to_owned()),
+                Prompt::Raw(completion) => (
+                    completion.text.clone(),
+                    completion.text.clone(),
+                    completion.stop.clone(),
+                ),
             };
             let prompt = target.tokenize_raw(&text);
             let max_tokens = limits.max_tokens(request.max_tokens);
@@ -130,7 +134,7 @@ pub fn prepare(
                     prompt.len()
                 );
             }
-            let stop = StopStrings::new(request.stop.clone())
+            let stop = StopStrings::new(stop)
                 .map_err(|problem| anyhow::anyhow!("{}: {problem}", where_()))?;
             Ok(Prepared {
                 id: request.id.clone(),

@@ -9,7 +9,9 @@
 //! or a raw prompt, continued without the chat template: `{"prompt": "...", "id": "p1",
 //! "max_tokens": 64, "stop": ["\n\n"]}`, or both: the same task asked of an instruction-tuned
 //! model (`messages`) and of a base model (`prompt`, usually with `stop` strings, since a base
-//! model does not end its turn). `bench` picks the form for the model ([`PromptStyle`]).
+//! model does not end its turn). `stop` belongs to the raw form: a chat answer ends at the
+//! model's end of turn, and a raw form's stop strings (a newline after a one-line extraction)
+//! would cut it short. `bench` picks the form for the model ([`PromptStyle`]).
 //! Only `messages` or `prompt` is required; a request without an id is called `line-N`. Blank
 //! lines are skipped. A bad line is an error naming the file, the line and what is wrong.
 
@@ -86,14 +88,21 @@ pub struct WorkloadRequest {
     pub category: Option<String>,
     /// The task as a conversation, for instruction-tuned models; never empty.
     pub messages: Option<Vec<ChatMessage>>,
-    /// The task as text to continue, for base models; never empty.
-    pub completion: Option<String>,
-    /// Generation ends before any of these strings.
-    pub stop: Vec<String>,
+    /// The task as text to continue, for base models.
+    pub completion: Option<Completion>,
     /// Most tokens to generate, if the line gives a limit.
     pub max_tokens: Option<usize>,
     /// Line number in the file, from 1.
     pub line: usize,
+}
+
+/// The raw form of a request: text for a base model to continue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The text to continue; never empty.
+    pub text: String,
+    /// Generation ends before any of these strings.
+    pub stop: Vec<String>,
 }
 
 /// The form of a request a model is given.
@@ -101,8 +110,8 @@ pub struct WorkloadRequest {
 pub enum Prompt<'a> {
     /// A conversation, templated with the model's chat template.
     Chat(&'a [ChatMessage]),
-    /// Text sent as-is.
-    Raw(&'a str),
+    /// Text sent as-is, with its stop strings.
+    Raw(&'a Completion),
 }
 
 impl WorkloadRequest {
@@ -115,7 +124,7 @@ impl WorkloadRequest {
                 .as_deref()
                 .map(Prompt::Chat)
                 .ok_or_else(|| "it has no `messages` to send through the chat template; add them, or pass --prompt-style raw".to_owned()),
-            PromptStyle::Raw => self.completion.as_deref().map(Prompt::Raw).ok_or_else(|| {
+            PromptStyle::Raw => self.completion.as_ref().map(Prompt::Raw).ok_or_else(|| {
                 "it has no raw `prompt` for a base model to continue; add one (the task as text to continue), or pass --prompt-style chat to template its messages anyway".to_owned()
             }),
         }
@@ -218,6 +227,9 @@ fn parse_line(text: &str, line_number: usize) -> Result<WorkloadRequest, String>
     if line.stop.iter().any(String::is_empty) {
         return Err("a `stop` string is empty".into());
     }
+    if line.prompt.is_none() && !line.stop.is_empty() {
+        return Err("`stop` applies to the raw `prompt` form and this line has none (a chat answer ends at the model's end of turn); add a `prompt` or remove `stop`".into());
+    }
     if line.max_tokens == Some(0) {
         return Err("`max_tokens` is 0; use at least 1".into());
     }
@@ -225,8 +237,10 @@ fn parse_line(text: &str, line_number: usize) -> Result<WorkloadRequest, String>
         id: line.id.unwrap_or_else(|| format!("line-{line_number}")),
         category: line.category,
         messages: line.messages,
-        completion: line.prompt,
-        stop: line.stop,
+        completion: line.prompt.map(|text| Completion {
+            text,
+            stop: line.stop,
+        }),
         max_tokens: line.max_tokens,
         line: line_number,
     })
@@ -268,10 +282,11 @@ mod tests {
         let error = chat.prompt(PromptStyle::Raw).expect_err("no raw prompt");
         assert!(error.contains("--prompt-style chat"), "{error}");
         let raw = &workload.requests[1];
-        assert_eq!(
-            raw.prompt(PromptStyle::Raw),
-            Ok(Prompt::Raw("Once upon a time"))
-        );
+        let Ok(Prompt::Raw(completion)) = raw.prompt(PromptStyle::Raw) else {
+            panic!("expected a raw prompt, seen {raw:?}");
+        };
+        assert_eq!(completion.text, "Once upon a time");
+        assert!(completion.stop.is_empty());
         assert!(raw.prompt(PromptStyle::Chat).is_err());
         assert_eq!(
             (raw.id.as_str(), raw.max_tokens, raw.line),
@@ -292,9 +307,11 @@ mod tests {
         ));
         assert_eq!(
             request.prompt(PromptStyle::Raw),
-            Ok(Prompt::Raw("A.\n\nTL;DR:"))
+            Ok(Prompt::Raw(&Completion {
+                text: "A.\n\nTL;DR:".into(),
+                stop: vec!["\n\n".into()],
+            }))
         );
-        assert_eq!(request.stop, ["\n\n"]);
     }
 
     #[test]
@@ -315,6 +332,10 @@ mod tests {
                 "a `stop` string is empty",
             ),
             (r#"{"messages": []}"#, "`messages` is empty"),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "stop": ["\n"]}"#,
+                "`stop` applies to the raw `prompt` form",
+            ),
             (
                 r#"{"messages": [{"role": "", "content": "x"}]}"#,
                 "empty `role`",

@@ -92,14 +92,17 @@ pub fn plan_requests(
                         .map(|message| json!({"role": message.role, "content": message.content}))
                         .collect::<Vec<_>>()}),
                 ),
-                Prompt::Raw(text) => (Endpoint::Completion, json!({"prompt": text})),
+                Prompt::Raw(completion) => {
+                    let mut fields = json!({"prompt": completion.text});
+                    if !completion.stop.is_empty() {
+                        fields["stop"] = json!(completion.stop);
+                    }
+                    (Endpoint::Completion, fields)
+                }
             };
             let object = body.as_object_mut().expect("built as an object");
             if let Value::Object(fields) = fields {
                 object.extend(fields);
-            }
-            if !request.stop.is_empty() {
-                object.insert("stop".to_owned(), json!(request.stop));
             }
             planned.push(PlannedRequest {
                 workload: workload.name.clone(),
@@ -195,6 +198,13 @@ mod tests {
         assert_eq!(planned[1].body["messages"][0]["content"], "yo");
         assert_eq!(planned[1].body["stream"], true);
         assert_eq!(planned[1].body["temperature"], 0);
+        let chat = plan_requests(&[workload()], PromptStyle::Chat, PromptStyle::Chat, &limits)
+            .expect("both lines have messages");
+        assert_eq!(chat[0].endpoint, Endpoint::Chat, "{chat:?}");
+        assert!(
+            chat[0].body.get("stop").is_none(),
+            "the raw form's stop strings would cut a chat answer short: {chat:?}"
+        );
         let error = plan_requests(&[workload()], PromptStyle::Raw, PromptStyle::Raw, &limits)
             .expect_err("raw is required")
             .to_string();
