@@ -8,9 +8,11 @@ mod common;
 use common::*;
 use spechost::cascade::Token;
 use spechost::engine::{
-    BatchLayout, RoundDraft, SamplingParams, SeqId, Session, SessionParams, Target,
+    BatchLayout, Batcher, BatcherSettings, Request, RoundDecision, RoundDraft, SamplingParams,
+    SeqId, Session, SessionParams, Target,
 };
 use spechost::models::DefaultModel;
+use spechost::plugins::SourceSpec;
 
 /// Tokens each sequence generates.
 const MAX_TOKENS: usize = 40;
@@ -76,7 +78,7 @@ fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout) {
     for (index, prompt) in prompts.iter().enumerate() {
         let seq = SeqId(index as u32);
         session
-            .begin(seq, &SamplingParams::greedy())
+            .begin(seq, &SamplingParams::greedy(), 0)
             .expect("begin");
         let chunks: Vec<&[Token]> = prompt.chunks(session.batch_size()).collect();
         let mut first = None;
@@ -138,6 +140,97 @@ fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout) {
     session
         .check_batch_invariance()
         .unwrap_or_else(|difference| panic!("{model:?}: after use, a batch of several sequences differs from one-by-one decoding: {difference}"));
+}
+
+/// Requests through a batcher's sequence, one after the other, that start with what the
+/// sequence's cache holds: the next turn of a conversation (the first prompt and its answer,
+/// then more), a prompt sharing only part of the first, the first again (all but its last token
+/// kept). Each keeps that prefix instead of reading it again, drafted by `lookup` so that rounds
+/// accept and roll back drafts, and each output is exactly its plain output alone.
+fn kept_prompt_prefixes_decode_as_alone(model: DefaultModel) {
+    let _guard = exclusive();
+    let target = load(model);
+    let fixtures = fixtures();
+    let chat = |index: usize| {
+        target
+            .tokenize_chat(&fixtures[index].user_message)
+            .expect("template")
+    };
+    let first = chat(0);
+    let answer = alone(&target, &first);
+    let next_turn: Vec<Token> = [
+        first.as_slice(),
+        &answer,
+        &target.tokenize_raw("\nSay it again in other words."),
+    ]
+    .concat();
+    let part_shared: Vec<Token> = [&first[..first.len() / 2], chat(1).as_slice()].concat();
+    let prompts = [first.clone(), next_turn, part_shared, first];
+    let expected: Vec<Vec<Token>> = prompts.iter().map(|p| alone(&target, p)).collect();
+    let session = target
+        .session(&SessionParams {
+            sequences: 1,
+            ..session_params()
+        })
+        .expect("session");
+    let (batcher, mut sequences) =
+        Batcher::new(session, None, BatcherSettings { prefill_chunk: 16 });
+    let host = plugin_host();
+    let mut sequence = sequences.pop().expect("one sequence");
+    // The batcher decodes on this thread (it holds the session), the requests run on another,
+    // as in a server; it stops once the sequence is dropped.
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let mut held: Vec<Token> = Vec::new();
+            for (index, (prompt, want)) in prompts.iter().zip(&expected).enumerate() {
+                let mut lookup = cascade(&host, &[SourceSpec::Builtin("lookup".into())]);
+                let request = Request::new(prompt.clone(), MAX_TOKENS, SamplingParams::greedy());
+                let outcome = sequence
+                    .generate_controlled(&request, &mut lookup, &mut |_| {}, &mut || {
+                        RoundDecision::Continue
+                    })
+                    .expect("generation succeeds");
+                assert_eq!(
+                    first_difference(&outcome.tokens, want),
+                    None,
+                    "{model:?} request {index}: a kept prompt prefix changed the output"
+                );
+                // The cache holds the previous prompt and all of its output but the last token
+                // (never decoded); every request after the first starts with some of it.
+                let shared = held
+                    .iter()
+                    .zip(prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+                    .min(prompt.len() - 1);
+                assert_eq!(
+                    (outcome.stats.cached_prompt_tokens, index == 0),
+                    (shared, shared == 0),
+                    "{model:?} request {index}: prompt tokens kept from the cache"
+                );
+                held = [prompt.as_slice(), &want[..want.len() - 1]].concat();
+                if index == 1 {
+                    assert!(
+                        outcome.stats.accepted > 0,
+                        "{model:?}: lookup drafted nothing on the next turn, so no accepted draft was kept: {:?}",
+                        outcome.stats
+                    );
+                }
+            }
+            drop(sequence);
+        });
+        batcher.run();
+    });
+}
+
+#[test]
+fn smollm2_kept_prompt_prefixes_decode_as_alone() {
+    kept_prompt_prefixes_decode_as_alone(DefaultModel::SmolLm2);
+}
+
+#[test]
+fn gemma3_kept_prompt_prefixes_decode_as_alone() {
+    kept_prompt_prefixes_decode_as_alone(DefaultModel::Gemma3);
 }
 
 #[test]

@@ -84,6 +84,29 @@ fn serve_and_run_pick_the_same_policy_and_give_the_same_greedy_output() {
             "no `{key}` in {speculative}"
         );
     }
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"], 0,
+        "{usage}"
+    );
+
+    // The same request again: its slot's cache keeps all of the prompt but the last token,
+    // and the answer does not change.
+    let again = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(&prompt, 64, json!({})),
+    );
+    assert_eq!(
+        chat_text(&again),
+        expected,
+        "a kept prompt prefix changed the answer"
+    );
+    let usage = &again.body["usage"];
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        usage["prompt_tokens"].as_u64().map(|n| n - 1),
+        "{usage}"
+    );
 }
 
 #[test]

@@ -119,7 +119,7 @@ impl Verifier for TraceVerifier<'_> {
     ) -> Result<Prefill, EngineError> {
         let &first = self.output.first().ok_or(EngineError::TraceEnded)?;
         self.given = 1;
-        Ok(Prefill::Done { first })
+        Ok(Prefill::Done { first, cached: 0 })
     }
 
     fn verify(&mut self, round: &RoundDraft) -> Result<Verified, EngineError> {

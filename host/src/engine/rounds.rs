@@ -130,6 +130,9 @@ pub enum Prefill {
     Done {
         /// The target's token after the prompt.
         first: Token,
+        /// Prompt tokens not read again: the prefix the sequence's cache kept from its
+        /// previous request.
+        cached: usize,
     },
     /// Stopped before the end, after reading this many tokens.
     Stopped {
@@ -237,8 +240,8 @@ pub fn generate(
     control: &mut dyn RoundControl,
 ) -> Result<Outcome, EngineError> {
     let started = Instant::now();
-    let first = match verifier.prefill(request, &mut || control.stop_prefill())? {
-        Prefill::Done { first } => first,
+    let (first, cached) = match verifier.prefill(request, &mut || control.stop_prefill())? {
+        Prefill::Done { first, cached } => (first, cached),
         Prefill::Stopped { read } => {
             tracing::debug!(
                 read,
@@ -260,6 +263,7 @@ pub fn generate(
     let prompt_time = started.elapsed();
     let mut generation = Generation::start(&*verifier, request, cascade, first, on_text);
     generation.stats.prompt_time = prompt_time;
+    generation.stats.cached_prompt_tokens = cached;
     while let Some(round) = generation.next_round(control) {
         let _round = tracing::debug_span!(
             "round",
@@ -607,6 +611,7 @@ mod tests {
         ) -> Result<Prefill, EngineError> {
             Ok(Prefill::Done {
                 first: 100 + request.prompt.len() as Token,
+                cached: 0,
             })
         }
         fn verify(&mut self, round: &RoundDraft) -> Result<Verified, EngineError> {

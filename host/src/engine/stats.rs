@@ -12,6 +12,9 @@ use crate::cascade::{SourceStats, ratio};
 pub struct GenerationStats {
     /// Prompt length in tokens.
     pub prompt_tokens: usize,
+    /// Prompt tokens not read again: the prefix a server's sequence kept in its cache from its
+    /// previous request (a shared system prompt, the earlier turns of a chat).
+    pub cached_prompt_tokens: usize,
     /// Generated tokens (including a final end-of-generation token, if any).
     pub generated_tokens: usize,
     /// Time to decode the prompt and sample the first token.

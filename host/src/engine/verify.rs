@@ -239,13 +239,33 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Starts a request in `seq`: empties its part of the KV cache and makes its sampler.
-    pub fn begin(&mut self, seq: SeqId, sampling: &SamplingParams) -> Result<(), EngineError> {
+    /// Starts a request in `seq`: makes its sampler and keeps the first `keep` positions of its
+    /// part of the KV cache (a prompt prefix it shares with what the sequence held, which
+    /// holds the same keys and values as reading it again: every row is computed as it would
+    /// be alone), removing the rest. An error, and the sequence emptied, when the cache holds
+    /// fewer than `keep` positions.
+    pub fn begin(
+        &mut self,
+        seq: SeqId,
+        sampling: &SamplingParams,
+        keep: usize,
+    ) -> Result<(), EngineError> {
         let slot = self.sampler_slot(seq)?;
         *slot = Some(TokenSampler::new(sampling));
+        let held = self.context.sequence_len(seq);
+        let kept = if keep > held { 0 } else { keep };
         self.context
-            .clear_sequence(seq)
-            .map_err(|e| decode_error(0, e))
+            .remove_positions(seq, kept)
+            .map_err(|e| decode_error(0, e))?;
+        if kept < keep {
+            return Err(EngineError::Decode {
+                n_tokens: 0,
+                reason: format!(
+                    "sequence {seq} holds {held} positions, not the {keep} of the prompt prefix it was to keep; the cache was emptied, send the request again"
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Decodes `chunk`, prompt tokens of `seq`'s request at positions `position..`, in one
@@ -529,13 +549,11 @@ impl<'a> Session<'a> {
         self.context.check_batch_invariance()
     }
 
-    /// Ends `seq`'s request: drops its sampler and empties its part of the KV cache.
+    /// Ends `seq`'s request: drops its sampler. Its part of the KV cache stays, for a next
+    /// request that starts with the same tokens ([`Self::begin`] keeps or empties it).
     pub fn end(&mut self, seq: SeqId) {
         if let Some(slot) = self.samplers.get_mut(seq.0 as usize) {
             *slot = None;
-        }
-        if let Err(reason) = self.context.clear_sequence(seq) {
-            tracing::warn!(%seq, %reason, "cannot empty a finished sequence's cache; its next request empties it again");
         }
     }
 
@@ -599,13 +617,14 @@ impl Verifier for Session<'_> {
         request: &Request,
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Prefill, EngineError> {
-        self.begin(SeqId::FIRST, &request.sampling)?;
+        self.begin(SeqId::FIRST, &request.sampling, 0)?;
         let prefill = match self.decode_prompt(&request.prompt, stop)? {
             PromptRead::Done { last_index } => {
                 let logits = self.context.logits(last_index);
                 let sampler = self.samplers[0].as_mut().ok_or(EngineError::NoRequest)?;
                 Prefill::Done {
                     first: sampler.sample(logits),
+                    cached: 0,
                 }
             }
             PromptRead::Stopped { read } => Prefill::Stopped { read },

@@ -178,6 +178,17 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Their sum.
     pub total_tokens: usize,
+    /// Where the prompt tokens came from.
+    #[serde(default)]
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's breakdown of a request's prompt tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose keys and values the slot's cache kept from its previous request
+    /// (not read again).
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -187,6 +198,9 @@ impl Usage {
             prompt_tokens: stats.prompt_tokens,
             completion_tokens: stats.generated_tokens,
             total_tokens: stats.prompt_tokens + stats.generated_tokens,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: stats.cached_prompt_tokens,
+            },
         }
     }
 }

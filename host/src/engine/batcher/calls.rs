@@ -11,13 +11,12 @@ use crate::engine::sample::SamplingParams;
 
 /// What a sequence, or a draft-model handle, asks of the batcher.
 pub(super) enum Call {
-    /// Decode a chunk of `seq`'s prompt; the first chunk carries the request's sampling and
-    /// starts the request.
+    /// Decode a chunk of `seq`'s prompt; the first chunk starts the request.
     Prefill {
         seq: SeqId,
         chunk: Vec<Token>,
         position: usize,
-        sampling: Option<SamplingParams>,
+        start: Option<Start>,
         last: bool,
     },
     /// Verify `seq`'s round.
@@ -36,6 +35,14 @@ pub(super) enum Call {
     },
     /// The plugin instance holding draft sequence `seq` is gone.
     CloseDraft { seq: SeqId },
+}
+
+/// How a request starts in its sequence.
+pub(super) struct Start {
+    /// The request's sampling.
+    pub sampling: SamplingParams,
+    /// Positions of the sequence's cache to keep: the prompt prefix it already holds.
+    pub keep: usize,
 }
 
 /// The batcher's answer to a sequence's call.

@@ -4,7 +4,7 @@
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::Duration;
 
-use super::calls::{Call, Reply};
+use super::calls::{Call, Reply, Start};
 use crate::cascade::{Cascade, ModelFacts, Token};
 use crate::engine::context::SeqId;
 use crate::engine::error::EngineError;
@@ -28,6 +28,11 @@ pub struct BatchedSequence<'t> {
     /// Whether the batcher holds a request of this sequence (from its first prompt chunk to
     /// [`Self::end`]).
     active: bool,
+    /// The tokens whose keys and values the sequence's part of the cache holds, in order: a
+    /// request's prompt and every committed token but the last. The next request keeps the
+    /// prefix its prompt shares with them (a chat's system prompt and earlier turns), as
+    /// llama-server's `cache_prompt` does.
+    cached: Vec<Token>,
 }
 
 impl<'t> BatchedSequence<'t> {
@@ -48,6 +53,7 @@ impl<'t> BatchedSequence<'t> {
             calls,
             answers,
             active: false,
+            cached: Vec::new(),
         }
     }
 
@@ -76,8 +82,8 @@ impl<'t> BatchedSequence<'t> {
         outcome
     }
 
-    /// Tells the batcher that this sequence's request is over (it may stop waiting for it and
-    /// empties its cache). Done by [`Self::generate_controlled`] and on drop.
+    /// Tells the batcher that this sequence's request is over (it may stop waiting for it; the
+    /// cache stays for the next request). Done by [`Self::generate_controlled`] and on drop.
     pub fn end(&mut self) {
         if std::mem::take(&mut self.active) {
             let _ = self.calls.send(Call::End { seq: self.seq });
@@ -130,12 +136,18 @@ impl Verifier for BatchedSequence<'_> {
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Prefill, EngineError> {
         self.end();
-        let chunks = request.prompt.chunks(self.prefill_chunk);
-        let n_chunks = chunks.len();
-        if n_chunks == 0 {
+        if request.prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        let mut position = 0;
+        // The prompt's last token is read again for its logits.
+        let keep = shared_prefix(&self.cached, &request.prompt).min(request.prompt.len() - 1);
+        self.cached.truncate(keep);
+        let chunks = request.prompt[keep..].chunks(self.prefill_chunk);
+        let n_chunks = chunks.len();
+        let mut position = keep;
+        if keep > 0 {
+            tracing::debug!(seq = %self.seq, kept = keep, "prompt prefix kept in the cache");
+        }
         for (index, chunk) in chunks.enumerate() {
             if index > 0 && stop() {
                 self.end();
@@ -147,14 +159,28 @@ impl Verifier for BatchedSequence<'_> {
                 seq: self.seq,
                 chunk: chunk.to_vec(),
                 position,
-                sampling: (index == 0).then(|| request.sampling.clone()),
+                start: (index == 0).then(|| Start {
+                    sampling: request.sampling.clone(),
+                    keep,
+                }),
                 last,
-            })?;
+            });
             match reply {
-                Reply::Prefilled(Ok(Some(first))) if last => return Ok(Prefill::Done { first }),
-                Reply::Prefilled(Ok(_)) => position += chunk.len(),
-                Reply::Prefilled(Err(error)) => return Err(error),
-                Reply::Verified(_) => {
+                Ok(Reply::Prefilled(Ok(first))) => {
+                    self.cached.extend_from_slice(chunk);
+                    position += chunk.len();
+                    if let Some(first) = first.filter(|_| last) {
+                        return Ok(Prefill::Done {
+                            first,
+                            cached: keep,
+                        });
+                    }
+                }
+                Ok(Reply::Prefilled(Err(error))) | Err(error) => {
+                    self.cached.clear();
+                    return Err(error);
+                }
+                Ok(Reply::Verified(_)) => {
                     unreachable!("the batcher answers a prompt chunk with Prefilled")
                 }
             }
@@ -163,12 +189,28 @@ impl Verifier for BatchedSequence<'_> {
     }
 
     fn verify(&mut self, round: &RoundDraft) -> Result<Verified, EngineError> {
-        match self.call(Call::Verify {
+        let result = match self.call(Call::Verify {
             seq: self.seq,
             round: round.clone(),
-        })? {
-            Reply::Verified(result) => result,
-            Reply::Prefilled(_) => unreachable!("the batcher answers a round with Verified"),
+        }) {
+            Ok(Reply::Verified(result)) => result,
+            Ok(Reply::Prefilled(_)) => unreachable!("the batcher answers a round with Verified"),
+            Err(error) => Err(error),
+        };
+        match &result {
+            // The cache keeps the round's last token and the accepted drafts.
+            Ok(verified) if round.n_past == self.cached.len() => {
+                let accepted = verified.tokens.len().saturating_sub(1);
+                self.cached.push(round.last);
+                self.cached.extend_from_slice(&round.tokens[..accepted]);
+            }
+            _ => self.cached.clear(),
         }
+        result
     }
+}
+
+/// How many tokens `a` and `b` share at their start.
+fn shared_prefix(a: &[Token], b: &[Token]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }

@@ -192,11 +192,11 @@ impl<'t> Batcher<'t> {
                 seq,
                 chunk,
                 position,
-                sampling,
+                start,
                 last,
             } => {
-                if let Some(sampling) = sampling
-                    && let Err(error) = self.session.begin(seq, &sampling)
+                if let Some(start) = start
+                    && let Err(error) = self.session.begin(seq, &start.sampling, start.keep)
                 {
                     self.reply(seq, Reply::Prefilled(Err(error)));
                     return;
