@@ -3,7 +3,10 @@
 //! Fairness is arrival order: a free slot always takes the oldest waiting request, so no
 //! request is overtaken. Of several free slots the lowest-numbered takes it: busy slots stay
 //! packed at the low sequence numbers, which llama.cpp decodes together in one pass over the
-//! weights (it splits a batch at a gap in sequence numbers). The queue holds at most `slots + max_queue` requests in all (running
+//! weights (it splits a batch at a gap in sequence numbers). The exception is a slot whose
+//! cache already holds at least half of the request's prompt, and more of it than the lowest
+//! slot's (the next turn of the conversation it served): it takes the request, and reads only
+//! the rest of the prompt, as llama-server's slot choice by prompt similarity does. The queue holds at most `slots + max_queue` requests in all (running
 //! plus waiting); [`Queue::submit`] refuses the next with [`Rejected::Full`], which the API
 //! answers with 429 and a `Retry-After` estimated from recent request times.
 //!
@@ -12,7 +15,7 @@
 //! goes away its handler drops the receiving end; the slot sees the channel closed before it
 //! starts the request, or between two rounds, and stops.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -20,7 +23,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Endpoint;
 use super::registry::{CascadeChoice, ResolvedPolicy};
-use crate::cascade::CascadeMode;
+use crate::cascade::{CascadeMode, Token};
 use crate::engine::{Outcome, Request};
 
 /// Longest `Retry-After` the server suggests, in seconds.
@@ -118,8 +121,8 @@ pub struct QueueGauges {
 struct State {
     waiting: VecDeque<Job>,
     running: usize,
-    /// Slots waiting in [`Queue::next`].
-    idle: BTreeSet<usize>,
+    /// Slots waiting in [`Queue::next`], with the tokens their caches hold.
+    idle: BTreeMap<usize, Vec<Token>>,
     closed: bool,
 }
 
@@ -172,14 +175,18 @@ impl Queue {
         Ok(())
     }
 
-    /// The oldest waiting request for `slot`, blocking until there is one and no lower-numbered
-    /// slot is idle; `None` once the queue is closed and empty. The caller must call
-    /// [`Self::finished`] when done with it.
-    pub fn next(&self, slot: usize) -> Option<Job> {
+    /// The oldest waiting request for `slot`, whose cache holds `held`, blocking until there is
+    /// one that this slot is the one to take (see the [module](self) docs); `None` once the
+    /// queue is closed and empty. The caller must call [`Self::finished`] when done with it.
+    pub fn next(&self, slot: usize, held: &[Token]) -> Option<Job> {
         let mut state = self.lock();
-        state.idle.insert(slot);
+        state.idle.insert(slot, held.to_vec());
         loop {
-            if state.idle.first() == Some(&slot)
+            let taker = state
+                .waiting
+                .front()
+                .and_then(|job| taker(&state.idle, &job.request.prompt));
+            if taker == Some(slot)
                 && let Some(job) = state.waiting.pop_front()
             {
                 state.idle.remove(&slot);
@@ -229,6 +236,31 @@ impl Queue {
 
 /// Seconds until a slot is likely free for a new request: the waiting requests plus one, spread
 /// over the slots, at `request_time` each; at least 1, at most [`MAX_RETRY_AFTER_SECS`].
+/// The idle slot that takes a request of `prompt`: the lowest-numbered, unless another one's
+/// cache holds at least half of the prompt and more of it than the lowest one's.
+fn taker(idle: &BTreeMap<usize, Vec<Token>>, prompt: &[Token]) -> Option<usize> {
+    let shared = |held: &[Token]| held.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    let (&lowest, lowest_held) = idle.first_key_value()?;
+    let lowest_shared = shared(lowest_held);
+    let (best, best_shared) = idle.iter().map(|(&slot, held)| (slot, shared(held))).fold(
+        (lowest, lowest_shared),
+        |best, candidate| {
+            if candidate.1 > best.1 {
+                candidate
+            } else {
+                best
+            }
+        },
+    );
+    Some(
+        if 2 * best_shared >= prompt.len() && best_shared > lowest_shared {
+            best
+        } else {
+            lowest
+        },
+    )
+}
+
 fn retry_after_secs(waiting: usize, slots: usize, request_time: Duration) -> u64 {
     let rounds = (waiting + 1).div_ceil(slots.max(1)) as f64;
     let secs = (rounds * request_time.as_secs_f64()).ceil() as u64;
@@ -286,7 +318,7 @@ mod tests {
                 .contains("3 waiting, as many as it holds (1 slots plus 2 waiting"),
             "{refused}"
         );
-        let first = queue.next(0).expect("a job");
+        let first = queue.next(0, &[]).expect("a job");
         assert_eq!(first.request.max_tokens, 1, "the oldest job first");
         assert_eq!(
             queue.gauges(),
@@ -298,7 +330,7 @@ mod tests {
             }
         );
         queue.finished();
-        assert_eq!(queue.next(0).map(|j| j.request.max_tokens), Some(2));
+        assert_eq!(queue.next(0, &[]).map(|j| j.request.max_tokens), Some(2));
     }
 
     #[test]
@@ -312,9 +344,9 @@ mod tests {
             queue.submit(late, Duration::ZERO),
             Err(Rejected::ShuttingDown)
         );
-        assert_eq!(queue.next(0).map(|j| j.request.max_tokens), Some(1));
+        assert_eq!(queue.next(0, &[]).map(|j| j.request.max_tokens), Some(1));
         queue.finished();
-        assert!(queue.next(0).is_none(), "closed and empty");
+        assert!(queue.next(0, &[]).is_none(), "closed and empty");
     }
 
     #[test]
@@ -326,7 +358,7 @@ mod tests {
             .map(|slot| {
                 let (shared, taken) = (std::sync::Arc::clone(&queue), taken.clone());
                 let thread = std::thread::spawn(move || {
-                    while let Some(job) = shared.next(slot) {
+                    while let Some(job) = shared.next(slot, &[]) {
                         taken
                             .send((slot, job.request.max_tokens))
                             .expect("the test listens");
@@ -334,7 +366,7 @@ mod tests {
                     }
                 });
                 // Both slots wait before any job arrives.
-                while !queue.lock().idle.contains(&slot) {
+                while !queue.lock().idle.contains_key(&slot) {
                     std::thread::yield_now();
                 }
                 thread
@@ -351,6 +383,30 @@ mod tests {
         for slot in slots {
             slot.join().expect("slot thread");
         }
+    }
+
+    #[test]
+    fn a_slot_holding_most_of_the_prompt_takes_it_else_the_lowest() {
+        let prompt: Vec<Token> = (0..10).collect();
+        let idle = BTreeMap::from([
+            (1, vec![0, 1, 2, 99]),
+            (3, (0..8).collect::<Vec<Token>>()),
+            (5, (0..9).chain([42]).collect::<Vec<Token>>()),
+        ]);
+        assert_eq!(
+            taker(&idle, &prompt),
+            Some(5),
+            "slot 5 holds 9 of 10 tokens"
+        );
+        let idle = BTreeMap::from([(1, vec![0, 1]), (3, vec![0, 1, 2, 3])]);
+        assert_eq!(
+            taker(&idle, &prompt),
+            Some(1),
+            "4 of 10 tokens are not worth leaving the lowest slot"
+        );
+        let idle = BTreeMap::from([(1, prompt.clone()), (3, prompt.clone())]);
+        assert_eq!(taker(&idle, &prompt), Some(1), "a tie goes to the lowest");
+        assert_eq!(taker(&BTreeMap::new(), &prompt), None);
     }
 
     #[test]

@@ -79,7 +79,7 @@ impl<'a> Slot<'a> {
     pub fn run(mut self) {
         tracing::debug!(slot = self.index, "slot started");
         let mut state_saved_at = Instant::now();
-        while let Some(job) = self.queue.next(self.index) {
+        while let Some(job) = self.queue.next(self.index, self.sequence.cached()) {
             let span = job.span.clone();
             let _entered = span.enter();
             let served = std::panic::catch_unwind(AssertUnwindSafe(|| self.generate(&job)));

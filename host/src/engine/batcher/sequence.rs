@@ -67,6 +67,12 @@ impl<'t> BatchedSequence<'t> {
         self.facts.context_size
     }
 
+    /// The tokens the sequence's cache holds, which a request starting with them does not
+    /// read again.
+    pub fn cached(&self) -> &[Token] {
+        &self.cached
+    }
+
     /// Generates `request` as [`Session::generate_controlled`] does, the batcher decoding, then
     /// ends the request in the batcher (whatever the outcome).
     pub fn generate_controlled(
