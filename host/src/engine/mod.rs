@@ -44,7 +44,7 @@ mod vocab;
 
 pub use self::batcher::{
     BatchedDraftFactory, BatchedSequence, Batcher, BatcherSettings, DRAFT_SEQUENCES_PER_SLOT,
-    MAX_GATHER_WAIT,
+    MAX_GATHER_WAIT, shared_prefix,
 };
 pub use self::budget::{MaxDraftLenError, RoundLimits, check_max_draft_len};
 pub use self::build_info::{BackendDevice, BuildInfo};

@@ -24,7 +24,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::metrics::Endpoint;
 use super::registry::{CascadeChoice, ResolvedPolicy};
 use crate::cascade::{CascadeMode, Token};
-use crate::engine::{Outcome, Request};
+use crate::engine::{Outcome, Request, shared_prefix};
 
 /// Longest `Retry-After` the server suggests, in seconds.
 const MAX_RETRY_AFTER_SECS: u64 = 60;
@@ -239,7 +239,7 @@ impl Queue {
 /// The idle slot that takes a request of `prompt`: the lowest-numbered, unless another one's
 /// cache holds at least half of the prompt and more of it than the lowest one's.
 fn taker(idle: &BTreeMap<usize, Vec<Token>>, prompt: &[Token]) -> Option<usize> {
-    let shared = |held: &[Token]| held.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    let shared = |held: &[Token]| shared_prefix(held, prompt);
     let (&lowest, lowest_held) = idle.first_key_value()?;
     let lowest_shared = shared(lowest_held);
     let (best, best_shared) = idle.iter().map(|(&slot, held)| (slot, shared(held))).fold(

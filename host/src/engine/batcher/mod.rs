@@ -30,5 +30,5 @@ mod sequence;
 mod steps;
 
 pub use self::draft::{BatchedDraftFactory, DRAFT_SEQUENCES_PER_SLOT};
-pub use self::sequence::BatchedSequence;
+pub use self::sequence::{BatchedSequence, shared_prefix};
 pub use self::steps::{Batcher, BatcherSettings, MAX_GATHER_WAIT};

@@ -216,7 +216,8 @@ impl Verifier for BatchedSequence<'_> {
     }
 }
 
-/// How many tokens `a` and `b` share at their start.
-fn shared_prefix(a: &[Token], b: &[Token]) -> usize {
+/// How many tokens `a` and `b` share at their start: what a sequence holding `a` keeps of a
+/// prompt `b`.
+pub fn shared_prefix(a: &[Token], b: &[Token]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
