@@ -6,6 +6,9 @@
 #   baseline  the landed build of BASELINE_COMMIT (default 8080971: a llama.cpp context per slot,
 #             threads/C each): `spechost serve --parallel C`, with --cascade none and lookup,
 #             restarted for each C and driven by this build's `spechost bench --clients C --url`;
+#   variants  this build's `spechost serve` with each flag set of SERVE_VARIANTS (default:
+#             `--cascade lookup --draft-cut off`, the default cascade without the step's draft
+#             cut), restarted for each C and driven by the same clients;
 #   llama     llama-server from the peer build (bench/llama-peer.sh) on the same GGUF, `-np C`,
 #             the same threads and context per slot, without speculation and with each n-gram
 #             speculation of LLAMA_SPECS, restarted for each C and driven by the same clients.
@@ -24,7 +27,8 @@
 #   ../shared/workloads/extract.jsonl with raw forms for base models), 1,2,4,8, 12, each request's
 #   own max_tokens, 2048 tokens per slot, serve-scaling-<model>
 #   Gemma-3-270M (a base model): bench/serve-scaling.sh --model gemma3 --prompt-style raw
-# Environment: STEPS (default "current baseline llama"), BASELINE_COMMIT, THREADS (llama-server's
+# Environment: STEPS (default "current baseline variants llama"), BASELINE_COMMIT, SERVE_VARIANTS
+#   (`;`-separated flag sets of this build's serve, each a row), THREADS (llama-server's
 #   -t; default: spechost's plan, one per physical core), LLAMA_SPECS (`;`-separated llama-server
 #   flag sets, each a row; default: ngram-simple with a 3-token key and 8-token drafts, and
 #   ngram-cache, llama-lookup's n-gram cache), LLAMA_SERVER_ARGS (flags added to every
@@ -45,12 +49,13 @@ while [[ $# -gt 0 ]]; do
         --max-tokens) MAX_TOKENS=$2 ;;
         --ctx-size) CTX=$2 ;;
         --out) OUT=$2 ;;
-        *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+        *) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
     shift 2
 done
 OUT=$(realpath -m "${OUT:-serve-scaling-$(basename "$MODEL" .gguf)}")
-STEPS=${STEPS:-"current baseline llama"}
+STEPS=${STEPS:-"current baseline variants llama"}
+SERVE_VARIANTS=${SERVE_VARIANTS:-"--cascade lookup --draft-cut off"}
 BASELINE_COMMIT=${BASELINE_COMMIT:-8080971}
 LLAMA_SPECS=${LLAMA_SPECS:-"--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 8;--spec-type ngram-cache"}
 THREADS=${THREADS:-$("$SPECHOST_BIN" info | sed -n 's/^ *threads *\([0-9][0-9]*\) compute.*/\1/p')}
@@ -172,6 +177,28 @@ if wants baseline; then
     done
 fi
 
+if wants variants; then
+    IFS=';' read -ra variants <<<"$SERVE_VARIANTS"
+    : >"$(runs variants)"
+    # Every variant at one client count, then the next count: rows compared at one count are
+    # measured minutes apart, not half an hour.
+    for clients in "${COUNTS[@]}"; do
+        for index in "${!variants[@]}"; do
+            flags=${variants[index]}
+            echo "==> this build's serve $flags, --parallel $clients" >&2
+            port=$(free_port) log=$OUT/variant-$index-$clients.log
+            # shellcheck disable=SC2086 # flags is a list of flags
+            "$SPECHOST_BIN" serve --model "$MODEL" --ctx-size "$CTX" --parallel "$clients" \
+                $flags --port "$port" >/dev/null 2>"$log" &
+            server_pid=$!
+            wait_healthy "http://127.0.0.1:$port" "$log"
+            drive "http://127.0.0.1:$port" "$clients" "spechost serve" "$flags" \
+                "$OUT/variant-$index-$clients" variants
+            stop_server
+        done
+    done
+fi
+
 if wants llama; then
     peer_bin=$("$SPECHOST_ROOT/bench/llama-peer.sh" llama-server)
     gguf=$(model_path)
@@ -196,7 +223,7 @@ if wants llama; then
     done
 fi
 
-for step in current baseline llama; do
+for step in current baseline variants llama; do
     [[ -f $(runs "$step") ]] && cat "$(runs "$step")"
 done >"$OUT/runs.tsv"
 python3 "$SPECHOST_ROOT/bench/serve-scaling.py" --runs "$OUT/runs.tsv" --model "$MODEL" \

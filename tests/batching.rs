@@ -9,7 +9,7 @@ use common::*;
 use spechost::cascade::Token;
 use spechost::engine::{
     BatchLayout, Batcher, BatcherSettings, Request, RoundDecision, RoundDraft, SamplingParams,
-    SeqId, Session, SessionParams, Target,
+    SeqId, Session, SessionParams, Target, VerifyCurve,
 };
 use spechost::models::DefaultModel;
 use spechost::plugins::SourceSpec;
@@ -51,8 +51,10 @@ fn draft(output: &[Token], at: usize, len: usize, wrong: usize, vocab: u32) -> V
 /// batch together with drafts of different lengths that are wrong at different places, laid
 /// out as `layout` says, and checks every sequence's tokens against its output alone; then the
 /// start-up check again, after the cache held and dropped rejected rows (and padding) of every
-/// sequence.
-fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout) {
+/// sequence. With `cut`, each step's drafts are first cut as a server's are
+/// ([`Session::cut_drafts`], by a compute-bound cost curve), so the target verifies prefixes of
+/// them.
+fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout, cut: bool) {
     let _guard = exclusive();
     let target = load(model);
     let prompts: Vec<Vec<Token>> = fixtures()
@@ -72,6 +74,12 @@ fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout) {
             ..session_params()
         })
         .expect("a session of several sequences");
+    if cut {
+        // 0.73 ms per pass plus 0.27 ms per row, as SmolLM2 Q8_0 on 2 cores.
+        let pass = |n: u32| std::time::Duration::from_micros(730 + 270 * u64::from(n));
+        session.set_verify_curve(VerifyCurve::new(vec![(0, (1..=8).map(pass).collect())]));
+    }
+    let mut cut_rounds = 0;
     let vocab = target.vocab_size();
     // Position of each sequence's last committed token in its output.
     let mut at = vec![0usize; prompts.len()];
@@ -96,7 +104,7 @@ fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout) {
     }
     let mut round = 0;
     loop {
-        let rounds: Vec<(SeqId, RoundDraft)> = (0..prompts.len())
+        let mut rounds: Vec<(SeqId, RoundDraft)> = (0..prompts.len())
             .filter(|&index| at[index] + 1 < expected[index].len())
             .map(|index| {
                 let output = &expected[index];
@@ -109,6 +117,7 @@ fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout) {
                 let round_draft = RoundDraft {
                     last: output[at[index]],
                     max_draft_len: tokens.len(),
+                    survival: (1..=tokens.len() as i32).map(|i| 0.7f64.powi(i)).collect(),
                     tokens,
                     n_past: prompts[index].len() + at[index],
                 };
@@ -118,11 +127,21 @@ fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout) {
         if rounds.is_empty() {
             break;
         }
+        if cut {
+            let proposed: Vec<usize> = rounds.iter().map(|(_, r)| r.tokens.len()).collect();
+            session.cut_drafts(&mut rounds);
+            cut_rounds += rounds
+                .iter()
+                .zip(&proposed)
+                .filter(|((_, r), len)| r.tokens.len() < **len)
+                .count();
+        }
         let batch: Vec<(SeqId, &RoundDraft)> = rounds.iter().map(|(s, r)| (*s, r)).collect();
         for ((seq, round_draft), result) in rounds.iter().zip(session.verify_batch(&batch)) {
             let index = seq.0 as usize;
             let verified = result.expect("verify");
             assert_eq!(verified.batch.sequences, rounds.len());
+            assert_eq!(verified.drafted, round_draft.tokens.len());
             let from = at[index] + 1;
             let want = &expected[index][from..from + verified.tokens.len()];
             assert_eq!(
@@ -137,6 +156,11 @@ fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout) {
     for index in 0..prompts.len() {
         session.end(SeqId(index as u32));
     }
+    assert_eq!(
+        cut_rounds > 0,
+        cut,
+        "{model:?}: {cut_rounds} rounds cut; cutting was {cut}"
+    );
     session
         .check_batch_invariance()
         .unwrap_or_else(|difference| panic!("{model:?}: after use, a batch of several sequences differs from one-by-one decoding: {difference}"));
@@ -235,20 +259,30 @@ fn gemma3_kept_prompt_prefixes_decode_as_alone() {
 
 #[test]
 fn smollm2_batched_sequences_decode_as_alone() {
-    batched_sequences_decode_as_alone(DefaultModel::SmolLm2, BatchLayout::Split);
+    batched_sequences_decode_as_alone(DefaultModel::SmolLm2, BatchLayout::Split, false);
 }
 
 #[test]
 fn smollm2_padded_batches_decode_as_alone() {
-    batched_sequences_decode_as_alone(DefaultModel::SmolLm2, BatchLayout::Padded);
+    batched_sequences_decode_as_alone(DefaultModel::SmolLm2, BatchLayout::Padded, false);
+}
+
+#[test]
+fn smollm2_cut_drafts_decode_as_alone() {
+    batched_sequences_decode_as_alone(DefaultModel::SmolLm2, BatchLayout::Auto, true);
 }
 
 #[test]
 fn gemma3_batched_sequences_decode_as_alone() {
-    batched_sequences_decode_as_alone(DefaultModel::Gemma3, BatchLayout::Split);
+    batched_sequences_decode_as_alone(DefaultModel::Gemma3, BatchLayout::Split, false);
 }
 
 #[test]
 fn gemma3_padded_batches_decode_as_alone() {
-    batched_sequences_decode_as_alone(DefaultModel::Gemma3, BatchLayout::Padded);
+    batched_sequences_decode_as_alone(DefaultModel::Gemma3, BatchLayout::Padded, false);
+}
+
+#[test]
+fn gemma3_cut_drafts_decode_as_alone() {
+    batched_sequences_decode_as_alone(DefaultModel::Gemma3, BatchLayout::Auto, true);
 }

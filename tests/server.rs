@@ -216,7 +216,7 @@ fn each_request_may_choose_its_cascade_and_the_output_does_not_change() {
         &chat_body(
             &prompt,
             48,
-            json!({"cascade": "lookup,suffix", "mode": "scored"}),
+            json!({"speculative": {"cascade": "lookup,suffix", "mode": "scored"}}),
         ),
     );
     assert_eq!(

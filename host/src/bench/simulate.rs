@@ -142,6 +142,7 @@ impl Verifier for TraceVerifier<'_> {
             .copied()
             .unwrap_or_default();
         Ok(Verified {
+            drafted: round.tokens.len(),
             tokens: target.to_vec(),
             batch: VerifyBatch::alone(round, target.len(), time),
         })
@@ -451,6 +452,7 @@ mod tests {
             let round = RoundDraft {
                 last: 1,
                 tokens: draft.to_vec(),
+                survival: Vec::new(),
                 n_past: 2,
                 max_draft_len: 8,
             };

@@ -29,10 +29,28 @@ use super::stats::SourceStats;
 pub struct Draft {
     /// Tokens to verify.
     pub tokens: Vec<Token>,
+    /// `survival[i]`: the cascade's estimate of the probability that the target accepts the
+    /// draft through token `i` (what the winning source achieved so far, see
+    /// [`AcceptanceHistory::survival`]); one per token.
+    pub survival: Vec<f64>,
     /// Index of the winning source, or `None` when no source proposed.
     pub source: Option<usize>,
     /// The draft length the policy chose for this round (at most the round's limit).
     pub max_draft_len: usize,
+}
+
+impl Draft {
+    /// The same draft verified only through its first `len` tokens (a verify step found the
+    /// rest not worth its cost); cut to nothing, no source won the round.
+    pub fn cut(&self, len: usize) -> Self {
+        let len = len.min(self.tokens.len());
+        Self {
+            tokens: self.tokens[..len].to_vec(),
+            survival: self.survival[..len.min(self.survival.len())].to_vec(),
+            source: self.source.filter(|_| len > 0),
+            max_draft_len: self.max_draft_len,
+        }
+    }
 }
 
 /// What a round cost, measured by the engine.
@@ -175,10 +193,18 @@ impl Cascade {
                 best_scored(&mut self.slots, &self.order, &self.settings, max_draft_len)
             }
         };
+        let proposal = winner.and_then(|index| {
+            let slot = &self.slots[index];
+            slot.proposal
+                .as_ref()
+                .map(|proposal| (proposal, &slot.history))
+        });
         Draft {
-            tokens: winner
-                .and_then(|index| self.slots[index].proposal.as_ref())
-                .map(|proposal| proposal.tokens.clone())
+            tokens: proposal
+                .map(|(proposal, _)| proposal.tokens.clone())
+                .unwrap_or_default(),
+            survival: proposal
+                .map(|(proposal, history)| history.survival(proposal))
                 .unwrap_or_default(),
             source: winner,
             max_draft_len,
@@ -235,6 +261,10 @@ impl Cascade {
     /// Tells every asked source how its proposal fared, settles shadow proposals, feeds the
     /// committed tokens to every source, credits the winner, and shows the round to the policy
     /// (with `committed_text` when it [wants text](Self::wants_text)).
+    ///
+    /// `draft` is what was verified: [`Self::propose`]'s draft, or a [cut](Draft::cut) of it.
+    /// The winner's tokens past the cut count as compared with the committed tokens only, as
+    /// a losing proposal's do.
     pub fn accept(
         &mut self,
         draft: &Draft,
@@ -251,7 +281,7 @@ impl Cascade {
             if let Some(proposal) = slot.proposal.take() {
                 let won = draft.source == Some(index);
                 let drafted = proposal.tokens.len();
-                let (matched, known) = if won {
+                let (matched, known) = if won && draft.tokens.len() == drafted {
                     // Verification checked every drafted position up to the first mismatch.
                     (n_accepted, drafted)
                 } else {
@@ -262,7 +292,7 @@ impl Cascade {
                 };
                 slot.history.record(&proposal, matched, known);
                 if won {
-                    slot.stats.record_win(drafted, n_accepted);
+                    slot.stats.record_win(draft.tokens.len(), n_accepted);
                 }
                 let feedback = Feedback {
                     won,
@@ -276,7 +306,7 @@ impl Cascade {
                     accepted: matched,
                     won,
                     shadow: false,
-                    censored: !won && matched == known && drafted > known,
+                    censored: matched == known && drafted > known,
                     draft_time: slot.proposal_time,
                 });
             }
@@ -398,6 +428,34 @@ mod tests {
             log, expected,
             "only asked sources get feedback; all are fed"
         );
+    }
+
+    #[test]
+    fn a_cut_draft_is_learnt_from_as_far_as_the_committed_tokens_show() {
+        let log = Arc::default();
+        let mut cascade = Cascade::new(
+            vec![scripted("long", Ok(vec![1, 2, 3, 4]), &log)],
+            CascadeSettings::default(),
+        );
+        cascade.begin(&facts(), &[9], 8, &[]);
+        let draft = cascade.propose(4);
+        assert_eq!(draft.survival.len(), 4, "one estimate per token");
+        let cut = draft.cut(2);
+        assert_eq!((cut.tokens.as_slice(), cut.source), (&[1, 2][..], Some(0)));
+        // Both verified tokens accepted; the target's token after them is the proposal's third.
+        cascade.accept(&cut, 2, &[1, 2, 3], RoundTiming::default(), "");
+        let stats = &cascade.stats()[0];
+        assert_eq!((stats.won, stats.drafted, stats.accepted), (1, 2, 2));
+        let mut expected = AcceptanceHistory::default();
+        let proposal = crate::cascade::Proposal::from_tokens(vec![1, 2, 3, 4]);
+        expected.record(&proposal, 3, 3);
+        assert_eq!(
+            cascade.calibration()[0],
+            expected,
+            "three positions matched, none missed"
+        );
+        let nothing = cascade.propose(4).cut(0);
+        assert_eq!(nothing.source, None, "a draft cut to nothing has no winner");
     }
 
     #[test]

@@ -81,15 +81,15 @@ impl PositionAcceptance {
             .rate(2.0, 0.5)
     }
 
-    /// Expected accepted tokens of a proposal of `len` tokens with no confidences.
-    pub fn expected_accepted(&self, len: usize) -> f64 {
-        let mut survive = 1.0;
-        let mut expected = 0.0;
-        for position in 0..len {
-            survive *= self.conditional(position);
-            expected += survive;
-        }
-        expected
+    /// The estimated probability that a proposal with no confidences is accepted through
+    /// each of its first `len` tokens: the running product of the conditionals.
+    pub fn survival(&self, len: usize) -> Vec<f64> {
+        (0..len)
+            .scan(1.0, |survive, position| {
+                *survive *= self.conditional(position);
+                Some(*survive)
+            })
+            .collect()
     }
 }
 
@@ -158,18 +158,24 @@ impl AcceptanceHistory {
         }
     }
 
-    /// Expected accepted tokens of `proposal`: the sum of its calibrated confidences when it has
-    /// them, else what acceptance by position predicts for its length.
-    pub fn expected_accepted(&self, proposal: &Proposal) -> f64 {
+    /// The estimated probability that the target accepts `proposal` through each of its
+    /// tokens: its calibrated confidences when it has them, else what acceptance by position
+    /// predicts.
+    pub fn survival(&self, proposal: &Proposal) -> Vec<f64> {
         if has_confidences(proposal) {
             proposal
                 .confidence
                 .iter()
                 .map(|&c| self.by_confidence.calibrated(c))
-                .sum()
+                .collect()
         } else {
-            self.by_position.expected_accepted(proposal.tokens.len())
+            self.by_position.survival(proposal.tokens.len())
         }
+    }
+
+    /// Expected accepted tokens of `proposal`: the sum of its [survival](Self::survival).
+    pub fn expected_accepted(&self, proposal: &Proposal) -> f64 {
+        self.survival(proposal).iter().sum()
     }
 }
 
@@ -203,7 +209,7 @@ mod tests {
     fn unseen_positions_are_even_odds() {
         let history = PositionAcceptance::default();
         assert!((history.conditional(3) - 0.5).abs() < 1e-12);
-        assert!((history.expected_accepted(2) - (0.5 + 0.25)).abs() < 1e-12);
+        assert_eq!(history.survival(2), [0.5, 0.25]);
     }
 
     #[test]

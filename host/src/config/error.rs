@@ -170,6 +170,22 @@ pub enum ConfigError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// `--api-key-file` cannot be read.
+    #[error("cannot read --api-key-file {path}: {source}; check the path and its permissions")]
+    ApiKeyFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// An empty API key.
+    #[error(
+        "{given} gives an empty API key; give each key as non-empty text (a file: one per line)"
+    )]
+    NoApiKey {
+        /// The flag (and file) it came from.
+        given: String,
+    },
     /// Bad `--allowed-hosts`.
     #[error("invalid --allowed-hosts `{list}`: {problem}")]
     AllowedHosts {

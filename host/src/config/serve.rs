@@ -14,7 +14,7 @@ use super::common::{
 use super::error::ConfigError;
 use super::file::FileRun;
 use crate::cascade::CascadeMode;
-use crate::engine::{BatchLayout, MessageContents, SamplingParams, SessionParams};
+use crate::engine::{BatchLayout, DraftCut, MessageContents, SamplingParams, SessionParams};
 use crate::models::DefaultModel;
 use crate::plugins::SourceSpec;
 use crate::server::{AllowedHosts, ConnectionLimits};
@@ -64,6 +64,12 @@ pub struct ServeArgs {
     /// the cheaper by the measured verify costs (padded on memory-bound machines).
     #[arg(long, value_enum)]
     pub batch_layout: Option<BatchLayout>,
+    /// Whether a step verifying several requests' rounds cuts drafts whose rows cost more
+    /// beside the others than their expected accepted tokens are worth (each policy sizes its
+    /// request's draft without knowing the step's other rounds): `auto` by the measured verify
+    /// costs and each source's acceptance so far, `off` verifies every draft as proposed.
+    #[arg(long, value_enum)]
+    pub draft_cut: Option<DraftCut>,
     /// Requests that may wait for a slot; more get 429 with Retry-After.
     #[arg(long)]
     pub max_queue: Option<usize>,
@@ -78,6 +84,16 @@ pub struct ServeArgs {
     /// Read the admin bearer token from this file (its first line).
     #[arg(long, value_name = "FILE", conflicts_with = "admin_token")]
     pub admin_token_file: Option<PathBuf>,
+    /// API keys of the inference endpoints (completions, chat, tokenize), comma-separated as
+    /// llama-server's: a request must send one as `Authorization: Bearer <key>` (or
+    /// `X-Api-Key`), else it gets 401. /health and /v1/models stay open. Prefer
+    /// --api-key-file or the environment variable: a flag's value is visible in the process
+    /// list.
+    #[arg(long, env = "SPECHOST_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Read the API keys from this file, one per line (blank lines and `#` comments skipped).
+    #[arg(long, value_name = "FILE", conflicts_with = "api_key")]
+    pub api_key_file: Option<PathBuf>,
     /// Serve GET /metrics to anyone. By default it needs the admin token: its per-source draft
     /// statistics tell something about other tenants' outputs.
     #[arg(long)]
@@ -186,6 +202,8 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Bearer token of the admin endpoints; `None` turns them off.
     pub admin_token: Option<String>,
+    /// Keys of the inference endpoints; empty: open to every client.
+    pub api_keys: Vec<String>,
     /// Whether `/metrics` is open to anyone.
     pub public_metrics: bool,
     /// The host names requests may address.
@@ -267,6 +285,7 @@ impl ServeArgs {
         session.sequences = parallel;
         session.max_draft_len = speculation.max_draft_len;
         session.layout = self.batch_layout.unwrap_or_default();
+        session.draft_cut = self.draft_cut.unwrap_or_default();
         let draft = draft_settings(
             self.target.draft_model.clone(),
             self.target.draft_threads,
@@ -277,6 +296,7 @@ impl ServeArgs {
         )?;
         let sampling = self.sampling.resolve(&FileRun::default(), Some(0))?;
         let admin_token = admin_token(self.admin_token, self.admin_token_file.as_deref())?;
+        let api_keys = api_keys(self.api_key.as_deref(), self.api_key_file.as_deref())?;
         let host = self.host.unwrap_or_else(|| DEFAULT_SERVE_HOST.to_owned());
         let allowed_hosts = match &self.allowed_hosts {
             Some(list) => {
@@ -346,6 +366,7 @@ impl ServeArgs {
             max_queue: self.max_queue.unwrap_or(DEFAULT_MAX_QUEUE),
             max_body_bytes,
             admin_token,
+            api_keys,
             public_metrics: self.public_metrics,
             allowed_hosts,
             connections,
@@ -385,6 +406,42 @@ pub(super) fn admin_token(
         }
         token => Ok(token),
     }
+}
+
+/// The API keys of `--api-key` (comma-separated) or `--api-key-file` (one per line, blank
+/// lines and `#` comments skipped); empty when neither is given.
+fn api_keys(flag: Option<&str>, file: Option<&Path>) -> Result<Vec<String>, ConfigError> {
+    let (keys, source): (Vec<String>, &str) = match (file, flag) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ApiKeyFile {
+                path: path.to_owned(),
+                source,
+            })?;
+            let keys = text
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                .map(str::to_owned)
+                .collect::<Vec<_>>();
+            if keys.is_empty() {
+                return Err(ConfigError::NoApiKey {
+                    given: format!("--api-key-file {}", path.display()),
+                });
+            }
+            (keys, "--api-key-file")
+        }
+        (None, Some(list)) => (
+            list.split(',').map(|key| key.trim().to_owned()).collect(),
+            "--api-key",
+        ),
+        (None, None) => return Ok(Vec::new()),
+    };
+    if keys.iter().any(String::is_empty) {
+        return Err(ConfigError::NoApiKey {
+            given: source.to_owned(),
+        });
+    }
+    Ok(keys)
 }
 
 #[cfg(test)]

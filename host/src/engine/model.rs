@@ -317,6 +317,15 @@ impl Target {
         self.model.chat_template(None).is_ok()
     }
 
+    /// The chat template chat requests go through, as text: the GGUF's, or the name of the
+    /// llama.cpp built-in used without one (`gemma`, `chatml`); empty if it cannot be read.
+    pub fn chat_template_text(&self) -> String {
+        self.chat_template()
+            .ok()
+            .and_then(|template| template.to_string().ok())
+            .unwrap_or_default()
+    }
+
     /// The GGUF's chat template; without one, llama.cpp's built-in template for the model's
     /// architecture (`gemma` for Gemma), else ChatML, as llama.cpp's own tools do.
     fn chat_template(&self) -> Result<LlamaChatTemplate, EngineError> {
@@ -345,9 +354,15 @@ impl Target {
     /// Tokenizes `text` as-is (special tokens written in the text are recognised; BOS is added
     /// when the model asks for it).
     pub fn tokenize_raw(&self, text: &str) -> Vec<Token> {
+        self.tokenize_with(text, true, true)
+    }
+
+    /// Tokenizes `text`, adding BOS when `add_special` (and the model asks for it) and
+    /// recognising special-token markup when `parse_special`.
+    pub fn tokenize_with(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<Token> {
         self.model
             .vocab()
-            .tokenize(text.as_bytes(), true, true)
+            .tokenize(text.as_bytes(), add_special, parse_special)
             .into_iter()
             .map(from_llama)
             .collect()
@@ -356,20 +371,21 @@ impl Target {
     /// Tokens of `text` as it would appear inside generated output: no BOS, and special-token
     /// markup is not parsed (it is ordinary text).
     pub fn tokenize_text(&self, text: &str) -> Vec<Token> {
-        self.model
-            .vocab()
-            .tokenize(text.as_bytes(), false, false)
-            .into_iter()
-            .map(from_llama)
-            .collect()
+        self.tokenize_with(text, false, false)
     }
 
     /// The bytes `token` stands for in generated text (special tokens render as nothing).
     pub fn token_bytes(&self, token: Token, out: &mut Vec<u8>) {
+        self.token_piece(token, false, out);
+    }
+
+    /// The bytes of `token` into `out`: a special token's markup when `special`, else nothing
+    /// for it.
+    pub fn token_piece(&self, token: Token, special: bool, out: &mut Vec<u8>) {
         out.clear();
         self.model
             .vocab()
-            .token_to_piece_into(to_llama(token), out, false, None);
+            .token_to_piece_into(to_llama(token), out, special, None);
     }
 
     /// The text of `tokens`, lossily decoded (a character split across tokens at either end
@@ -406,7 +422,7 @@ impl Target {
         // The backend must be started (with this target's NUMA strategy) before a context.
         let context = ModelContext::new(backend(self.numa)?, &self.model, &settings)
             .map_err(context_error)?;
-        Ok(Session::new(self, context, params.layout))
+        Ok(Session::new(self, context, params.layout, params.draft_cut))
     }
 }
 

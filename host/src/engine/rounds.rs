@@ -143,12 +143,18 @@ pub enum Prefill {
 
 /// What one round verifies: the last committed token and the draft after it, at `n_past`
 /// (the committed context's length before `last`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RoundDraft {
     /// The last committed token, not yet in the target's cache.
     pub last: Token,
     /// The draft to verify after it (empty: plain decoding).
     pub tokens: Vec<Token>,
+    /// The cascade's estimate of the probability that the target accepts the draft through
+    /// each of its tokens (as [`Draft::survival`]); empty when unknown. A batch of several
+    /// requests' rounds weighs a draft's rows by it ([`Session::cut_drafts`]).
+    ///
+    /// [`Session::cut_drafts`]: super::verify::Session::cut_drafts
+    pub survival: Vec<f64>,
     /// Position of `last`.
     pub n_past: usize,
     /// The most draft tokens the round could verify (the request's, cut to the tokens, batch
@@ -159,8 +165,11 @@ pub struct RoundDraft {
 /// What the target returned for one round.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified {
-    /// The target's tokens for `[last, draft..]`: equal to the draft as far as it matches, then
-    /// one of its own.
+    /// Draft tokens verified: the round's whole draft, or its first ones when the verify step
+    /// cut it ([`Session::cut_drafts`](super::verify::Session::cut_drafts)).
+    pub drafted: usize,
+    /// The target's tokens for `[last, draft[..drafted]..]`: equal to the draft as far as it
+    /// matches, then one of its own.
     pub tokens: Vec<Token>,
     /// The verify batch the round was decoded in (with other requests' rounds, in a server).
     pub batch: VerifyBatch,
@@ -223,9 +232,10 @@ pub trait Verifier {
     ) -> Result<Prefill, EngineError>;
 
     /// Verifies `round`: returns the target's tokens at its positions, in order, while they
-    /// equal the draft, then the first one that does not (or the one after the whole draft),
-    /// each sampled exactly once; afterwards the verifier holds the context plus the accepted
-    /// draft tokens, nothing of the rejected ones.
+    /// equal the draft, then the first one that does not (or the one after the verified
+    /// draft), each sampled exactly once; afterwards the verifier holds the context plus the
+    /// accepted draft tokens, nothing of the rejected ones. A verifier may verify only the
+    /// draft's first tokens ([`Verified::drafted`]).
     fn verify(&mut self, round: &RoundDraft) -> Result<Verified, EngineError>;
 }
 
@@ -411,6 +421,7 @@ impl<'g> Generation<'g> {
         let round = RoundDraft {
             last: self.last,
             tokens: draft.tokens.clone(),
+            survival: draft.survival.clone(),
             n_past: self.n_past,
             max_draft_len,
         };
@@ -428,8 +439,14 @@ impl<'g> Generation<'g> {
         verify_time: Duration,
     ) {
         let target = &verified.tokens;
-        let (draft, draft_time) = self.pending.take().unwrap_or_default();
-        let drafted = round.tokens.len();
+        let (proposed, draft_time) = self.pending.take().unwrap_or_default();
+        let drafted = verified.drafted.min(round.tokens.len());
+        let draft = if drafted < proposed.tokens.len() {
+            self.stats.cut_draft_tokens += (proposed.tokens.len() - drafted) as u64;
+            proposed.cut(drafted)
+        } else {
+            proposed
+        };
         self.stats.verify_time += verify_time;
         self.stats.rounds += 1;
         self.stats.count_verify_batch(drafted + 1);
@@ -442,7 +459,7 @@ impl<'g> Generation<'g> {
         let mut committed = Vec::with_capacity(target.len());
         let mut n_accepted = 0;
         for (position, &token) in target.iter().enumerate() {
-            let matches = round.tokens.get(position) == Some(&token);
+            let matches = round.tokens[..drafted].get(position) == Some(&token);
             n_accepted += usize::from(matches);
             committed.push(token);
             self.stop = self.output.commit(verifier, token);
@@ -621,8 +638,120 @@ mod tests {
                 .count();
             let tokens: Vec<Token> = (0..=n_accepted).map(target).collect();
             let batch = VerifyBatch::alone(round, tokens.len(), Duration::ZERO);
-            Ok(Verified { tokens, batch })
+            Ok(Verified {
+                drafted: round.tokens.len(),
+                tokens,
+                batch,
+            })
         }
+    }
+
+    /// [`Counting`]'s target, verifying only the first `cut` tokens of each draft (as a
+    /// server's step cuts drafts), and checking each round starts where its cache ends.
+    struct Cutting {
+        cut: usize,
+        cache: usize,
+    }
+
+    impl Verifier for Cutting {
+        fn facts(&self) -> ModelFacts {
+            Counting.facts()
+        }
+        fn batch_size(&self) -> usize {
+            Counting.batch_size()
+        }
+        fn can_verify_drafts(&self) -> bool {
+            true
+        }
+        fn is_eog(&self, _token: Token) -> bool {
+            false
+        }
+        fn token_bytes(&self, token: Token, out: &mut Vec<u8>) {
+            Counting.token_bytes(token, out);
+        }
+        fn verify_costs(&self, _context_len: usize) -> Vec<Duration> {
+            Vec::new()
+        }
+        fn prefill(
+            &mut self,
+            request: &Request,
+            stop: &mut dyn FnMut() -> bool,
+        ) -> Result<Prefill, EngineError> {
+            self.cache = request.prompt.len();
+            Counting.prefill(request, stop)
+        }
+        fn verify(&mut self, round: &RoundDraft) -> Result<Verified, EngineError> {
+            assert_eq!(
+                round.n_past, self.cache,
+                "the round starts where the cache ends"
+            );
+            let cut = RoundDraft {
+                tokens: round.tokens[..self.cut.min(round.tokens.len())].to_vec(),
+                ..round.clone()
+            };
+            let verified = Counting.verify(&cut)?;
+            self.cache += verified.tokens.len();
+            Ok(verified)
+        }
+    }
+
+    /// Proposes [`Counting`]'s continuation of the context it was fed: every draft is right.
+    struct Oracle {
+        context_len: usize,
+    }
+
+    impl DraftSource for Oracle {
+        fn name(&self) -> &str {
+            "oracle"
+        }
+        fn begin(&mut self, _facts: &ModelFacts, prompt: &[Token]) -> Result<(), SourceFault> {
+            self.context_len = prompt.len();
+            Ok(())
+        }
+        fn propose(&mut self, max_draft_len: usize) -> Result<Proposal, SourceFault> {
+            let next = 100 + self.context_len as Token;
+            Ok(Proposal::from_tokens(
+                (next..next + max_draft_len as Token).collect(),
+            ))
+        }
+        fn feed(&mut self, tokens: &[Token]) -> Result<(), SourceFault> {
+            self.context_len += tokens.len();
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_draft_verified_only_in_part_commits_what_was_verified() {
+        let source = Box::new(Oracle { context_len: 0 });
+        let mut cascade = Cascade::new(vec![source], CascadeSettings::default());
+        let mut request = Request::new(vec![1, 2, 3], 12, SamplingParams::greedy());
+        request.max_draft_len = 5;
+        let mut verifier = Cutting { cut: 2, cache: 0 };
+        let outcome = generate(
+            &mut verifier,
+            &request,
+            &mut cascade,
+            &mut |_| {},
+            &mut || RoundDecision::Continue,
+        )
+        .expect("generate");
+        assert_eq!(outcome.tokens, (103..115).collect::<Vec<Token>>());
+        let stats = &outcome.stats;
+        assert_eq!(
+            stats.drafted, stats.accepted,
+            "every verified token was right"
+        );
+        assert_eq!(
+            stats.verify_batches.len(),
+            3,
+            "no more than 2 drafted: {stats:?}"
+        );
+        assert!(stats.cut_draft_tokens > 0, "{stats:?}");
+        let source = &stats.sources[0];
+        assert_eq!(
+            (source.drafted, source.accepted),
+            (stats.drafted, stats.accepted)
+        );
     }
 
     /// Proposes nothing and logs every feed.

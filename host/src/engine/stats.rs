@@ -31,6 +31,9 @@ pub struct GenerationStats {
     pub drafted: u64,
     /// Draft tokens accepted.
     pub accepted: u64,
+    /// Draft tokens proposed but not verified: a server's verify step cut them, their rows
+    /// beside the other requests' rounds being worth less than they cost.
+    pub cut_draft_tokens: u64,
     /// `verify_batches[n - 1]`: rounds that verified a batch of `n` tokens (`[last, d1..]`).
     pub verify_batches: Vec<u64>,
     /// Requests verified in the batch of each round, summed over rounds (`rounds` when every

@@ -10,13 +10,17 @@
 //! is `rounds.rs`.
 
 mod cost;
+mod cut;
 mod layout;
+mod pass_costs;
 
 pub use self::cost::{DEFAULT_COST_REPETITIONS, VerifyCurve};
+pub use self::cut::DraftCut;
 pub use self::layout::BatchLayout;
 
 use std::time::{Duration, Instant};
 
+use self::pass_costs::PassCosts;
 use super::context::{ModelContext, Outputs, Rows, SeqId};
 use super::error::EngineError;
 use super::model::Target;
@@ -57,6 +61,9 @@ pub struct SessionParams {
     pub max_draft_len: usize,
     /// How verify batches of several sequences are laid out (see [`BatchLayout`]).
     pub layout: BatchLayout,
+    /// Whether a step of several sequences' rounds cuts drafts not worth their rows (see
+    /// [`DraftCut`]).
+    pub draft_cut: DraftCut,
 }
 
 impl Default for SessionParams {
@@ -68,6 +75,7 @@ impl Default for SessionParams {
             sequences: 1,
             max_draft_len: DEFAULT_MAX_DRAFT_LEN,
             layout: BatchLayout::default(),
+            draft_cut: DraftCut::default(),
         }
     }
 }
@@ -90,10 +98,19 @@ pub struct Session<'a> {
     samplers: Vec<Option<TokenSampler>>,
     /// How batches of several sequences are laid out.
     layout: BatchLayout,
+    /// Whether [`Self::cut_drafts`] cuts.
+    draft_cut: DraftCut,
+    /// What passes over several sequences cost, learned from the verify steps.
+    pass_costs: PassCosts,
 }
 
 impl<'a> Session<'a> {
-    pub(super) fn new(target: &'a Target, context: ModelContext<'a>, layout: BatchLayout) -> Self {
+    pub(super) fn new(
+        target: &'a Target,
+        context: ModelContext<'a>,
+        layout: BatchLayout,
+        draft_cut: DraftCut,
+    ) -> Self {
         // llama.cpp may adjust the requested sizes (it caps the batch at the context size).
         let batch_size = context.batch_capacity();
         let samplers = (0..context.sequences()).map(|_| None).collect();
@@ -104,6 +121,8 @@ impl<'a> Session<'a> {
             verify_curve: VerifyCurve::default(),
             samplers,
             layout,
+            draft_cut,
+            pass_costs: PassCosts::default(),
         }
     }
 
@@ -359,12 +378,56 @@ impl<'a> Session<'a> {
         };
         results
             .into_iter()
-            .map(|result| {
+            .zip(rounds)
+            .map(|(result, (_, round))| {
                 result
                     .unwrap_or(Err(EngineError::NoRequest))
-                    .map(|tokens| Verified { tokens, batch })
+                    .map(|tokens| Verified {
+                        drafted: round.tokens.len(),
+                        tokens,
+                        batch,
+                    })
             })
             .collect()
+    }
+
+    /// Cuts the drafts of a step's `rounds` (at most one per sequence) to the lengths that
+    /// give the most expected committed tokens per unit of the batch's measured cost (see
+    /// `cut.rs`): a draft whose rows cost more beside the other rounds than its expected
+    /// accepted tokens are worth is verified shorter, or not at all. Nothing is cut for a
+    /// round alone (its policy sized it for itself), under [`DraftCut::Off`], or before the
+    /// verify costs are measured. Exactness is untouched: the target verifies a prefix of
+    /// each draft.
+    pub fn cut_drafts(&self, rounds: &mut [(SeqId, RoundDraft)]) {
+        if self.draft_cut == DraftCut::Off || rounds.len() < 2 {
+            return;
+        }
+        let context_len =
+            rounds.iter().map(|(_, round)| round.n_past).sum::<usize>() / rounds.len();
+        let curve = self.verify_curve.at(context_len);
+        let offers: Vec<cut::Offer<'_>> = rounds
+            .iter()
+            .map(|(_, round)| cut::Offer {
+                drafted: round.tokens.len(),
+                survival: Some(&round.survival[..]),
+            })
+            .collect();
+        let lengths = cut::draft_lengths(&offers, |lengths| {
+            let mut rows = vec![0; self.samplers.len()];
+            for ((seq, _), &length) in rounds.iter().zip(lengths) {
+                if let Some(row) = rows.get_mut(seq.0 as usize) {
+                    *row = length + 1;
+                }
+            }
+            layout::plan(self.layout, &rows, self.batch_size, |pass| {
+                self.pass_costs.cost(pass, &curve)
+            })
+            .cost
+        });
+        for ((_, round), length) in rounds.iter_mut().zip(lengths) {
+            round.tokens.truncate(length);
+            round.survival.truncate(length);
+        }
     }
 
     /// Decodes the rounds at `group` (indices into `rounds` and `rows`) in one decode, laid out
@@ -401,6 +464,7 @@ impl<'a> Session<'a> {
                     .filter(|rows| !rows.tokens.is_empty())
             })
             .collect();
+        let started = Instant::now();
         let decoded = self.context.decode_rows(&batch);
         drop(batch);
         if let Err(reason) = decoded {
@@ -422,10 +486,24 @@ impl<'a> Session<'a> {
             first_row += entry.tokens.len();
         }
         self.drop_padding(&entries);
+        self.record_pass(&entries, started.elapsed());
+    }
+
+    /// Records what a decode of `entries` took, when they made one pass over the weights.
+    fn record_pass(&mut self, entries: &[BatchEntry], took: Duration) {
+        let mut by_seq = vec![0; self.samplers.len()];
+        for entry in entries {
+            if let Some(rows) = by_seq.get_mut(entry.seq.0 as usize) {
+                *rows = entry.tokens.len();
+            }
+        }
+        if let [pass] = layout::passes(&by_seq, self.batch_size)[..] {
+            self.pass_costs.record(pass, took);
+        }
     }
 
     /// The entries of a verify batch of the rounds at `group`: each round's rows as they are,
-    /// or, when [`layout::choose`] pads, every sequence from the first to the last at the
+    /// or, when [`layout::plan`] pads, every sequence from the first to the last at the
     /// longest round's rows (padding rows repeat the round's last token; sequences without a
     /// round get padding only, after what their cache holds).
     fn lay_out(
@@ -455,9 +533,11 @@ impl<'a> Session<'a> {
         }
         let context_len = group.iter().map(|&i| rounds[i].1.n_past).sum::<usize>() / group.len();
         let curve = self.verify_curve.at(context_len);
-        if !layout::choose(self.layout, &by_seq, self.batch_size, |n| {
-            pass_cost(&curve, n)
-        }) {
+        if !layout::plan(self.layout, &by_seq, self.batch_size, |pass| {
+            self.pass_costs.cost(pass, &curve)
+        })
+        .padded
+        {
             return as_is();
         }
         let Some((span, longest)) = layout::padded(&by_seq) else {
@@ -650,18 +730,6 @@ struct BatchEntry {
     outputs: usize,
     /// Index of the round in the batch, if the sequence has one.
     round: Option<usize>,
-}
-
-/// What one pass of `n` rows costs by `curve` (`curve[n - 1]`), extrapolated along its last
-/// step beyond it; NaN when nothing was measured (no layout is then preferred).
-fn pass_cost(curve: &[Duration], n: usize) -> f64 {
-    let seconds = |index: usize| curve[index].as_secs_f64();
-    match curve.len() {
-        0 => f64::NAN,
-        len if n <= len => seconds(n.max(1) - 1),
-        1 => seconds(0) * n as f64,
-        len => seconds(len - 1) + (seconds(len - 1) - seconds(len - 2)) * (n - len) as f64,
-    }
 }
 
 /// How reading a prompt ended, inside the session.

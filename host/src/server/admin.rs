@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::{ConnectInfo, FromRequestParts, State};
-use axum::http::header;
 use axum::http::request::Parts;
+use axum::http::{Extensions, header};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::error::ApiError;
@@ -114,11 +114,10 @@ impl AuthFailures {
     }
 }
 
-/// The client's address, or the unspecified address for a request without a connection
-/// (a router driven in tests).
-fn client_address(parts: &Parts) -> IpAddr {
-    parts
-        .extensions
+/// The client's address, from a request's `extensions`, or the unspecified address for a
+/// request without a connection (a router driven in tests).
+pub(super) fn client_address(extensions: &Extensions) -> IpAddr {
+    extensions
         .get::<ConnectInfo<SocketAddr>>()
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |info| info.0.ip())
 }
@@ -138,7 +137,7 @@ impl FromRequestParts<AppState> for Admin {
                 "the admin endpoints are off; start the server with --admin-token-file",
             ));
         };
-        let client = client_address(parts);
+        let client = client_address(&parts.extensions);
         let now = Instant::now();
         if let Err(retry_after_secs) = state.auth_failures.check(client, now) {
             return Err(ApiError::rate_limited(
@@ -191,7 +190,7 @@ impl FromRequestParts<AppState> for MetricsReader {
 }
 
 /// Compares two secrets in time that depends only on their lengths.
-fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+pub(super) fn same_secret(given: &[u8], expected: &[u8]) -> bool {
     given.len() == expected.len()
         && given
             .iter()

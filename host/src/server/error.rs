@@ -3,6 +3,8 @@
 //!
 //! Handlers return `Result<_, ApiError>` and use `?`; domain errors convert with `From`.
 
+use std::borrow::Cow;
+
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -19,7 +21,7 @@ pub struct ApiError {
     status: StatusCode,
     kind: &'static str,
     code: Option<&'static str>,
-    param: Option<&'static str>,
+    param: Option<Cow<'static, str>>,
     message: String,
     retry_after_secs: Option<u64>,
     bearer_challenge: bool,
@@ -61,7 +63,15 @@ impl ApiError {
     /// 400 about one request parameter.
     pub fn invalid_param(param: &'static str, message: impl Into<String>) -> Self {
         Self {
-            param: Some(param),
+            param: Some(Cow::Borrowed(param)),
+            ..Self::invalid(message)
+        }
+    }
+
+    /// 400 about a request field named by the client (one the server does not read).
+    pub fn invalid_field(name: &str, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(Cow::Owned(name.to_owned())),
             ..Self::invalid(message)
         }
     }
@@ -71,7 +81,7 @@ impl ApiError {
     pub fn about_param(self, param: &'static str) -> Self {
         if self.status == StatusCode::BAD_REQUEST {
             Self {
-                param: Some(param),
+                param: Some(Cow::Borrowed(param)),
                 ..self
             }
         } else {
@@ -83,7 +93,7 @@ impl ApiError {
     pub fn context_length_exceeded(message: impl Into<String>) -> Self {
         Self {
             code: Some("context_length_exceeded"),
-            param: Some("max_tokens"),
+            param: Some(Cow::Borrowed("max_tokens")),
             ..Self::invalid(message)
         }
     }
@@ -186,7 +196,7 @@ impl ApiError {
             error: ErrorDetail {
                 message: &self.message,
                 kind: self.kind,
-                param: self.param,
+                param: self.param.as_deref(),
                 code: self.code,
             },
         }
@@ -203,7 +213,7 @@ impl IntoResponse for ApiError {
         if self.bearer_challenge {
             headers.insert(
                 header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"spechost-admin\""),
+                HeaderValue::from_static("Bearer realm=\"spechost\""),
             );
         }
         response

@@ -27,6 +27,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::connections::ClientConnection;
 use super::error::ApiError;
+use super::fields;
 use super::metrics::{Endpoint, RequestOutcome};
 use super::registry::{CascadeChoice, ResolvedPolicy};
 use super::scheduler::{Event, Finished, Job};
@@ -46,6 +47,9 @@ pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 pub struct Plan {
     endpoint: Endpoint,
     max_tokens: usize,
+    /// Whether the client gave `max_tokens`; without it a request generates at most to the
+    /// end of the context, as OpenAI's and llama-server's do.
+    max_tokens_given: bool,
     sampling: SamplingParams,
     stop: StopStrings,
     cascade: CascadeChoice,
@@ -90,7 +94,19 @@ impl Plan {
             ));
         }
         refuse_unsupported(&params)?;
+        fields::refuse_unknown(&params.other)?;
+        let max_tokens = match (max_tokens, params.n_predict) {
+            (Some(max_tokens), _) => Some(max_tokens),
+            (None, None | Some(-1)) => None,
+            (None, Some(n_predict)) => Some(usize::try_from(n_predict).map_err(|_| {
+                ApiError::invalid_param(
+                    "n_predict",
+                    format!("n_predict must be -1 (as many as the server allows) or a count of tokens, got {n_predict}"),
+                )
+            })?),
+        };
         let limit = state.limits.max_tokens_limit;
+        let max_tokens_given = max_tokens.is_some();
         let max_tokens = max_tokens.unwrap_or(state.limits.default_max_tokens);
         if max_tokens == 0 || max_tokens > limit {
             return Err(ApiError::invalid_param(
@@ -156,6 +172,7 @@ impl Plan {
         Ok(Self {
             endpoint,
             max_tokens,
+            max_tokens_given,
             sampling,
             stop,
             cascade,
@@ -170,7 +187,8 @@ impl Plan {
     }
 
     /// Queues the request with its `prompt`, after checking that prompt and `max_tokens` fit
-    /// the context.
+    /// the context. A request that did not give `max_tokens` generates at most what the
+    /// context leaves after its prompt, and ends with `length` there.
     pub fn submit(
         &self,
         state: &AppState,
@@ -185,15 +203,28 @@ impl Plan {
             ));
         }
         let ctx_size = state.limits.ctx_size as usize;
-        if prompt.len() + self.max_tokens > ctx_size {
+        let room = ctx_size.saturating_sub(prompt.len());
+        let max_tokens = if self.max_tokens_given {
+            self.max_tokens
+        } else {
+            self.max_tokens.min(room)
+        };
+        if max_tokens == 0 || prompt.len() + max_tokens > ctx_size {
+            let message = if self.max_tokens_given {
+                format!(
+                    "the prompt ({} tokens) plus max_tokens ({max_tokens}) exceed the context of {ctx_size} tokens; shorten the prompt or lower max_tokens",
+                    prompt.len()
+                )
+            } else {
+                format!(
+                    "the prompt ({} tokens) leaves no room to generate in the context of {ctx_size} tokens; shorten the prompt",
+                    prompt.len()
+                )
+            };
             return Err(count_invalid(
                 state,
                 self.endpoint,
-                ApiError::context_length_exceeded(format!(
-                    "the prompt ({} tokens) plus max_tokens ({}) exceed the context of {ctx_size} tokens; shorten the prompt or lower max_tokens",
-                    prompt.len(),
-                    self.max_tokens
-                )),
+                ApiError::context_length_exceeded(message),
             ));
         }
         let id = state.request_id(id_prefix);
@@ -208,7 +239,7 @@ impl Plan {
             endpoint: self.endpoint,
             request: Request {
                 prompt,
-                max_tokens: self.max_tokens,
+                max_tokens,
                 sampling: self.sampling.clone(),
                 stop: self.stop.clone(),
                 max_draft_len: self.max_draft_len,
@@ -453,6 +484,7 @@ pub fn speculative_report(finished: &Finished) -> SpeculativeReport {
         draft_rounds: stats.draft_rounds,
         drafted: stats.drafted,
         accepted: stats.accepted,
+        cut_draft_tokens: stats.cut_draft_tokens,
         acceptance_percent: 100.0 * stats.acceptance(),
         mean_accepted_length: stats.mean_accepted_per_draft_round(),
         tokens_per_second: stats.generation_tokens_per_second(),

@@ -64,11 +64,13 @@
 //! (`plugins`), and parsing flags (`config`).
 
 mod admin;
+mod api_key;
 mod chat;
 mod completions;
 mod connections;
 mod error;
 mod extract;
+mod fields;
 mod generation;
 mod hosts;
 mod metrics;
@@ -81,6 +83,7 @@ mod scheduler;
 mod slot;
 mod startup;
 mod state;
+mod tokens;
 mod watch;
 pub mod wire;
 

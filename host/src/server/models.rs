@@ -1,10 +1,11 @@
-//! `GET /v1/models` (the one served model) and `GET /health` (liveness, slots and queue).
+//! `GET /v1/models` (the one served model), `GET /health` (liveness, slots and queue) and
+//! `GET /props` (llama-server's server properties).
 
 use axum::Json;
 use axum::extract::State;
 
 use super::state::AppState;
-use super::wire::{Model, ModelList};
+use super::wire::{GenerationParams, GenerationSettings, Modalities, Model, ModelList, Props};
 
 /// `GET /v1/models`.
 pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
@@ -31,4 +32,30 @@ pub async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
         "max_queue": queue.max_queue,
         "registry_generation": state.registry.generation(),
     }))
+}
+
+/// `GET /props`, as llama-server answers it (the fields its web UI and clients read).
+pub async fn props(State(state): State<AppState>) -> Json<Props> {
+    let sampling = &state.sampling;
+    Json(Props {
+        default_generation_settings: GenerationSettings {
+            n_ctx: state.limits.ctx_size,
+            params: GenerationParams {
+                n_predict: state.limits.default_max_tokens,
+                temperature: sampling.temperature,
+                top_k: sampling.top_k,
+                top_p: sampling.top_p,
+                min_p: sampling.min_p,
+            },
+        },
+        total_slots: state.queue.gauges().slots,
+        model_alias: state.model_id.clone(),
+        model_path: state.model_path.clone(),
+        chat_template: state.chat_template.clone(),
+        modalities: Modalities {
+            vision: false,
+            audio: false,
+        },
+        build_info: format!("spechost {}", env!("CARGO_PKG_VERSION")),
+    })
 }

@@ -8,19 +8,34 @@ use axum::routing::{get, post};
 
 use super::error::ApiError;
 use super::state::AppState;
-use super::{admin, chat, completions, hosts, metrics, models};
+use super::{admin, api_key, chat, completions, hosts, metrics, models, tokens};
 
-/// The API: OpenAI-compatible generation, models, health, metrics (which need the admin token
+/// The API: OpenAI-compatible generation and llama-server's tokenizer and properties endpoints
+/// (which need an API key when the state has keys, as llama-server's do), models, health, metrics (which need the admin token
 /// unless the state says they are public), and the admin endpoints (which answer 404 unless
-/// the state has an admin token). Requests addressing a host name the server does not answer
+/// the state has an admin token). Every OpenAI route answers with and without its `/v1`
+/// prefix, as llama-server's do. Requests addressing a host name the server does not answer
 /// to get 403; bodies larger than the state's `max_body_bytes` get 413.
 pub fn router(state: AppState) -> Router {
     let max_body_bytes = state.limits.max_body_bytes;
-    Router::new()
+    let inference = Router::new()
         .route("/v1/completions", post(completions::create))
+        .route("/completions", post(completions::create))
         .route("/v1/chat/completions", post(chat::create))
+        .route("/chat/completions", post(chat::create))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
+        .route("/props", get(models::props))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            api_key::require,
+        ));
+    Router::new()
+        .merge(inference)
         .route("/v1/models", get(models::list))
+        .route("/models", get(models::list))
         .route("/health", get(models::health))
+        .route("/v1/health", get(models::health))
         .route("/metrics", get(metrics::page))
         .route("/admin/cascade", get(admin::show).put(admin::update))
         .route("/admin/plugins/reload", post(admin::reload))
@@ -37,7 +52,7 @@ async fn unknown_route(uri: Uri) -> ApiError {
     ApiError::not_found(
         "unknown_route",
         format!(
-            "no route {}; the API has /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics and /admin/...",
+            "no route {}; the API has /v1/completions, /v1/chat/completions, /v1/models (each also without /v1), /tokenize, /detokenize, /props, /health, /metrics and /admin/...",
             uri.path()
         ),
     )
@@ -90,8 +105,12 @@ mod tests {
             Ok(self.tokenize_raw(&text))
         }
 
-        fn tokenize_raw(&self, text: &str) -> Vec<Token> {
+        fn tokenize(&self, text: &str, _add_special: bool, _parse_special: bool) -> Vec<Token> {
             text.bytes().map(u32::from).collect()
+        }
+
+        fn piece(&self, token: Token, _special: bool) -> Vec<u8> {
+            vec![token as u8]
         }
     }
 
@@ -129,6 +148,8 @@ mod tests {
         .expect("a registry without plugins");
         AppState::new(Shared {
             model_id: "router-test".to_owned(),
+            model_path: "router-test.gguf".to_owned(),
+            chat_template: "chatml".to_owned(),
             tokenizer: Arc::new(ByteTokenizer),
             limits: RequestLimits {
                 default_max_tokens: 16,
@@ -143,6 +164,7 @@ mod tests {
             registry: Arc::new(registry),
             metrics: Arc::default(),
             admin_token: admin_token.map(str::to_owned),
+            api_keys: Vec::new(),
             auth_failures: AuthFailures::default(),
             public_metrics: false,
             allowed_hosts: AllowedHosts::for_listen_address("127.0.0.1"),

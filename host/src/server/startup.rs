@@ -301,6 +301,8 @@ fn start_shared(
     )?);
     Ok(Shared {
         model_id: config.model_id.clone(),
+        model_path: target.path().display().to_string(),
+        chat_template: target.chat_template_text(),
         tokenizer: Arc::clone(target) as Arc<dyn PromptTokenizer>,
         limits: RequestLimits {
             default_max_tokens: config.default_max_tokens,
@@ -315,6 +317,7 @@ fn start_shared(
         registry,
         metrics: Arc::new(Metrics::default()),
         admin_token: config.admin_token.clone(),
+        api_keys: config.api_keys.clone(),
         auth_failures: AuthFailures::default(),
         public_metrics: config.public_metrics,
         allowed_hosts: config.allowed_hosts.clone(),

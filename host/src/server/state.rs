@@ -45,7 +45,14 @@ pub trait PromptTokenizer: Send + Sync {
         contents: MessageContents,
     ) -> Result<Vec<Token>, EngineError>;
     /// A completion prompt's text, special tokens parsed.
-    fn tokenize_raw(&self, text: &str) -> Vec<Token>;
+    fn tokenize_raw(&self, text: &str) -> Vec<Token> {
+        self.tokenize(text, true, true)
+    }
+    /// `text` as tokens, BOS added when `add_special` (and the model has one), special-token
+    /// markup parsed when `parse_special` (`POST /tokenize`).
+    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<Token>;
+    /// The bytes of `token`: a special token's markup when `special`, else nothing for it.
+    fn piece(&self, token: Token, special: bool) -> Vec<u8>;
 }
 
 impl PromptTokenizer for Target {
@@ -61,8 +68,14 @@ impl PromptTokenizer for Target {
         Target::tokenize_messages(self, messages, contents)
     }
 
-    fn tokenize_raw(&self, text: &str) -> Vec<Token> {
-        Target::tokenize_raw(self, text)
+    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<Token> {
+        Target::tokenize_with(self, text, add_special, parse_special)
+    }
+
+    fn piece(&self, token: Token, special: bool) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        Target::token_piece(self, token, special, &mut bytes);
+        bytes
     }
 }
 
@@ -70,6 +83,10 @@ impl PromptTokenizer for Target {
 pub struct Shared {
     /// The model's name in the API.
     pub model_id: String,
+    /// The GGUF served (`GET /props`).
+    pub model_path: String,
+    /// The chat template chat requests go through (`GET /props`).
+    pub chat_template: String,
     /// The target's tokenizer, for prompts in handlers (slots generate with the target).
     pub tokenizer: Arc<dyn PromptTokenizer>,
     /// Limits and defaults of requests.
@@ -84,7 +101,9 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// Bearer token of the admin endpoints; `None` turns them off.
     pub admin_token: Option<String>,
-    /// Failed admin logins by client address, for rate-limiting them.
+    /// Keys of the inference endpoints; empty: open to every client.
+    pub api_keys: Vec<String>,
+    /// Wrong admin tokens and API keys by client address, for rate-limiting them.
     pub auth_failures: AuthFailures,
     /// Whether `/metrics` is open to anyone (else it needs the admin token).
     pub public_metrics: bool,

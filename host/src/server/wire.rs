@@ -2,8 +2,8 @@
 //!
 //! Requests accept what OpenAI clients send; fields this server cannot honour (`n > 1`,
 //! `logprobs`, `echo`, penalties, tools, ...) are read so that they can be refused with a
-//! message instead of being silently ignored (see `generation.rs`). Unknown fields are ignored,
-//! as OpenAI does. The extension is `speculative`: per-request speculation settings in the
+//! message instead of being silently ignored (see `generation.rs`); so are fields it does not
+//! know, unless they are harmless (`fields.rs`). The extension is `speculative`: per-request speculation settings in the
 //! request, and what speculation did in the response.
 
 use serde::{Deserialize, Serialize};
@@ -103,8 +103,13 @@ pub struct CommonParams {
     pub frequency_penalty: Option<f32>,
     /// Logit bias (not supported).
     pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+    /// llama-server's name of `max_tokens` (-1: as many as the server allows).
+    pub n_predict: Option<i64>,
     /// Speculation settings of this request.
     pub speculative: Option<SpeculativeParams>,
+    /// Every field this server does not read: refused unless harmless (`fields.rs`).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
 }
 
 /// `POST /v1/completions` body.
@@ -267,6 +272,9 @@ pub struct SpeculativeReport {
     pub drafted: u64,
     /// Draft tokens accepted.
     pub accepted: u64,
+    /// Draft tokens proposed but cut by the server's verify steps (not worth their rows
+    /// beside the other requests' rounds), so never verified.
+    pub cut_draft_tokens: u64,
     /// `100 * accepted / drafted`.
     pub acceptance_percent: f64,
     /// Accepted tokens per round that verified a draft.
@@ -449,4 +457,57 @@ mod tests {
             );
         }
     }
+}
+
+/// `GET /props`: what llama-server's clients read of a server (its web UI: the context size,
+/// the slots, the chat template), in llama-server's layout.
+#[derive(Debug, Clone, Serialize)]
+pub struct Props {
+    /// What a request gets without settings of its own.
+    pub default_generation_settings: GenerationSettings,
+    /// Requests generated at once (`--parallel`).
+    pub total_slots: usize,
+    /// The model's name in the API.
+    pub model_alias: String,
+    /// The GGUF served.
+    pub model_path: String,
+    /// The chat template chat requests go through (or the built-in template's name).
+    pub chat_template: String,
+    /// Input kinds besides text: none.
+    pub modalities: Modalities,
+    /// `spechost` and its version.
+    pub build_info: String,
+}
+
+/// `default_generation_settings` of [`Props`].
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerationSettings {
+    /// Context of each slot, in tokens.
+    pub n_ctx: u32,
+    /// Sampling and length defaults.
+    pub params: GenerationParams,
+}
+
+/// `default_generation_settings.params` of [`Props`].
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerationParams {
+    /// `max_tokens` of requests that give none (`--max-tokens`).
+    pub n_predict: usize,
+    /// Default temperature (0: greedy).
+    pub temperature: f32,
+    /// Default top-k (0: off).
+    pub top_k: i32,
+    /// Default top-p.
+    pub top_p: f32,
+    /// Default min-p.
+    pub min_p: f32,
+}
+
+/// `modalities` of [`Props`].
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Modalities {
+    /// Images: no.
+    pub vision: bool,
+    /// Audio: no.
+    pub audio: bool,
 }

@@ -1,7 +1,9 @@
 //! The levels: every row at every client count, driven over HTTP, with the identity check.
 //!
-//! In order, for each row (plain decoding first) and each client count `C` (ascending): one
-//! warm-up request, unmeasured; then `C` closed-loop clients, each sending its share of the
+//! In order, for each client count `C` (ascending) and each row (plain decoding first), so
+//! that the rows compared at one count are measured within a minute or two of each other (a
+//! shared machine drifts by more than the differences measured, over the half hour a whole
+//! run takes): one warm-up request, unmeasured; then `C` closed-loop clients, each sending its share of the
 //! level's requests ([`client_share`]) one after the other; the level's figures; and every
 //! answer's text compared with the reference, which is the request's answer under the first
 //! plain row at the fewest clients that sent it (plain decoding at one client, for every
@@ -106,8 +108,8 @@ pub fn drive(authority: &str, levels: Levels<'_>) -> anyhow::Result<Driven> {
 async fn drive_levels(authority: &str, levels: Levels<'_>) -> anyhow::Result<Driven> {
     let mut driven = Driven::default();
     let mut references = References::new(levels.requests);
-    for row in levels.rows {
-        for &clients in levels.client_counts {
+    for &clients in levels.client_counts {
+        for row in levels.rows {
             let warm_up = &levels.requests[0];
             timed_send(authority, warm_up, row)
                 .await
@@ -149,6 +151,13 @@ async fn drive_levels(authority: &str, levels: Levels<'_>) -> anyhow::Result<Dri
             driven.differences.extend(differences);
         }
     }
+    // Reported row by row, as the rows are listed.
+    driven.levels.sort_by_key(|level| {
+        levels
+            .rows
+            .iter()
+            .position(|row| row.label == level.configuration)
+    });
     driven.references = references.into_list();
     Ok(driven)
 }

@@ -10,7 +10,9 @@
 //! 1. wait for a call, then give the sequences still working on their next call (proposing a
 //!    draft, streaming text) a moment to make it too ([`MAX_GATHER_WAIT`] at most, less when
 //!    steps are quick), so their rounds share the step;
-//! 2. verify every waiting round in one decode ([`Session::verify_batch`]): each sequence's
+//! 2. cut the drafts not worth their rows beside the others' ([`Session::cut_drafts`]: a
+//!    request's policy sized its draft without knowing this step's other rounds), then verify
+//!    every waiting round in one decode ([`Session::verify_batch`]): each sequence's
 //!    `[last, draft..]` rows, sampled with its own sampler and rolled back on its own;
 //! 3. decode one chunk of the oldest waiting prompt, in a decode of its own, so running
 //!    requests keep streaming while a long prompt is read (a prompt's chunks are at most

@@ -265,13 +265,19 @@ impl<'t> Batcher<'t> {
         if rounds.is_empty() {
             return;
         }
+        let proposed = rows(&rounds);
+        let cutting = Instant::now();
+        self.session.cut_drafts(&mut rounds);
+        let cut_us = cutting.elapsed().as_micros();
         let started = Instant::now();
         let batch: Vec<(SeqId, &RoundDraft)> =
             rounds.iter().map(|(seq, round)| (*seq, round)).collect();
         let results = self.session.verify_batch(&batch);
         self.last_verify = started.elapsed();
         tracing::debug!(
-            rows = ?rounds.iter().map(|(seq, round)| (seq.0, round.tokens.len() + 1)).collect::<Vec<_>>(),
+            ?proposed,
+            cut_us,
+            rows = ?rows(&rounds),
             ms = self.last_verify.as_secs_f64() * 1e3,
             since_last_ms = self.last_step_end.elapsed().as_secs_f64() * 1e3 - self.last_verify.as_secs_f64() * 1e3,
             "verify batch"
@@ -311,4 +317,12 @@ impl<'t> Batcher<'t> {
             let _ = sender.send(reply);
         }
     }
+}
+
+/// Each round's sequence and rows (`1 + draft length`), for the log.
+fn rows(rounds: &[(SeqId, RoundDraft)]) -> Vec<(u32, usize)> {
+    rounds
+        .iter()
+        .map(|(seq, round)| (seq.0, round.tokens.len() + 1))
+        .collect()
 }

@@ -8,7 +8,7 @@
 //! memory-bound machine, where a pass costs about the same whatever its rows, two passes cost
 //! twice one. Padding every sequence from the first to the last to the longest one's rows (the
 //! extra rows get no logits and are rolled back) makes one pass, at the price of the padding's
-//! arithmetic: on a compute-bound machine that loses. [`choose`] compares the two with the
+//! arithmetic: on a compute-bound machine that loses. [`plan`] compares the two with the
 //! measured cost of a batch of each size.
 
 use serde::{Deserialize, Serialize};
@@ -27,11 +27,26 @@ pub enum BatchLayout {
     Padded,
 }
 
-/// The rows of one pass of llama.cpp's equal split of a batch whose sequence `s` has
-/// `rows[s]` rows (0: not in the batch), in sequence order, with micro-batches of at most
-/// `max_pass_rows` rows: as `llama_batch_allocr::split_equal(n_ubatch, sequential = true)` splits
-/// it.
-pub(super) fn passes(rows: &[usize], max_pass_rows: usize) -> Vec<usize> {
+/// One pass over the weights: `rows` rows of each of `sequences` consecutive sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct Pass {
+    /// Sequences in the pass.
+    pub sequences: usize,
+    /// Rows of each.
+    pub rows: usize,
+}
+
+impl Pass {
+    /// Rows of the pass, every sequence's.
+    pub fn total(self) -> usize {
+        self.sequences * self.rows
+    }
+}
+
+/// The passes of llama.cpp's equal split of a batch whose sequence `s` has `rows[s]` rows (0:
+/// not in the batch), in sequence order, with micro-batches of at most `max_pass_rows` rows:
+/// as `llama_batch_allocr::split_equal(n_ubatch, sequential = true)` splits it.
+pub(super) fn passes(rows: &[usize], max_pass_rows: usize) -> Vec<Pass> {
     let mut left = rows.to_vec();
     let mut passes = Vec::new();
     while let Some(first) = left.iter().position(|&n| n > 0) {
@@ -45,7 +60,10 @@ pub(super) fn passes(rows: &[usize], max_pass_rows: usize) -> Vec<usize> {
         for rows in &mut left[first..first + run] {
             *rows -= per_sequence;
         }
-        passes.push(per_sequence * run);
+        passes.push(Pass {
+            sequences: run,
+            rows: per_sequence,
+        });
     }
     passes
 }
@@ -59,29 +77,51 @@ pub(super) fn padded(rows: &[usize]) -> Option<(std::ops::RangeInclusive<usize>,
     Some((first..=last, longest))
 }
 
-/// Whether to pad a batch with `rows` per sequence: under [`BatchLayout::Auto`], when one
-/// padded pass costs less than the passes of the split by `cost(n)`, the time of one pass of
-/// `n` rows; never when the padded batch exceeds `max_pass_rows`.
-pub(super) fn choose(
+/// How a batch goes to llama.cpp, and what it costs.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Plan {
+    /// Whether every sequence from the first to the last is padded to the longest one's rows.
+    pub padded: bool,
+    /// The passes over the weights it takes.
+    pub passes: Vec<Pass>,
+    /// The batch's cost by the `cost` of one pass it was planned with (NaN when unknown).
+    pub cost: f64,
+}
+
+/// How to lay out a batch with `rows` per sequence, by `cost(pass)`, the time of one pass:
+/// under [`BatchLayout::Auto`] padded when one padded pass costs less than the passes of the
+/// split; never padded when the padded batch exceeds `max_pass_rows`.
+pub(super) fn plan(
     layout: BatchLayout,
     rows: &[usize],
     max_pass_rows: usize,
-    cost: impl Fn(usize) -> f64,
-) -> bool {
-    let Some((span, longest)) = padded(rows) else {
-        return false;
+    cost: impl Fn(Pass) -> f64,
+) -> Plan {
+    let split_passes = passes(rows, max_pass_rows);
+    let split = Plan {
+        padded: false,
+        cost: split_passes.iter().map(|&pass| cost(pass)).sum(),
+        passes: split_passes,
     };
-    let padded_rows = span.count() * longest;
-    if padded_rows > max_pass_rows {
-        return false;
-    }
+    let Some(padded_pass) = padded(rows)
+        .map(|(span, longest)| Pass {
+            sequences: span.count(),
+            rows: longest,
+        })
+        .filter(|pass| pass.total() <= max_pass_rows)
+    else {
+        return split;
+    };
+    let padded = Plan {
+        padded: true,
+        cost: cost(padded_pass),
+        passes: vec![padded_pass],
+    };
     match layout {
-        BatchLayout::Split => false,
-        BatchLayout::Padded => true,
-        BatchLayout::Auto => {
-            let split = passes(rows, max_pass_rows);
-            split.len() > 1 && cost(padded_rows) < split.iter().map(|&n| cost(n)).sum::<f64>()
-        }
+        BatchLayout::Split => split,
+        BatchLayout::Padded => padded,
+        BatchLayout::Auto if split.passes.len() > 1 && padded.cost < split.cost => padded,
+        BatchLayout::Auto => split,
     }
 }
 
@@ -91,6 +131,9 @@ mod tests {
 
     #[test]
     fn passes_follow_llama_cpps_equal_split() {
+        let passes = |rows: &[usize], max| -> Vec<usize> {
+            passes(rows, max).into_iter().map(Pass::total).collect()
+        };
         assert_eq!(passes(&[1, 1, 1, 1], 512), [4], "equal rows: one pass");
         assert_eq!(
             passes(&[1, 1, 9, 1], 512),
@@ -106,6 +149,19 @@ mod tests {
             [8, 8, 4],
             "micro-batches of at most 8 rows"
         );
+        assert_eq!(
+            super::passes(&[1, 1, 9, 1], 512),
+            [
+                Pass {
+                    sequences: 4,
+                    rows: 1
+                },
+                Pass {
+                    sequences: 1,
+                    rows: 8
+                }
+            ]
+        );
     }
 
     #[test]
@@ -118,20 +174,52 @@ mod tests {
     fn auto_pads_where_a_pass_costs_about_the_same_whatever_its_rows() {
         let rows = [1, 1, 9, 1];
         // Memory-bound: a pass costs 1 plus 0.02 per row.
-        let memory_bound = |n: usize| 1.0 + 0.02 * n as f64;
-        assert!(choose(BatchLayout::Auto, &rows, 512, memory_bound));
+        let memory_bound = |pass: Pass| 1.0 + 0.02 * pass.total() as f64;
+        let padded = |layout, rows: &[usize], max, cost: &dyn Fn(Pass) -> f64| {
+            plan(layout, rows, max, cost).padded
+        };
+        assert!(padded(BatchLayout::Auto, &rows, 512, &memory_bound));
         // Compute-bound: 0.73 per pass plus 0.27 per row (SmolLM2 Q8_0 on 2 cores).
-        let compute_bound = |n: usize| 0.73 + 0.27 * n as f64;
-        assert!(!choose(BatchLayout::Auto, &rows, 512, compute_bound));
+        let compute_bound = |pass: Pass| 0.73 + 0.27 * pass.total() as f64;
+        assert!(!padded(BatchLayout::Auto, &rows, 512, &compute_bound));
         assert!(
-            !choose(BatchLayout::Auto, &[2, 2, 2], 512, memory_bound),
+            !padded(BatchLayout::Auto, &[2, 2, 2], 512, &memory_bound),
             "one pass already"
         );
-        assert!(choose(BatchLayout::Padded, &rows, 512, compute_bound));
-        assert!(!choose(BatchLayout::Split, &rows, 512, memory_bound));
+        assert!(padded(BatchLayout::Padded, &rows, 512, &compute_bound));
+        assert!(!padded(BatchLayout::Split, &rows, 512, &memory_bound));
         assert!(
-            !choose(BatchLayout::Padded, &rows, 30, memory_bound),
+            !padded(BatchLayout::Padded, &rows, 30, &memory_bound),
             "36 padded rows exceed a batch of 30"
+        );
+    }
+
+    #[test]
+    fn a_plan_costs_its_passes() {
+        let compute_bound = |pass: Pass| 0.73 + 0.27 * pass.total() as f64;
+        let split = plan(BatchLayout::Auto, &[1, 1, 9, 1], 512, compute_bound);
+        assert!(!split.padded);
+        assert_eq!(split.passes.len(), 2);
+        let passes = 0.73 + 0.27 * 4.0 + 0.73 + 0.27 * 8.0;
+        assert!((split.cost - passes).abs() < 1e-12, "{split:?}");
+        let memory_bound = |pass: Pass| 1.0 + 0.02 * pass.total() as f64;
+        let padded = plan(BatchLayout::Auto, &[1, 1, 9, 1], 512, memory_bound);
+        assert!(padded.padded);
+        assert_eq!(
+            padded.passes,
+            [Pass {
+                sequences: 4,
+                rows: 9
+            }]
+        );
+        assert!(
+            (padded.cost - (1.0 + 0.02 * 36.0)).abs() < 1e-12,
+            "{padded:?}"
+        );
+        assert!(
+            plan(BatchLayout::Auto, &[2, 2], 512, |_| f64::NAN)
+                .cost
+                .is_nan()
         );
     }
 }

@@ -1,0 +1,176 @@
+//! `spechost serve` as a drop-in for llama-server (issue 26), on loopback with the default
+//! model: the routes without `/v1`, API keys, `/tokenize`, `/detokenize` and `/props`, llama-server's
+//! request fields (harmless ones accepted, the rest refused by name), and a request without
+//! `max_tokens` near the end of the context.
+//!
+//! Each test starts its own server and kills it at the end (`common::server`).
+
+mod common;
+
+use common::exclusive;
+use common::server::*;
+use serde_json::{Value, json};
+
+/// The key the keyed server is started with.
+const API_KEY: &str = "sk-test-key-0123";
+
+fn post_with(server: &Server, path: &str, header: Option<(&str, &str)>, body: &Value) -> Answer {
+    let mut request = agent().post(server.url(path));
+    if let Some((name, value)) = header {
+        request = request.header(name, value);
+    }
+    answer(send(request, body))
+}
+
+#[test]
+fn api_keys_guard_inference_and_leave_health_and_models_open() {
+    let _guard = exclusive();
+    let keys = scratch("api-keys").join("keys.txt");
+    std::fs::write(
+        &keys,
+        format!("# keys of the test\n\nsk-other-key-4567\n{API_KEY}\n"),
+    )
+    .expect("key file");
+    let server = Server::start(&["--api-key-file", keys.to_str().expect("utf-8 path")]);
+    for path in ["/health", "/v1/health", "/v1/models", "/models"] {
+        assert_eq!(get(&server, path, None).status, 200, "{path} stays open");
+    }
+    let body = chat_body("Say hi.", 4, json!({}));
+    for path in ["/v1/chat/completions", "/chat/completions"] {
+        let missing = post(&server, path, &body);
+        assert_eq!(missing.status, 401, "{path}: {}", missing.body);
+        assert!(
+            missing.body["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("API key")
+        );
+        let wrong = post_with(
+            &server,
+            path,
+            Some(("Authorization", "Bearer sk-wrong")),
+            &body,
+        );
+        assert_eq!(wrong.status, 401, "{path}: {}", wrong.body);
+    }
+    let bearer = format!("Bearer {API_KEY}");
+    let ok = post_with(
+        &server,
+        "/chat/completions",
+        Some(("Authorization", &bearer)),
+        &body,
+    );
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    chat_text(&ok);
+    let header = post_with(
+        &server,
+        "/completions",
+        Some(("X-Api-Key", "sk-other-key-4567")),
+        &json!({"prompt": "Hello", "max_tokens": 2}),
+    );
+    assert_eq!(header.status, 200, "{}", header.body);
+    let tokenize = post(&server, "/tokenize", &json!({"content": "hi"}));
+    assert_eq!(tokenize.status, 401, "{}", tokenize.body);
+    assert_eq!(get(&server, "/props", None).status, 401);
+    let props = get(&server, "/props", Some(API_KEY));
+    assert_eq!(props.status, 200, "{}", props.body);
+    assert_eq!(props.body["total_slots"], 1, "{}", props.body);
+    assert_eq!(props.body["default_generation_settings"]["n_ctx"], 2048);
+    assert!(
+        props.body["chat_template"]
+            .as_str()
+            .is_some_and(|t| t.contains("im_start")),
+        "SmolLM2's ChatML template: {}",
+        props.body
+    );
+}
+
+#[test]
+fn tokenize_detokenize_and_llama_server_fields() {
+    let _guard = exclusive();
+    let server = Server::start(&[]);
+    let text = "Hello world, 1 2 3";
+    let tokens = post(&server, "/tokenize", &json!({"content": text}));
+    assert_eq!(tokens.status, 200, "{}", tokens.body);
+    let ids = tokens.body["tokens"].clone();
+    assert!(
+        ids.as_array().is_some_and(|ids| ids.len() > 3),
+        "{}",
+        tokens.body
+    );
+    let pieces = post(
+        &server,
+        "/tokenize",
+        &json!({"content": text, "with_pieces": true}),
+    );
+    let joined: String = pieces.body["tokens"]
+        .as_array()
+        .expect("pieces")
+        .iter()
+        .map(|token| token["piece"].as_str().expect("ASCII pieces are text"))
+        .collect();
+    assert_eq!(joined, text);
+    let back = post(&server, "/detokenize", &json!({"tokens": ids}));
+    assert_eq!(back.body["content"], text, "{}", back.body);
+    let outside = post(&server, "/detokenize", &json!({"tokens": [999_999_999]}));
+    assert_eq!(outside.status, 400, "{}", outside.body);
+
+    // llama-server's fields: harmless ones pass, n_predict is max_tokens, the rest are refused.
+    let prompt = json!({"prompt": "1, 2, 3, 4, 5,", "temperature": 0});
+    let with = |extra: &[(&str, Value)]| {
+        let mut body = prompt.clone();
+        let fields = body.as_object_mut().expect("object");
+        for (name, value) in extra {
+            fields.insert((*name).to_owned(), value.clone());
+        }
+        post(&server, "/completions", &body)
+    };
+    let harmless = with(&[
+        ("n_predict", json!(3)),
+        ("cache_prompt", json!(true)),
+        ("repeat_penalty", json!(1.0)),
+        ("mirostat", json!(0)),
+    ]);
+    assert_eq!(harmless.status, 200, "{}", harmless.body);
+    assert_eq!(
+        harmless.body["usage"]["completion_tokens"], 3,
+        "{}",
+        harmless.body
+    );
+    for (field, value) in [
+        ("grammar", json!("root ::= \"a\"")),
+        ("json_schema", json!({"type": "object"})),
+        ("repeat_penalty", json!(1.2)),
+        ("frobnicate", json!(true)),
+    ] {
+        let refused = with(&[(field, value)]);
+        assert_eq!(refused.status, 400, "{field}: {}", refused.body);
+        assert_eq!(refused.body["error"]["param"], field, "{}", refused.body);
+    }
+
+    // Without max_tokens, a prompt near the end of the context generates to its end and
+    // finishes with `length` (OpenAI's and llama-server's behaviour), not a 400.
+    let numbers: String = (1..900).map(|n| format!("{n}, ")).collect();
+    let counted = post(&server, "/tokenize", &json!({"content": numbers}));
+    let mut prompt: Vec<Value> = counted.body["tokens"].as_array().expect("tokens").clone();
+    let ctx: usize = CTX_SIZE.parse().expect("a number");
+    assert!(prompt.len() > ctx, "{} tokens", prompt.len());
+    prompt.truncate(ctx - 4);
+    let near_end = post(
+        &server,
+        "/completions",
+        &json!({"prompt": prompt, "temperature": 0}),
+    );
+    assert_eq!(near_end.status, 200, "{}", near_end.body);
+    assert_eq!(near_end.body["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        near_end.body["usage"]["completion_tokens"], 4,
+        "{}",
+        near_end.body
+    );
+    prompt.resize(ctx, json!(5));
+    let full = post(&server, "/completions", &json!({"prompt": prompt}));
+    assert_eq!(full.status, 400, "{}", full.body);
+    let message = full.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("leaves no room to generate"), "{message}");
+}
