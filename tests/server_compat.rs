@@ -1,5 +1,5 @@
 //! `spechost serve` as a drop-in for llama-server (issue 26), on loopback with the default
-//! model: the routes without `/v1`, API keys, `/tokenize`, `/detokenize` and `/props`, llama-server's
+//! model: the routes without `/v1`, API keys, CORS, `/tokenize`, `/detokenize` and `/props`, llama-server's
 //! request fields (harmless ones accepted, the rest refused by name), and a request without
 //! `max_tokens` near the end of the context.
 //!
@@ -83,6 +83,63 @@ fn api_keys_guard_inference_and_leave_health_and_models_open() {
         "SmolLM2's ChatML template: {}",
         props.body
     );
+}
+
+#[test]
+fn pages_of_listed_origins_may_call_the_server_and_others_are_refused() {
+    let _guard = exclusive();
+    let ui = "http://localhost:5173";
+    let server = Server::start(&["--cors-origins", ui]);
+    let preflight = agent()
+        .options(server.url("/v1/chat/completions"))
+        .header("Origin", ui)
+        .header("Access-Control-Request-Method", "POST")
+        .header(
+            "Access-Control-Request-Headers",
+            "authorization, content-type",
+        )
+        .call()
+        .expect("a preflight answer");
+    assert_eq!(preflight.status().as_u16(), 204);
+    let header = |name: &str| {
+        preflight
+            .headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(header("access-control-allow-origin"), ui);
+    assert!(header("access-control-allow-headers").contains("Authorization"));
+    assert!(header("access-control-allow-methods").contains("POST"));
+
+    let body = chat_body("Say hi.", 4, json!({}));
+    let mut allowed = send(
+        agent()
+            .post(server.url("/v1/chat/completions"))
+            .header("Origin", ui),
+        &body,
+    )
+    .expect("an answer");
+    assert_eq!(allowed.status().as_u16(), 200);
+    assert_eq!(
+        allowed
+            .headers()
+            .get("access-control-allow-origin")
+            .and_then(|value| value.to_str().ok()),
+        Some(ui)
+    );
+    allowed
+        .body_mut()
+        .read_to_string()
+        .expect("the answer's body");
+    let other = answer(send(
+        agent()
+            .post(server.url("/v1/chat/completions"))
+            .header("Origin", "http://evil.example"),
+        &body,
+    ));
+    assert_eq!(other.status, 403, "{}", other.body);
 }
 
 #[test]

@@ -186,6 +186,14 @@ pub enum ConfigError {
         /// The flag (and file) it came from.
         given: String,
     },
+    /// Bad `--cors-origins`.
+    #[error("invalid --cors-origins `{list}`: {problem}")]
+    CorsOrigins {
+        /// The value given.
+        list: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// Bad `--allowed-hosts`.
     #[error("invalid --allowed-hosts `{list}`: {problem}")]
     AllowedHosts {

@@ -17,7 +17,7 @@ use crate::cascade::CascadeMode;
 use crate::engine::{BatchLayout, DraftCut, MessageContents, SamplingParams, SessionParams};
 use crate::models::DefaultModel;
 use crate::plugins::SourceSpec;
-use crate::server::{AllowedHosts, ConnectionLimits};
+use crate::server::{AllowedHosts, ConnectionLimits, CorsOrigins};
 
 /// Flags of `spechost serve`.
 #[derive(Debug, Args, Default)]
@@ -94,6 +94,11 @@ pub struct ServeArgs {
     /// Read the API keys from this file, one per line (blank lines and `#` comments skipped).
     #[arg(long, value_name = "FILE", conflicts_with = "api_key")]
     pub api_key_file: Option<PathBuf>,
+    /// Origins whose browser pages may call the server (CORS), comma-separated
+    /// (`https://ui.example.com,http://localhost:5173`) or `*`: their preflights are answered
+    /// and their pages may read the answers. Default: none (pages of other origins get 403).
+    #[arg(long, value_name = "ORIGINS")]
+    pub cors_origins: Option<String>,
     /// Serve GET /metrics to anyone. By default it needs the admin token: its per-source draft
     /// statistics tell something about other tenants' outputs.
     #[arg(long)]
@@ -208,6 +213,8 @@ pub struct ServeConfig {
     pub public_metrics: bool,
     /// The host names requests may address.
     pub allowed_hosts: AllowedHosts,
+    /// The origins whose browser pages may call the server.
+    pub cors_origins: CorsOrigins,
     /// Connection limits and timeouts.
     pub connections: ConnectionLimits,
     /// How special-token text inside chat messages is read.
@@ -307,6 +314,13 @@ impl ServeArgs {
             }
             None => AllowedHosts::for_listen_address(&host),
         };
+        let cors_origins = match &self.cors_origins {
+            Some(list) => CorsOrigins::parse(list).map_err(|problem| ConfigError::CorsOrigins {
+                list: list.clone(),
+                problem,
+            })?,
+            None => CorsOrigins::None,
+        };
         let connections = ConnectionLimits {
             max_connections: self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
             header_timeout: Duration::from_secs(
@@ -369,6 +383,7 @@ impl ServeArgs {
             api_keys,
             public_metrics: self.public_metrics,
             allowed_hosts,
+            cors_origins,
             connections,
             message_contents: if self.message_special_tokens {
                 MessageContents::Markup

@@ -12,6 +12,7 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::cors;
 use super::error::ApiError;
 use super::state::AppState;
 
@@ -124,26 +125,48 @@ pub async fn check(State(state): State<AppState>, request: Request, next: Next) 
         .get(header::HOST)
         .and_then(|value| value.to_str().ok())
         .or_else(|| request.uri().authority().map(|a| a.as_str()));
+    // A page of an origin `--cors-origins` lists may call the server from a browser.
+    let cors_origin = headers
+        .get(header::ORIGIN)
+        .filter(|origin| {
+            state
+                .cors_origins
+                .allows(origin.to_str().unwrap_or_default())
+        })
+        .cloned();
     let refused = match host {
         None => Some("the request has no Host header; send one (HTTP/1.1 requires it)".to_owned()),
         Some(host) if !state.allowed_hosts.allows(host) => Some(format!(
             "this server does not answer to the host name `{host}`; address it by a name it is known by, or start it with --allowed-hosts naming `{}`",
             host_of_authority(host)
         )),
+        Some(_) if cors_origin.is_some() => None,
         Some(_) => headers
             .get(header::ORIGIN)
             .map(|value| value.to_str().unwrap_or_default())
             .filter(|origin| !state.allowed_hosts.allows_origin(origin))
             .map(|origin| {
                 format!(
-                    "requests from web pages of origin `{origin}` are refused; this server answers pages served from the hosts in --allowed-hosts"
+                    "requests from web pages of origin `{origin}` are refused; this server answers pages served from the hosts in --allowed-hosts, and pages of the origins in --cors-origins"
                 )
             }),
     };
-    match refused {
-        Some(message) => ApiError::forbidden("host_not_allowed", message).into_response(),
-        None => next.run(request).await,
+    if let Some(message) = refused {
+        return ApiError::forbidden("host_not_allowed", message).into_response();
     }
+    let Some(origin) = cors_origin else {
+        return next.run(request).await;
+    };
+    let preflight = cors::is_preflight(
+        request.method(),
+        headers.contains_key(header::ACCESS_CONTROL_REQUEST_METHOD),
+    );
+    if preflight {
+        return cors::preflight(&origin);
+    }
+    let mut response = next.run(request).await;
+    cors::allow(&mut response, &origin);
+    response
 }
 
 #[cfg(test)]

@@ -68,6 +68,7 @@ mod api_key;
 mod chat;
 mod completions;
 mod connections;
+mod cors;
 mod error;
 mod extract;
 mod fields;
@@ -88,5 +89,6 @@ mod watch;
 pub mod wire;
 
 pub use self::connections::ConnectionLimits;
+pub use self::cors::CorsOrigins;
 pub use self::hosts::AllowedHosts;
 pub use self::startup::{Embedding, serve, serve_embedded};

@@ -168,6 +168,7 @@ mod tests {
             auth_failures: AuthFailures::default(),
             public_metrics: false,
             allowed_hosts: AllowedHosts::for_listen_address("127.0.0.1"),
+            cors_origins: crate::server::cors::CorsOrigins::None,
             message_contents: MessageContents::Plain,
             plugin_dirs: PluginDirs::new(Vec::new()),
         })

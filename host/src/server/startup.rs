@@ -321,6 +321,7 @@ fn start_shared(
         auth_failures: AuthFailures::default(),
         public_metrics: config.public_metrics,
         allowed_hosts: config.allowed_hosts.clone(),
+        cors_origins: config.cors_origins.clone(),
         message_contents: config.message_contents,
         plugin_dirs: PluginDirs::new(
             config

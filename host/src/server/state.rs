@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::admin::AuthFailures;
+use super::cors::CorsOrigins;
 use super::hosts::AllowedHosts;
 use super::metrics::Metrics;
 use super::plugin_dirs::PluginDirs;
@@ -109,6 +110,8 @@ pub struct Shared {
     pub public_metrics: bool,
     /// The host names requests may address.
     pub allowed_hosts: AllowedHosts,
+    /// The origins whose browser pages may call the server.
+    pub cors_origins: CorsOrigins,
     /// How special-token text inside chat messages is read.
     pub message_contents: MessageContents,
     /// Where plugin files named over the admin API must be.
