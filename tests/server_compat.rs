@@ -31,10 +31,21 @@ fn api_keys_guard_inference_and_leave_health_and_models_open() {
         format!("# keys of the test\n\nsk-other-key-4567\n{API_KEY}\n"),
     )
     .expect("key file");
-    let server = Server::start(&["--api-key-file", keys.to_str().expect("utf-8 path")]);
+    let server = Server::start(&[
+        "--api-key-file",
+        keys.to_str().expect("utf-8 path"),
+        "--served-model-name",
+        "smollm2,gpt-4o-mini",
+    ]);
     for path in ["/health", "/v1/health", "/v1/models", "/models"] {
         assert_eq!(get(&server, path, None).status, 200, "{path} stays open");
     }
+    let models = get(&server, "/v1/models", None);
+    assert_eq!(
+        models.body["data"][1]["id"], "gpt-4o-mini",
+        "{}",
+        models.body
+    );
     let body = chat_body("Say hi.", 4, json!({}));
     for path in ["/v1/chat/completions", "/chat/completions"] {
         let missing = post(&server, path, &body);
@@ -62,6 +73,21 @@ fn api_keys_guard_inference_and_leave_health_and_models_open() {
     );
     assert_eq!(ok.status, 200, "{}", ok.body);
     chat_text(&ok);
+    assert!(
+        ok.body["system_fingerprint"]
+            .as_str()
+            .is_some_and(|fingerprint| fingerprint.starts_with("spechost-")),
+        "{}",
+        ok.body
+    );
+    let mut aliased = body.clone();
+    aliased["model"] = json!("gpt-4o-mini");
+    let key = Some(("Authorization", bearer.as_str()));
+    let by_alias = post_with(&server, "/chat/completions", key, &aliased);
+    assert_eq!(by_alias.status, 200, "{}", by_alias.body);
+    aliased["model"] = json!("gpt-5");
+    let unknown = post_with(&server, "/chat/completions", key, &aliased);
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
     let header = post_with(
         &server,
         "/completions",
@@ -89,7 +115,7 @@ fn api_keys_guard_inference_and_leave_health_and_models_open() {
 fn pages_of_listed_origins_may_call_the_server_and_others_are_refused() {
     let _guard = exclusive();
     let ui = "http://localhost:5173";
-    let server = Server::start(&["--cors-origins", ui]);
+    let server = Server::start(&["--cors-origins", ui, "--accept-any-model"]);
     let preflight = agent()
         .options(server.url("/v1/chat/completions"))
         .header("Origin", ui)
@@ -113,7 +139,8 @@ fn pages_of_listed_origins_may_call_the_server_and_others_are_refused() {
     assert!(header("access-control-allow-headers").contains("Authorization"));
     assert!(header("access-control-allow-methods").contains("POST"));
 
-    let body = chat_body("Say hi.", 4, json!({}));
+    // A client that hard-codes another model's name is served with --accept-any-model.
+    let body = chat_body("Say hi.", 4, json!({"model": "gpt-4o"}));
     let mut allowed = send(
         agent()
             .post(server.url("/v1/chat/completions"))

@@ -186,6 +186,9 @@ pub enum ConfigError {
         /// The flag (and file) it came from.
         given: String,
     },
+    /// An empty `--served-model-name`.
+    #[error("--served-model-name has an empty name; give each name as text, comma-separated")]
+    EmptyModelName,
     /// Bad `--cors-origins`.
     #[error("invalid --cors-origins `{list}`: {problem}")]
     CorsOrigins {

@@ -45,10 +45,13 @@ pub struct ServeArgs {
     /// Port to listen on; 0 picks a free one (the address is printed on stdout).
     #[arg(long)]
     pub port: Option<u16>,
-    /// Model name in the API (`/v1/models`, the `model` field); default: the --model alias or
-    /// file stem.
+    /// Model names in the API, comma-separated (`/v1/models` lists each; answers carry the
+    /// first; a request may name any); default: the --model alias or file stem.
+    #[arg(long, value_delimiter = ',')]
+    pub served_model_name: Vec<String>,
+    /// Serve requests whatever `model` they name (for clients that hard-code one).
     #[arg(long)]
-    pub served_model_name: Option<String>,
+    pub accept_any_model: bool,
     /// Requests generated at once (slots). Their tokens and drafts share every decode of one
     /// llama.cpp context, each request in a KV cache of its own of --ctx-size tokens.
     #[arg(long)]
@@ -175,6 +178,10 @@ pub struct ServeConfig {
     pub stack: StackSettings,
     /// The model's name in the API.
     pub model_id: String,
+    /// Every name requests may use for the model (`model_id` first).
+    pub model_aliases: Vec<String>,
+    /// Whether requests naming another model are served too.
+    pub accept_any_model: bool,
     /// Default draft sources in order (empty: plain decoding).
     pub cascade: Vec<SourceSpec>,
     /// Default cascade mode.
@@ -234,15 +241,25 @@ impl ServeArgs {
             .clone()
             .unwrap_or_else(|| DefaultModel::SmolLm2.alias().to_owned());
         let model = resolve_model(Some(model_arg.clone()), cache_dir)?;
-        let model_id = self.served_model_name.clone().unwrap_or_else(|| {
-            match DefaultModel::from_alias(&model_arg) {
+        let mut model_aliases: Vec<String> = Vec::new();
+        for name in self.served_model_name.iter().map(|name| name.trim()) {
+            if name.is_empty() {
+                return Err(ConfigError::EmptyModelName);
+            }
+            if !model_aliases.iter().any(|known| known == name) {
+                model_aliases.push(name.to_owned());
+            }
+        }
+        if model_aliases.is_empty() {
+            model_aliases.push(match DefaultModel::from_alias(&model_arg) {
                 Some(default) => default.alias().to_owned(),
                 None => model.file_stem().map_or_else(
                     || model.display().to_string(),
                     |stem| stem.to_string_lossy().into_owned(),
                 ),
-            }
-        });
+            });
+        }
+        let model_id = model_aliases[0].clone();
         let speculation = self.speculation.resolve(&FileRun::default())?;
         // Requests may pick any loaded plugin, so settings may name a built-in outside the
         // default cascade too.
@@ -364,6 +381,8 @@ impl ServeArgs {
                 draft,
             },
             model_id,
+            model_aliases,
+            accept_any_model: self.accept_any_model,
             cascade: speculation.cascade,
             cascade_mode: speculation.cascade_mode,
             policy: speculation.policy,
@@ -521,6 +540,19 @@ mod tests {
         };
         let named = named.into_config(Path::new("/tmp")).expect("valid");
         assert_eq!(named.model_id, "my-model");
+        assert_eq!(named.model_aliases, ["my-model"]);
+        let aliased = ServeArgs {
+            served_model_name: vec!["gpt-4o".into(), "local".into(), "gpt-4o".into()],
+            ..ServeArgs::default()
+        }
+        .into_config(Path::new("/tmp"))
+        .expect("valid");
+        assert_eq!(aliased.model_id, "gpt-4o");
+        assert_eq!(
+            aliased.model_aliases,
+            ["gpt-4o", "local"],
+            "once each, in order"
+        );
         for (bad, needle) in [
             (
                 ServeArgs {
@@ -528,6 +560,13 @@ mod tests {
                     ..ServeArgs::default()
                 },
                 "--parallel must be at least 1",
+            ),
+            (
+                ServeArgs {
+                    served_model_name: vec!["a".into(), " ".into()],
+                    ..ServeArgs::default()
+                },
+                "empty name",
             ),
             (
                 ServeArgs {

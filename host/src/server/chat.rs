@@ -15,6 +15,7 @@ use super::metrics::Endpoint;
 use super::state::AppState;
 use super::wire::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatMessage, ChatRequest, MessageContent, Usage,
+    system_fingerprint,
 };
 use crate::cascade::Token;
 
@@ -47,8 +48,10 @@ pub async fn create(
     let id = submitted.id;
     let created = submitted.created;
     let model = state.model_id.clone();
+    let fingerprint = system_fingerprint();
     let chunk = move |delta: AssistantMessage, finish_reason: Option<String>| ChatCompletion {
         id: id.clone(),
+        system_fingerprint: fingerprint.clone(),
         object: CHUNK_OBJECT.to_owned(),
         created,
         model: model.clone(),

@@ -12,7 +12,9 @@ use super::generation::{
 };
 use super::metrics::Endpoint;
 use super::state::AppState;
-use super::wire::{Completion, CompletionChoice, CompletionRequest, Prompt, Usage};
+use super::wire::{
+    Completion, CompletionChoice, CompletionRequest, Prompt, Usage, system_fingerprint,
+};
 use crate::cascade::Token;
 
 const ENDPOINT: Endpoint = Endpoint::Completions;
@@ -39,8 +41,10 @@ pub async fn create(
     let id = submitted.id;
     let created = submitted.created;
     let model = state.model_id.clone();
+    let fingerprint = system_fingerprint();
     let completion = move |text: String, finish_reason: Option<String>| Completion {
         id: id.clone(),
+        system_fingerprint: fingerprint.clone(),
         object: OBJECT.to_owned(),
         created,
         model: model.clone(),

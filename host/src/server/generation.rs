@@ -83,13 +83,14 @@ impl Plan {
         max_tokens: Option<usize>,
     ) -> Result<Self, ApiError> {
         if let Some(model) = &params.model
-            && model != &state.model_id
+            && !state.accept_any_model
+            && !state.model_aliases.contains(model)
         {
             return Err(ApiError::not_found(
                 "model_not_found",
                 format!(
-                    "model `{model}` does not exist; this server serves `{}` (see GET /v1/models)",
-                    state.model_id
+                    "model `{model}` does not exist; this server serves `{}` (see GET /v1/models; --accept-any-model serves any name)",
+                    state.model_aliases.join("`, `")
                 ),
             ));
         }

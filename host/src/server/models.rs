@@ -1,4 +1,4 @@
-//! `GET /v1/models` (the one served model), `GET /health` (liveness, slots and queue) and
+//! `GET /v1/models` (the served model, under each of its names), `GET /health` (liveness, slots and queue) and
 //! `GET /props` (llama-server's server properties).
 
 use axum::Json;
@@ -11,12 +11,16 @@ use super::wire::{GenerationParams, GenerationSettings, Modalities, Model, Model
 pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
     Json(ModelList {
         object: "list".to_owned(),
-        data: vec![Model {
-            id: state.model_id.clone(),
-            object: "model".to_owned(),
-            created: state.started_at(),
-            owned_by: "spechost".to_owned(),
-        }],
+        data: state
+            .model_aliases
+            .iter()
+            .map(|name| Model {
+                id: name.clone(),
+                object: "model".to_owned(),
+                created: state.started_at(),
+                owned_by: "spechost".to_owned(),
+            })
+            .collect(),
     })
 }
 

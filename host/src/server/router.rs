@@ -148,6 +148,8 @@ mod tests {
         .expect("a registry without plugins");
         AppState::new(Shared {
             model_id: "router-test".to_owned(),
+            model_aliases: vec!["router-test".to_owned()],
+            accept_any_model: false,
             model_path: "router-test.gguf".to_owned(),
             chat_template: "chatml".to_owned(),
             tokenizer: Arc::new(ByteTokenizer),

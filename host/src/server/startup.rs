@@ -301,6 +301,8 @@ fn start_shared(
     )?);
     Ok(Shared {
         model_id: config.model_id.clone(),
+        model_aliases: config.model_aliases.clone(),
+        accept_any_model: config.accept_any_model,
         model_path: target.path().display().to_string(),
         chat_template: target.chat_template_text(),
         tokenizer: Arc::clone(target) as Arc<dyn PromptTokenizer>,

@@ -82,8 +82,12 @@ impl PromptTokenizer for Target {
 
 /// Everything handlers share.
 pub struct Shared {
-    /// The model's name in the API.
+    /// The model's name in the API: the first of `model_aliases`.
     pub model_id: String,
+    /// Every name requests may use for the model.
+    pub model_aliases: Vec<String>,
+    /// Whether requests naming another model are served too.
+    pub accept_any_model: bool,
     /// The GGUF served (`GET /props`).
     pub model_path: String,
     /// The chat template chat requests go through (`GET /props`).

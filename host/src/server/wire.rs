@@ -312,6 +312,9 @@ pub struct CompletionChoice {
 pub struct Completion {
     /// Request id.
     pub id: String,
+    /// The server's build (OpenAI's backend configuration fingerprint): `spechost-VERSION`.
+    #[serde(default)]
+    pub system_fingerprint: String,
     /// `text_completion`.
     pub object: String,
     /// Unix seconds.
@@ -361,6 +364,9 @@ pub struct ChatChoice {
 pub struct ChatCompletion {
     /// Request id.
     pub id: String,
+    /// The server's build (OpenAI's backend configuration fingerprint): `spechost-VERSION`.
+    #[serde(default)]
+    pub system_fingerprint: String,
     /// `chat.completion` or `chat.completion.chunk`.
     pub object: String,
     /// Unix seconds.
@@ -510,4 +516,9 @@ pub struct Modalities {
     pub vision: bool,
     /// Audio: no.
     pub audio: bool,
+}
+
+/// `system_fingerprint` of every answer: the build that generated it.
+pub fn system_fingerprint() -> String {
+    format!("spechost-{}", env!("CARGO_PKG_VERSION"))
 }
