@@ -216,6 +216,16 @@ fn tokenize_detokenize_and_llama_server_fields() {
         ("mirostat", json!(0)),
     ]);
     assert_eq!(harmless.status, 200, "{}", harmless.body);
+    let timings = &harmless.body["timings"];
+    assert_eq!(
+        timings["predicted_n"], 3,
+        "llama-server's timings: {timings}"
+    );
+    assert!(
+        timings["prompt_n"].as_u64().is_some_and(|n| n > 0),
+        "{timings}"
+    );
+    assert!(timings["draft_n_accepted"].as_u64() <= timings["draft_n"].as_u64());
     assert_eq!(
         harmless.body["usage"]["completion_tokens"], 3,
         "{}",

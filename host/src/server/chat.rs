@@ -14,8 +14,8 @@ use super::generation::{
 use super::metrics::Endpoint;
 use super::state::AppState;
 use super::wire::{
-    AssistantMessage, ChatChoice, ChatCompletion, ChatMessage, ChatRequest, MessageContent, Usage,
-    system_fingerprint,
+    AssistantMessage, ChatChoice, ChatCompletion, ChatMessage, ChatRequest, MessageContent,
+    Timings, Usage, system_fingerprint,
 };
 use crate::cascade::Token;
 
@@ -63,6 +63,7 @@ pub async fn create(
             finish_reason,
         }],
         usage: None,
+        timings: None,
         speculative: None,
     };
     if plan.stream {
@@ -92,6 +93,7 @@ pub async fn create(
                     )),
                     Piece::Done(finished) => {
                         chunks.push(ChatCompletion {
+                            timings: Some(Timings::of(&finished.outcome.stats)),
                             speculative: Some(speculative_report(&finished)),
                             ..chunk(
                                 AssistantMessage::default(),
@@ -129,6 +131,7 @@ pub async fn create(
                 finish_reason: Some(finish_reason(finished.outcome.stop_reason)),
             }],
             usage: Some(Usage::of(&finished.outcome.stats)),
+            timings: Some(Timings::of(&finished.outcome.stats)),
             speculative: Some(speculative_report(&finished)),
             ..template
         };

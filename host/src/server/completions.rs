@@ -13,7 +13,7 @@ use super::generation::{
 use super::metrics::Endpoint;
 use super::state::AppState;
 use super::wire::{
-    Completion, CompletionChoice, CompletionRequest, Prompt, Usage, system_fingerprint,
+    Completion, CompletionChoice, CompletionRequest, Prompt, Timings, Usage, system_fingerprint,
 };
 use crate::cascade::Token;
 
@@ -55,6 +55,7 @@ pub async fn create(
             finish_reason,
         }],
         usage: None,
+        timings: None,
         speculative: None,
     };
     if plan.stream {
@@ -67,6 +68,7 @@ pub async fn create(
                     Piece::Text(text) => vec![completion(text, None)],
                     Piece::Done(finished) => {
                         let last = Completion {
+                            timings: Some(Timings::of(&finished.outcome.stats)),
                             speculative: Some(speculative_report(&finished)),
                             ..completion(
                                 String::new(),
@@ -92,6 +94,7 @@ pub async fn create(
     whole_response(submitted.events, client, move |finished| {
         to_json(&Completion {
             usage: Some(Usage::of(&finished.outcome.stats)),
+            timings: Some(Timings::of(&finished.outcome.stats)),
             speculative: Some(speculative_report(&finished)),
             ..completion(
                 finished.outcome.text.clone(),

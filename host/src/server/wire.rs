@@ -326,6 +326,9 @@ pub struct Completion {
     /// Token counts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// llama-server's timings of the request (in the last chunk of a stream).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
     /// What speculation did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculative: Option<SpeculativeReport>,
@@ -378,6 +381,9 @@ pub struct ChatCompletion {
     /// Token counts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// llama-server's timings of the request (in the last chunk of a stream).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
     /// What speculation did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculative: Option<SpeculativeReport>,
@@ -521,4 +527,54 @@ pub struct Modalities {
 /// `system_fingerprint` of every answer: the build that generated it.
 pub fn system_fingerprint() -> String {
     format!("spechost-{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// llama-server's `timings` block: prompt and generation counts and times, and its
+/// speculation counters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    /// Prompt tokens read (those the slot's cache kept are not counted).
+    pub prompt_n: usize,
+    /// Milliseconds reading them (to the first token).
+    pub prompt_ms: f64,
+    /// Milliseconds per prompt token read.
+    pub prompt_per_token_ms: f64,
+    /// Prompt tokens read per second.
+    pub prompt_per_second: f64,
+    /// Tokens generated.
+    pub predicted_n: usize,
+    /// Milliseconds from the first token to the last.
+    pub predicted_ms: f64,
+    /// Milliseconds per generated token after the first.
+    pub predicted_per_token_ms: f64,
+    /// Generated tokens per second after the first.
+    pub predicted_per_second: f64,
+    /// Draft tokens verified.
+    pub draft_n: u64,
+    /// Draft tokens accepted.
+    pub draft_n_accepted: u64,
+}
+
+impl Timings {
+    /// The timings of a request from its stats.
+    pub fn of(stats: &GenerationStats) -> Self {
+        let prompt_n = stats.prompt_tokens - stats.cached_prompt_tokens.min(stats.prompt_tokens);
+        let prompt_ms = stats.prompt_time.as_secs_f64() * 1e3;
+        let predicted_ms = stats.generation_time.as_secs_f64() * 1e3;
+        let after_first = stats.generated_tokens.saturating_sub(1);
+        let per = |ms: f64, n: usize| if n == 0 { 0.0 } else { ms / n as f64 };
+        let rate = |ms: f64, n: usize| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+        Self {
+            prompt_n,
+            prompt_ms,
+            prompt_per_token_ms: per(prompt_ms, prompt_n),
+            prompt_per_second: rate(prompt_ms, prompt_n),
+            predicted_n: stats.generated_tokens,
+            predicted_ms,
+            predicted_per_token_ms: per(predicted_ms, after_first),
+            predicted_per_second: rate(predicted_ms, after_first),
+            draft_n: stats.drafted,
+            draft_n_accepted: stats.accepted,
+        }
+    }
 }
