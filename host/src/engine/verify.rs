@@ -409,7 +409,7 @@ impl<'a> Session<'a> {
             .iter()
             .map(|(_, round)| cut::Offer {
                 drafted: round.tokens.len(),
-                survival: Some(&round.survival[..]),
+                survival: &round.survival,
             })
             .collect();
         let lengths = cut::draft_lengths(&offers, |lengths| {

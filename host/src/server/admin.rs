@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::extract::{ConnectInfo, FromRequestParts, State};
 use axum::http::request::Parts;
-use axum::http::{Extensions, header};
+use axum::http::{Extensions, HeaderMap, header};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::error::ApiError;
@@ -116,7 +116,7 @@ impl AuthFailures {
 
 /// The client's address, from a request's `extensions`, or the unspecified address for a
 /// request without a connection (a router driven in tests).
-pub(super) fn client_address(extensions: &Extensions) -> IpAddr {
+fn client_address(extensions: &Extensions) -> IpAddr {
     extensions
         .get::<ConnectInfo<SocketAddr>>()
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |info| info.0.ip())
@@ -137,33 +137,58 @@ impl FromRequestParts<AppState> for Admin {
                 "the admin endpoints are off; start the server with --admin-token-file",
             ));
         };
-        let client = client_address(&parts.extensions);
-        let now = Instant::now();
-        if let Err(retry_after_secs) = state.auth_failures.check(client, now) {
-            return Err(ApiError::rate_limited(
-                format!(
-                    "too many wrong admin tokens from {client}; retry after {retry_after_secs} s"
-                ),
-                retry_after_secs,
-            ));
+        check_secret(
+            state,
+            &parts.extensions,
+            bearer(&parts.headers),
+            std::slice::from_ref(expected),
+            "admin token",
+        )?;
+        Ok(Admin)
+    }
+}
+
+/// The bearer token of a request's `Authorization` header.
+pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+}
+
+/// Checks the secret a request sends (`given`) against the `expected` ones (compared in
+/// constant time), counting wrong ones against the client's address (from the request's
+/// `extensions`): 429 while the address has used up its allowance, 401 naming the secret
+/// (`name`) when it is wrong or missing.
+pub(super) fn check_secret(
+    state: &AppState,
+    extensions: &Extensions,
+    given: Option<&str>,
+    expected: &[String],
+    name: &str,
+) -> Result<(), ApiError> {
+    let client = client_address(extensions);
+    let now = Instant::now();
+    if let Err(retry_after_secs) = state.auth_failures.check(client, now) {
+        return Err(ApiError::rate_limited(
+            format!("too many wrong {name}s from {client}; retry after {retry_after_secs} s"),
+            retry_after_secs,
+        ));
+    }
+    let how = format!("send the server's {name} as `Authorization: Bearer <{name}>`");
+    match given {
+        Some(secret)
+            if expected
+                .iter()
+                .any(|expected| same_secret(secret.as_bytes(), expected.as_bytes())) =>
+        {
+            Ok(())
         }
-        let given = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "));
-        match given {
-            Some(token) if same_secret(token.as_bytes(), expected.as_bytes()) => Ok(Admin),
-            Some(_) => {
-                state.auth_failures.record_failure(client, now);
-                Err(ApiError::unauthorized(
-                    "wrong admin token; send the server's admin token as `Authorization: Bearer <token>`",
-                ))
-            }
-            None => Err(ApiError::unauthorized(
-                "missing admin token; send the server's admin token as `Authorization: Bearer <token>`",
-            )),
+        Some(_) => {
+            state.auth_failures.record_failure(client, now);
+            Err(ApiError::unauthorized(format!("wrong {name}; {how}")))
         }
+        None => Err(ApiError::unauthorized(format!("missing {name}; {how}"))),
     }
 }
 

@@ -4,14 +4,12 @@
 //! Wrong keys count against the client's address as wrong admin tokens do (`admin.rs`): past
 //! the allowance its requests get 429 without their key being looked at.
 
-use std::time::Instant;
-
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, header};
+use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::admin::{client_address, same_secret};
+use super::admin::{bearer, check_secret};
 use super::error::ApiError;
 use super::state::AppState;
 
@@ -30,47 +28,23 @@ pub async fn require(State(state): State<AppState>, request: Request, next: Next
 }
 
 fn check(state: &AppState, request: &Request) -> Result<(), ApiError> {
-    let client = client_address(request.extensions());
-    let now = Instant::now();
-    if let Err(retry_after_secs) = state.auth_failures.check(client, now) {
-        return Err(ApiError::rate_limited(
-            format!("too many wrong keys from {client}; retry after {retry_after_secs} s"),
-            retry_after_secs,
-        ));
-    }
-    match given_key(request.headers()) {
-        Some(key)
-            if state
-                .api_keys
-                .iter()
-                .any(|expected| same_secret(key.as_bytes(), expected.as_bytes())) =>
-        {
-            Ok(())
-        }
-        Some(_) => {
-            state.auth_failures.record_failure(client, now);
-            Err(ApiError::unauthorized(
-                "invalid API key; send one of the server's API keys as `Authorization: Bearer <key>`",
-            ))
-        }
-        None => Err(ApiError::unauthorized(
-            "missing API key: this server needs one; send it as `Authorization: Bearer <key>`",
-        )),
-    }
+    check_secret(
+        state,
+        request.extensions(),
+        given_key(request.headers()),
+        &state.api_keys,
+        "API key",
+    )
 }
 
 /// The key a request sends: its bearer token, else its `X-Api-Key` header.
 fn given_key(headers: &HeaderMap) -> Option<&str> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
-    bearer.or_else(|| headers.get(X_API_KEY).and_then(|value| value.to_str().ok()))
+    bearer(headers).or_else(|| headers.get(X_API_KEY).and_then(|value| value.to_str().ok()))
 }
 
 #[cfg(test)]
 mod tests {
-    use axum::http::HeaderValue;
+    use axum::http::{HeaderValue, header};
 
     use super::*;
 

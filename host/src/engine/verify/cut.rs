@@ -47,8 +47,15 @@ pub(super) struct Offer<'a> {
     /// Draft tokens proposed.
     pub drafted: usize,
     /// The estimated probability that the draft is accepted through each token, one per
-    /// token; `None` when unknown: the draft is then kept whole.
-    pub survival: Option<&'a [f64]>,
+    /// token; unknown (the draft is then kept whole) when it is not one per token.
+    pub survival: &'a [f64],
+}
+
+impl Offer<'_> {
+    /// Whether the draft's survival is known, token by token.
+    fn known(&self) -> bool {
+        self.survival.len() == self.drafted
+    }
 }
 
 /// The draft lengths, one per offer and each at most its `drafted`, that give the most
@@ -102,12 +109,7 @@ pub(super) fn draft_lengths(offers: &[Offer<'_>], cost: impl Fn(&[usize]) -> f64
 
 /// Whether each offer's length is fixed (its survival unknown), and its draft length.
 fn limits<'o>(offers: &'o [Offer<'_>]) -> impl Iterator<Item = (bool, usize)> + 'o {
-    offers.iter().map(|offer| {
-        let known = offer
-            .survival
-            .is_some_and(|survival| survival.len() == offer.drafted);
-        (!known, offer.drafted)
-    })
+    offers.iter().map(|offer| (!offer.known(), offer.drafted))
 }
 
 /// Tokens the rounds are expected to commit with drafts of `lengths`: each its target token
@@ -118,8 +120,8 @@ fn expected_tokens(offers: &[Offer<'_>], lengths: &[usize]) -> f64 {
         .iter()
         .zip(lengths)
         .map(|(offer, &length)| {
-            let accepted = match offer.survival {
-                Some(survival) if survival.len() == offer.drafted => survival[..length]
+            let accepted = if offer.known() {
+                offer.survival[..length]
                     .iter()
                     .map(|&p| {
                         if p.is_finite() {
@@ -128,8 +130,9 @@ fn expected_tokens(offers: &[Offer<'_>], lengths: &[usize]) -> f64 {
                             0.0
                         }
                     })
-                    .sum(),
-                _ => length as f64,
+                    .sum()
+            } else {
+                length as f64
             };
             1.0 + accepted
         })
@@ -160,7 +163,7 @@ mod tests {
             .iter()
             .map(|s| Offer {
                 drafted: s.len(),
-                survival: Some(s),
+                survival: s,
             })
             .collect()
     }
@@ -217,11 +220,11 @@ mod tests {
         let offers = [
             Offer {
                 drafted: 5,
-                survival: None,
+                survival: &[],
             },
             Offer {
                 drafted: 6,
-                survival: Some(&known),
+                survival: &known,
             },
         ];
         let lengths = draft_lengths(&offers, batch_cost(compute_bound));
