@@ -96,7 +96,7 @@ fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout, c
                 .prefill_chunk(seq, chunk, i * session.batch_size(), last)
                 .expect("prefill");
         }
-        let first = first.expect("the last chunk gives a token");
+        let (first, _) = first.expect("the last chunk gives a token");
         assert_eq!(
             first, expected[index][0],
             "{model:?} sequence {index}: first token"

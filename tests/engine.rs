@@ -74,6 +74,7 @@ fn seeded(seed: u32) -> SamplingParams {
         top_p: 0.95,
         min_p: 0.05,
         seed,
+        ..SamplingParams::greedy()
     }
 }
 

@@ -232,8 +232,9 @@ fn tokenize_detokenize_and_llama_server_fields() {
         harmless.body
     );
     for (field, value) in [
-        ("grammar", json!("root ::= \"a\"")),
-        ("json_schema", json!({"type": "object"})),
+        ("grammar", json!("root ::= (")),
+        ("json_schema", json!(3)),
+        ("grammar_lazy", json!(true)),
         ("repeat_penalty", json!(1.2)),
         ("frobnicate", json!(true)),
     ] {

@@ -382,6 +382,8 @@ const API_KEYS: &[&str] = &[
     "logit_bias",
     "tools",
     "response_format",
+    "grammar",
+    "json_schema",
     "echo",
     "suffix",
     "best_of",

@@ -36,7 +36,7 @@
 //! let prompt = target.tokenize_chat("Write a haiku about caches.")?;
 //! let request = Request::new(prompt, 64, SamplingParams::greedy());
 //! let mut cascade = Cascade::empty();
-//! let outcome = session.generate(&request, &mut cascade, &mut |text| print!("{text}"))?;
+//! let outcome = session.generate(&request, &mut cascade, &mut |piece| print!("{}", piece.text))?;
 //! eprintln!("{}", outcome.stats.render());
 //! # Ok(()) }
 //! ```

@@ -143,7 +143,10 @@ pub fn prepare(
                 request: Request {
                     prompt,
                     max_tokens,
-                    sampling: SamplingParams::greedy(),
+                    sampling: SamplingParams {
+                        grammar: request.grammar.clone(),
+                        ..SamplingParams::greedy()
+                    },
                     stop,
                     max_draft_len: 0,
                 },

@@ -119,7 +119,11 @@ impl Verifier for TraceVerifier<'_> {
     ) -> Result<Prefill, EngineError> {
         let &first = self.output.first().ok_or(EngineError::TraceEnded)?;
         self.given = 1;
-        Ok(Prefill::Done { first, cached: 0 })
+        Ok(Prefill::Done {
+            first,
+            cached: 0,
+            logprobs: Vec::new(),
+        })
     }
 
     fn verify(&mut self, round: &RoundDraft) -> Result<Verified, EngineError> {
@@ -144,6 +148,7 @@ impl Verifier for TraceVerifier<'_> {
         Ok(Verified {
             drafted: round.tokens.len(),
             tokens: target.to_vec(),
+            logprobs: Vec::new(),
             batch: VerifyBatch::alone(round, target.len(), time),
         })
     }

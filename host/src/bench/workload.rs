@@ -12,6 +12,8 @@
 //! model does not end its turn). `stop` belongs to the raw form: a chat answer ends at the
 //! model's end of turn, and a raw form's stop strings (a newline after a one-line extraction)
 //! would cut it short. `bench` picks the form for the model ([`PromptStyle`]).
+//! A line may constrain its output with `json_schema` (a JSON schema, as in a llama-server
+//! request): every configuration, plain decoding included, then generates under its grammar.
 //! Only `messages` or `prompt` is required; a request without an id is called `line-N`. Blank
 //! lines are skipped. A bad line is an error naming the file, the line and what is wrong.
 
@@ -20,6 +22,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::config::PromptStyle;
+use crate::engine::Grammar;
 
 /// Why a workload file cannot be used. Every message names the file (and line) to fix.
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +39,7 @@ pub enum WorkloadError {
     /// A line is not a valid request.
     #[error(
         "{path}:{line}: {problem}; each line must be a JSON object with `messages` \
-         ([{{\"role\", \"content\"}}, ...]) or `prompt`, and optionally `id`, `category`, `max_tokens`"
+         ([{{\"role\", \"content\"}}, ...]) or `prompt`, and optionally `id`, `category`, `max_tokens`, `json_schema`"
     )]
     Line {
         /// The file.
@@ -92,6 +95,8 @@ pub struct WorkloadRequest {
     pub completion: Option<Completion>,
     /// Most tokens to generate, if the line gives a limit.
     pub max_tokens: Option<usize>,
+    /// The grammar of the line's `json_schema`: the output must follow it.
+    pub grammar: Option<Grammar>,
     /// Line number in the file, from 1.
     pub line: usize,
 }
@@ -152,6 +157,7 @@ struct Line {
     #[serde(default)]
     stop: Vec<String>,
     max_tokens: Option<usize>,
+    json_schema: Option<serde_json::Value>,
 }
 
 impl Workload {
@@ -233,6 +239,12 @@ fn parse_line(text: &str, line_number: usize) -> Result<WorkloadRequest, String>
     if line.max_tokens == Some(0) {
         return Err("`max_tokens` is 0; use at least 1".into());
     }
+    let grammar = line
+        .json_schema
+        .as_ref()
+        .map(Grammar::json_schema)
+        .transpose()
+        .map_err(|error| format!("`json_schema`: {error}"))?;
     Ok(WorkloadRequest {
         id: line.id.unwrap_or_else(|| format!("line-{line_number}")),
         category: line.category,
@@ -242,6 +254,7 @@ fn parse_line(text: &str, line_number: usize) -> Result<WorkloadRequest, String>
             stop: line.stop,
         }),
         max_tokens: line.max_tokens,
+        grammar,
         line: line_number,
     })
 }

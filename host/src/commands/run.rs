@@ -70,9 +70,9 @@ pub fn run(config: &RunConfig, cache_dir: &Path) -> anyhow::Result<()> {
         session.measure_verify_curve_after(&request.prompt, config.max_draft_len)?;
     }
     let mut stdout = std::io::stdout().lock();
-    let outcome = session.generate(&request, &mut cascade, &mut |text| {
+    let outcome = session.generate(&request, &mut cascade, &mut |piece| {
         // A closed pipe (`| head`) must not abort generation; the stats still print.
-        let _ = stdout.write_all(text.as_bytes());
+        let _ = stdout.write_all(piece.text.as_bytes());
         let _ = stdout.flush();
     })?;
     if stdout.is_terminal() {

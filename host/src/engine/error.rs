@@ -6,6 +6,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EngineError {
+    /// The request's grammar cannot be used.
+    #[error("{0}")]
+    Grammar(#[from] super::grammar::GrammarError),
     /// A round was verified before a prompt was read (a bug in the caller of the protocol).
     #[error("a round was verified before the request's prompt was read; prefill first")]
     NoRequest,

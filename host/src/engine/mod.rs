@@ -32,6 +32,7 @@ mod build_info;
 mod context;
 mod draft;
 mod error;
+mod grammar;
 #[cfg(target_arch = "x86_64")]
 mod kernels;
 mod model;
@@ -54,13 +55,14 @@ pub use self::draft::{
     check_vocab_compatible,
 };
 pub use self::error::EngineError;
+pub use self::grammar::{Grammar, GrammarError};
 pub(crate) use self::model::started_backend;
 pub use self::model::{MessageContents, Target, TargetParams};
 pub use self::rounds::{
-    Generation, Outcome, Prefill, Request, RoundControl, RoundDecision, RoundDraft, StopReason,
-    Verified, Verifier, VerifyBatch, generate,
+    Generation, Outcome, OutputPiece, Prefill, Request, RoundControl, RoundDecision, RoundDraft,
+    StopReason, Verified, Verifier, VerifyBatch, generate,
 };
-pub use self::sample::{MIN_TEMPERATURE, SamplingParams};
+pub use self::sample::{MAX_TOP_LOGPROBS, MIN_TEMPERATURE, SamplingParams, TokenLogprob};
 pub use self::stats::GenerationStats;
 pub use self::text::{MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS, StopStrings, StopStringsError};
 pub use self::verify::{

@@ -11,6 +11,7 @@ use llama_cpp_2::token::LlamaToken;
 
 use super::context::{ContextSettings, ModelContext};
 use super::error::EngineError;
+use super::grammar::{Grammar, GrammarError};
 use super::verify::{Session, SessionParams};
 use crate::cascade::{ModelFacts, Token};
 use crate::placement::NumaMode;
@@ -167,6 +168,11 @@ impl Target {
     }
 
     /// The llama.cpp model, for the engine's other modules.
+    /// Whether `grammar` parses and can be followed on this model's vocabulary.
+    pub fn check_grammar(&self, grammar: &Grammar) -> Result<(), GrammarError> {
+        grammar.open(&self.model).map(drop)
+    }
+
     pub(super) fn llama_model(&self) -> &LlamaModel {
         &self.model
     }

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::budget::RoundLimits;
 use super::error::EngineError;
-use super::sample::SamplingParams;
+use super::sample::{SamplingParams, TokenLogprob};
 use super::stats::GenerationStats;
 use super::text::{StopStrings, TextStream};
 use super::verify::DEFAULT_MAX_DRAFT_LEN;
@@ -110,6 +110,17 @@ impl<F: FnMut() -> RoundDecision> RoundControl for F {
     }
 }
 
+/// A piece of output that is final, as it is streamed: its text and, when the request asked
+/// for them, the log-probabilities of the tokens it completes.
+#[derive(Debug, Clone, Copy)]
+pub struct OutputPiece<'a> {
+    /// The text.
+    pub text: &'a str,
+    /// The generated tokens whose text this piece completes, with their log-probabilities
+    /// (empty unless the request asked for them).
+    pub logprobs: &'a [TokenLogprob],
+}
+
 /// The result of a request.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -117,6 +128,10 @@ pub struct Outcome {
     pub tokens: Vec<Token>,
     /// Generated text, as streamed.
     pub text: String,
+    /// The log-probabilities of the tokens whose text was streamed, as streamed (empty unless
+    /// the request asked for them; a stop string's tokens and an end-of-generation token are
+    /// not among them).
+    pub logprobs: Vec<TokenLogprob>,
     /// Why generation ended.
     pub stop_reason: StopReason,
     /// What it cost and how speculation did.
@@ -124,7 +139,7 @@ pub struct Outcome {
 }
 
 /// How reading a prompt ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Prefill {
     /// Every token was read; the target's first token follows it.
     Done {
@@ -133,6 +148,8 @@ pub enum Prefill {
         /// Prompt tokens not read again: the prefix the sequence's cache kept from its
         /// previous request.
         cached: usize,
+        /// `first`'s log-probability, if the request asked for it.
+        logprobs: Vec<TokenLogprob>,
     },
     /// Stopped before the end, after reading this many tokens.
     Stopped {
@@ -163,7 +180,7 @@ pub struct RoundDraft {
 }
 
 /// What the target returned for one round.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Verified {
     /// Draft tokens verified: the round's whole draft, or its first ones when the verify step
     /// cut it ([`Session::cut_drafts`](super::verify::Session::cut_drafts)).
@@ -171,6 +188,8 @@ pub struct Verified {
     /// The target's tokens for `[last, draft[..drafted]..]`: equal to the draft as far as it
     /// matches, then one of its own.
     pub tokens: Vec<Token>,
+    /// The log-probabilities of `tokens`, if the request asked for them (empty otherwise).
+    pub logprobs: Vec<TokenLogprob>,
     /// The verify batch the round was decoded in (with other requests' rounds, in a server).
     pub batch: VerifyBatch,
 }
@@ -240,38 +259,45 @@ pub trait Verifier {
 }
 
 /// Generates `request` on `verifier`, drafting with `cascade` and asking `control` between
-/// rounds; `on_text` gets each piece of text as soon as it is final. On return `cascade` is the
-/// one the last round used.
+/// rounds; `on_text` gets each piece of output as soon as it is final. On return `cascade` is
+/// the one the last round used.
 pub fn generate(
     verifier: &mut dyn Verifier,
     request: &Request,
     cascade: &mut Cascade,
-    on_text: &mut dyn FnMut(&str),
+    on_text: &mut dyn FnMut(OutputPiece<'_>),
     control: &mut dyn RoundControl,
 ) -> Result<Outcome, EngineError> {
     let started = Instant::now();
-    let (first, cached) = match verifier.prefill(request, &mut || control.stop_prefill())? {
-        Prefill::Done { first, cached } => (first, cached),
-        Prefill::Stopped { read } => {
-            tracing::debug!(
-                read,
-                prompt = request.prompt.len(),
-                "request stopped while reading its prompt"
-            );
-            return Ok(Outcome {
-                tokens: Vec::new(),
-                text: String::new(),
-                stop_reason: StopReason::Cancelled,
-                stats: GenerationStats {
-                    prompt_tokens: read,
-                    prompt_time: started.elapsed(),
-                    ..GenerationStats::default()
-                },
-            });
-        }
-    };
+    let (first, cached, logprobs) =
+        match verifier.prefill(request, &mut || control.stop_prefill())? {
+            Prefill::Done {
+                first,
+                cached,
+                logprobs,
+            } => (first, cached, logprobs),
+            Prefill::Stopped { read } => {
+                tracing::debug!(
+                    read,
+                    prompt = request.prompt.len(),
+                    "request stopped while reading its prompt"
+                );
+                return Ok(Outcome {
+                    tokens: Vec::new(),
+                    text: String::new(),
+                    logprobs: Vec::new(),
+                    stop_reason: StopReason::Cancelled,
+                    stats: GenerationStats {
+                        prompt_tokens: read,
+                        prompt_time: started.elapsed(),
+                        ..GenerationStats::default()
+                    },
+                });
+            }
+        };
     let prompt_time = started.elapsed();
-    let mut generation = Generation::start(&*verifier, request, cascade, first, on_text);
+    let mut generation =
+        Generation::start(&*verifier, request, cascade, (first, logprobs), on_text);
     generation.stats.prompt_time = prompt_time;
     generation.stats.cached_prompt_tokens = cached;
     while let Some(round) = generation.next_round(control) {
@@ -312,14 +338,14 @@ pub struct Generation<'g> {
 }
 
 impl<'g> Generation<'g> {
-    /// Starts `request` after its prompt was read and the target gave `first`: commits it and
-    /// begins the cascade.
+    /// Starts `request` after its prompt was read and the target gave `first` (with its
+    /// log-probability, if asked): commits it and begins the cascade.
     pub fn start(
         verifier: &dyn Verifier,
         request: &'g Request,
         cascade: &'g mut Cascade,
-        first: Token,
-        on_text: &'g mut dyn FnMut(&str),
+        (first, first_logprobs): (Token, Vec<TokenLogprob>),
+        on_text: &'g mut dyn FnMut(OutputPiece<'_>),
     ) -> Self {
         let can_speculate = request.max_draft_len > 0 && verifier.can_verify_drafts();
         if !verifier.can_verify_drafts() && !cascade.is_empty() {
@@ -348,7 +374,10 @@ impl<'g> Generation<'g> {
             pending: None,
             cascade,
         };
-        generation.stop = generation.output.commit(verifier, first);
+        generation.stop =
+            generation
+                .output
+                .commit(verifier, first, first_logprobs.into_iter().next());
         generation.begin_cascade();
         generation
     }
@@ -458,11 +487,12 @@ impl<'g> Generation<'g> {
         }
         let mut committed = Vec::with_capacity(target.len());
         let mut n_accepted = 0;
+        let mut logprobs = verified.logprobs.iter().cloned();
         for (position, &token) in target.iter().enumerate() {
             let matches = round.tokens[..drafted].get(position) == Some(&token);
             n_accepted += usize::from(matches);
             committed.push(token);
-            self.stop = self.output.commit(verifier, token);
+            self.stop = self.output.commit(verifier, token, logprobs.next());
             if self.stop.is_some() || !matches {
                 break;
             }
@@ -497,11 +527,12 @@ impl<'g> Generation<'g> {
         self.stats.generation_time = self.started.elapsed();
         self.end_cascade();
         let stop_reason = self.stop.unwrap_or(StopReason::Cancelled);
-        let (tokens, text) = self.output.finish(stop_reason);
+        let (tokens, text, logprobs) = self.output.finish(stop_reason);
         self.stats.generated_tokens = tokens.len();
         Outcome {
             tokens,
             text,
+            logprobs,
             stop_reason,
             stats: self.stats,
         }
@@ -540,49 +571,73 @@ struct Output<'r> {
     text: String,
     stream: TextStream,
     piece: Vec<u8>,
-    on_text: &'r mut dyn FnMut(&str),
+    /// Log-probabilities of tokens whose text is not streamed yet.
+    held_logprobs: Vec<TokenLogprob>,
+    /// Log-probabilities streamed.
+    logprobs: Vec<TokenLogprob>,
+    on_text: &'r mut dyn FnMut(OutputPiece<'_>),
 }
 
 impl<'r> Output<'r> {
-    fn new(request: &Request, on_text: &'r mut dyn FnMut(&str)) -> Self {
+    fn new(request: &Request, on_text: &'r mut dyn FnMut(OutputPiece<'_>)) -> Self {
         Self {
             max_tokens: request.max_tokens,
             tokens: Vec::new(),
             text: String::new(),
             stream: TextStream::new(request.stop.clone()),
             piece: Vec::new(),
+            held_logprobs: Vec::new(),
+            logprobs: Vec::new(),
             on_text,
         }
     }
 
-    /// Appends `token` to the output and streams its text; says whether generation must end.
-    fn commit(&mut self, verifier: &dyn Verifier, token: Token) -> Option<StopReason> {
+    /// Appends `token` (with its log-probability, if asked) to the output and streams its
+    /// text; says whether generation must end. A token's log-probability is streamed with the
+    /// first text released after it.
+    fn commit(
+        &mut self,
+        verifier: &dyn Verifier,
+        token: Token,
+        logprob: Option<TokenLogprob>,
+    ) -> Option<StopReason> {
         self.tokens.push(token);
         if verifier.is_eog(token) {
             return Some(StopReason::EndOfGeneration);
         }
+        self.held_logprobs.extend(logprob);
         verifier.token_bytes(token, &mut self.piece);
         let released = self.stream.push(&self.piece);
-        self.emit(&released.text);
+        if !released.text.is_empty() {
+            self.emit(&released.text);
+        }
         if released.stopped {
             return Some(StopReason::StopString);
         }
         (self.tokens.len() >= self.max_tokens).then_some(StopReason::MaxTokens)
     }
 
+    /// Streams `text` with the log-probabilities held so far.
     fn emit(&mut self, text: &str) {
-        if !text.is_empty() {
-            (self.on_text)(text);
-            self.text.push_str(text);
-        }
+        (self.on_text)(OutputPiece {
+            text,
+            logprobs: &self.held_logprobs,
+        });
+        self.text.push_str(text);
+        self.logprobs.append(&mut self.held_logprobs);
     }
 
-    fn finish(mut self, stop_reason: StopReason) -> (Vec<Token>, String) {
+    /// Streams what is held back (unless a stop string ended generation: then what is held
+    /// back is the stop string, never output) and returns the tokens, the text and the
+    /// log-probabilities streamed.
+    fn finish(mut self, stop_reason: StopReason) -> (Vec<Token>, String, Vec<TokenLogprob>) {
         if stop_reason != StopReason::StopString {
             let rest = self.stream.finish();
-            self.emit(&rest);
+            if !rest.is_empty() || !self.held_logprobs.is_empty() {
+                self.emit(&rest);
+            }
         }
-        (self.tokens, self.text)
+        (self.tokens, self.text, self.logprobs)
     }
 }
 
@@ -629,6 +684,7 @@ mod tests {
             Ok(Prefill::Done {
                 first: 100 + request.prompt.len() as Token,
                 cached: 0,
+                logprobs: Vec::new(),
             })
         }
         fn verify(&mut self, round: &RoundDraft) -> Result<Verified, EngineError> {
@@ -641,6 +697,7 @@ mod tests {
             Ok(Verified {
                 drafted: round.tokens.len(),
                 tokens,
+                logprobs: Vec::new(),
                 batch,
             })
         }

@@ -1,11 +1,14 @@
-//! Choosing the target's token at a verified position: greedy or seeded sampling.
+//! Choosing the target's token at a verified position (greedy or seeded sampling, under the
+//! request's grammar if it has one), and reporting its log-probability when asked.
 
+use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use serde::Serialize;
 
+use super::grammar::{Grammar, GrammarError, GrammarState, masked_argmax};
 use super::model::from_llama;
 use crate::cascade::Token;
 
@@ -14,8 +17,12 @@ use crate::cascade::Token;
 /// into garbage), and the distribution it stands for is already the arg-max.
 pub const MIN_TEMPERATURE: f32 = 1e-5;
 
-/// Sampling settings of a request. A `temperature` below [`MIN_TEMPERATURE`] (0 included) is
-/// greedy decoding.
+/// Most alternatives a request may ask to see at each position (OpenAI's `top_logprobs` limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// How a request's tokens are chosen and reported: sampling settings as in llama.cpp's
+/// `common_params_sampling`. A `temperature` below [`MIN_TEMPERATURE`] (0 included) is greedy
+/// decoding.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SamplingParams {
     /// Softmax temperature; below [`MIN_TEMPERATURE`] (0 included) picks the most likely token.
@@ -28,6 +35,13 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// Seed of the random generator; the same seed gives the same output.
     pub seed: u32,
+    /// Every token must keep the output inside this grammar.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<Grammar>,
+    /// Report each generated token's log-probability with this many of the most likely
+    /// tokens at its position (at most [`MAX_TOP_LOGPROBS`]); `None` reports nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<usize>,
 }
 
 impl SamplingParams {
@@ -39,6 +53,8 @@ impl SamplingParams {
             top_p: 1.0,
             min_p: 0.0,
             seed: 0,
+            grammar: None,
+            top_logprobs: None,
         }
     }
 
@@ -48,67 +64,194 @@ impl SamplingParams {
     }
 }
 
+/// A generated token's log-probability under the target's distribution at its position (the
+/// softmax of the raw logits, before temperature, truncation or grammar, as llama-server and
+/// OpenAI report it), and the most likely tokens there.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    /// The token generated.
+    pub token: Token,
+    /// Its natural log-probability.
+    pub logprob: f32,
+    /// The most likely tokens at the position and their log-probabilities, most likely first
+    /// (ties by token id), as many as the request asked for.
+    pub top: Vec<(Token, f32)>,
+}
+
+impl TokenLogprob {
+    /// `token`'s log-probability under the softmax of `logits`, with the `top` most likely.
+    pub fn at(logits: &[f32], token: Token, top: usize) -> Self {
+        let max = max_logit(logits);
+        let log_total = sum_exp_below(logits, max).ln() + max;
+        let logprob = |id: usize| logits[id] - log_total;
+        let mut best: Vec<usize> = Vec::with_capacity(top + 1);
+        if top > 0 {
+            for (id, &logit) in logits.iter().enumerate() {
+                if best.len() == top && logit <= logits[best[top - 1]] {
+                    continue;
+                }
+                let at = best.partition_point(|&other| logits[other] >= logit);
+                best.insert(at, id);
+                best.truncate(top);
+            }
+        }
+        Self {
+            token,
+            logprob: logits
+                .get(token as usize)
+                .map_or(f32::NEG_INFINITY, |_| logprob(token as usize)),
+            top: best
+                .into_iter()
+                .map(|id| (id as Token, logprob(id)))
+                .collect(),
+        }
+    }
+}
+
 /// Picks the target's token from the logits at one batch position.
 ///
 /// Speculation stays exact because a token is sampled only at positions that are committed:
 /// the verify loop stops sampling at the first position whose sample differs from the draft,
-/// so the random generator advances exactly once per output token, as in plain decoding.
-pub(super) enum TokenSampler {
+/// so the random generator and the grammar advance exactly once per output token, as in plain
+/// decoding.
+pub(super) struct TokenSampler {
+    draw: Draw,
+    grammar: Option<GrammarState>,
+    /// Alternatives to report per token; `None`: no log-probabilities.
+    top_logprobs: Option<usize>,
+    /// Log-probabilities of the tokens sampled since they were last taken.
+    logprobs: Vec<TokenLogprob>,
+    /// The candidate array a draw or a grammar works on (kept to reuse its allocation, a
+    /// vocabulary's worth per sampled token).
+    candidates: LlamaTokenDataArray,
+}
+
+/// How the token is drawn.
+enum Draw {
     /// Arg-max of the logits.
     Greedy,
-    /// A llama.cpp sampler chain ending in a seeded draw, and the candidate array it works on
-    /// (kept to reuse its allocation, a vocabulary's worth per sampled token).
-    Seeded(LlamaSampler, LlamaTokenDataArray),
+    /// A llama.cpp sampler chain ending in a seeded draw.
+    Seeded(LlamaSampler),
 }
 
 impl TokenSampler {
-    pub(super) fn new(params: &SamplingParams) -> Self {
-        if params.is_greedy() {
-            return Self::Greedy;
+    /// A sampler for `params`, its grammar (if any) opened on `model`'s vocabulary.
+    pub(super) fn new(params: &SamplingParams, model: &LlamaModel) -> Result<Self, GrammarError> {
+        let grammar = params
+            .grammar
+            .as_ref()
+            .map(|grammar| grammar.open(model))
+            .transpose()?;
+        Ok(Self::with_grammar(params, grammar))
+    }
+
+    fn with_grammar(params: &SamplingParams, grammar: Option<GrammarState>) -> Self {
+        let draw = if params.is_greedy() {
+            Draw::Greedy
+        } else {
+            let mut chain = Vec::new();
+            if params.top_k > 0 {
+                chain.push(LlamaSampler::top_k(params.top_k));
+            }
+            if params.top_p < 1.0 {
+                chain.push(LlamaSampler::top_p(params.top_p, 1));
+            }
+            if params.min_p > 0.0 {
+                chain.push(LlamaSampler::min_p(params.min_p, 1));
+            }
+            chain.push(LlamaSampler::temp(params.temperature));
+            chain.push(LlamaSampler::dist(params.seed));
+            Draw::Seeded(LlamaSampler::chain_simple(chain))
+        };
+        Self {
+            draw,
+            grammar,
+            top_logprobs: params.top_logprobs.map(|top| top.min(MAX_TOP_LOGPROBS)),
+            logprobs: Vec::new(),
+            candidates: LlamaTokenDataArray::new(Vec::new(), false),
         }
-        let mut chain = Vec::new();
-        if params.top_k > 0 {
-            chain.push(LlamaSampler::top_k(params.top_k));
-        }
-        if params.top_p < 1.0 {
-            chain.push(LlamaSampler::top_p(params.top_p, 1));
-        }
-        if params.min_p > 0.0 {
-            chain.push(LlamaSampler::min_p(params.min_p, 1));
-        }
-        chain.push(LlamaSampler::temp(params.temperature));
-        chain.push(LlamaSampler::dist(params.seed));
-        Self::Seeded(
-            LlamaSampler::chain_simple(chain),
-            LlamaTokenDataArray::new(Vec::new(), false),
-        )
     }
 
     /// The target's token for the logits of one position. The seeded draw is
     /// `llama_sampler_sample`'s: every token as a candidate, the chain applied, the selected
-    /// token accepted.
+    /// token accepted. Under a grammar, the token chosen without it is kept when the grammar
+    /// allows it, and otherwise chosen again among the allowed tokens only, as llama.cpp's
+    /// `common_sampler_sample` does: greedy, that is the arg-max of the allowed tokens; seeded,
+    /// a second draw from the allowed ones.
     pub(super) fn sample(&mut self, logits: &[f32]) -> Token {
-        match self {
-            Self::Greedy => argmax(logits),
-            Self::Seeded(chain, candidates) => {
-                candidates.data.clear();
-                candidates.data.extend(
-                    logits
-                        .iter()
-                        .enumerate()
-                        .map(|(id, &logit)| LlamaTokenData::new(LlamaToken(id as i32), logit, 0.0)),
-                );
-                candidates.selected = None;
-                candidates.sorted = false;
-                candidates.apply_sampler(chain);
-                let token = candidates
-                    .selected_token()
-                    .expect("a sampler chain ending in a draw selects a token");
-                chain.accept(token);
-                from_llama(token)
+        let token = match &mut self.draw {
+            Draw::Greedy => {
+                let token = argmax(logits);
+                if let Some(grammar) = self.grammar.as_mut()
+                    && !grammar.allows(token)
+                {
+                    fill(&mut self.candidates, logits);
+                    masked_argmax(grammar, &mut self.candidates)
+                } else {
+                    token
+                }
             }
+            Draw::Seeded(chain) => {
+                let draw = |chain: &mut LlamaSampler,
+                            candidates: &mut LlamaTokenDataArray,
+                            grammar: Option<&mut GrammarState>| {
+                    fill(candidates, logits);
+                    if let Some(grammar) = grammar {
+                        grammar.mask(candidates);
+                    }
+                    candidates.apply_sampler(chain);
+                    let token = candidates
+                        .selected_token()
+                        .expect("a sampler chain ending in a draw selects a token");
+                    chain.accept(token);
+                    from_llama(token)
+                };
+                let token = draw(chain, &mut self.candidates, None);
+                if let Some(grammar) = self.grammar.as_mut()
+                    && !grammar.allows(token)
+                {
+                    draw(chain, &mut self.candidates, Some(grammar))
+                } else {
+                    token
+                }
+            }
+        };
+        if let Some(grammar) = &mut self.grammar {
+            grammar.accept(token);
+        }
+        if let Some(top) = self.top_logprobs {
+            self.logprobs.push(TokenLogprob::at(logits, token, top));
+        }
+        token
+    }
+
+    /// How many of `draft`'s first tokens the grammar allows from here (all of them without
+    /// a grammar).
+    pub(super) fn allowed_prefix(&mut self, draft: &[Token]) -> usize {
+        match &mut self.grammar {
+            Some(grammar) => grammar.allowed_prefix(draft),
+            None => draft.len(),
         }
     }
+
+    /// The log-probabilities of the tokens sampled since the last call (none unless the
+    /// request asked for them).
+    pub(super) fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        std::mem::take(&mut self.logprobs)
+    }
+}
+
+/// Every token of the vocabulary as a candidate, with its logit.
+fn fill(candidates: &mut LlamaTokenDataArray, logits: &[f32]) {
+    candidates.data.clear();
+    candidates.data.extend(
+        logits
+            .iter()
+            .enumerate()
+            .map(|(id, &logit)| LlamaTokenData::new(LlamaToken(id as i32), logit, 0.0)),
+    );
+    candidates.selected = None;
+    candidates.sorted = false;
 }
 
 /// Index of the largest logit; the first one on ties, so the choice is deterministic.
@@ -135,6 +278,15 @@ fn max_logit(logits: &[f32]) -> f32 {
 pub(super) fn argmax_with_probability(logits: &[f32]) -> (Token, f32) {
     let max = max_logit(logits);
     let token = logits.iter().position(|&logit| logit == max).unwrap_or(0) as Token;
+    let total = sum_exp_below(logits, max);
+    // `total >= 1` (the maximum contributes exp(0) = 1) unless the logits are NaN.
+    let probability = if total >= 1.0 { 1.0 / total } else { 0.0 };
+    (token, probability)
+}
+
+/// `sum(exp(l - max))` over `logits`, `max` their largest, vectorised (see
+/// [`argmax_with_probability`]).
+fn sum_exp_below(logits: &[f32], max: f32) -> f32 {
     let mut partial = [0.0f32; LANES];
     let mut chunks = logits.chunks_exact(LANES);
     for chunk in &mut chunks {
@@ -147,10 +299,7 @@ pub(super) fn argmax_with_probability(logits: &[f32]) -> (Token, f32) {
         .iter()
         .map(|&logit| exp_non_positive(logit - max))
         .sum();
-    let total = partial.iter().sum::<f32>() + rest;
-    // `total >= 1` (the maximum contributes exp(0) = 1) unless the logits are NaN.
-    let probability = if total >= 1.0 { 1.0 / total } else { 0.0 };
-    (token, probability)
+    partial.iter().sum::<f32>() + rest
 }
 
 /// Partial sums in [`argmax_with_probability`]: two AVX-512 registers of `f32`.
@@ -198,7 +347,7 @@ mod tests {
         // A draw at the smallest sampled temperature is still a real token: the arg-max of
         // logits this far apart.
         let logits: Vec<f32> = (0..1000).map(|i| 30.0 - i as f32 * 0.01).collect();
-        let mut sampler = TokenSampler::new(&at(MIN_TEMPERATURE));
+        let mut sampler = TokenSampler::with_grammar(&at(MIN_TEMPERATURE), None);
         assert_eq!(sampler.sample(&logits), argmax(&logits));
     }
 

@@ -25,10 +25,10 @@ use super::context::{ModelContext, Outputs, Rows, SeqId};
 use super::error::EngineError;
 use super::model::Target;
 use super::rounds::{
-    Outcome, Prefill, Request, RoundControl, RoundDecision, RoundDraft, Verified, Verifier,
-    VerifyBatch, generate,
+    Outcome, OutputPiece, Prefill, Request, RoundControl, RoundDecision, RoundDraft, Verified,
+    Verifier, VerifyBatch, generate,
 };
-use super::sample::{SamplingParams, TokenSampler};
+use super::sample::{SamplingParams, TokenLogprob, TokenSampler};
 use crate::cascade::{Cascade, ModelFacts, Token};
 
 /// Default maximum draft length per round.
@@ -158,7 +158,7 @@ impl<'a> Session<'a> {
         &mut self,
         request: &Request,
         cascade: &mut Cascade,
-        on_text: &mut dyn FnMut(&str),
+        on_text: &mut dyn FnMut(OutputPiece<'_>),
     ) -> Result<Outcome, EngineError> {
         self.generate_controlled(request, cascade, on_text, &mut || RoundDecision::Continue)
     }
@@ -169,7 +169,7 @@ impl<'a> Session<'a> {
         &mut self,
         request: &Request,
         cascade: &mut Cascade,
-        on_text: &mut dyn FnMut(&str),
+        on_text: &mut dyn FnMut(OutputPiece<'_>),
         control: &mut dyn RoundControl,
     ) -> Result<Outcome, EngineError> {
         self.check_request(request)?;
@@ -269,8 +269,8 @@ impl<'a> Session<'a> {
         sampling: &SamplingParams,
         keep: usize,
     ) -> Result<(), EngineError> {
-        let slot = self.sampler_slot(seq)?;
-        *slot = Some(TokenSampler::new(sampling));
+        let sampler = TokenSampler::new(sampling, self.target.llama_model())?;
+        *self.sampler_slot(seq)? = Some(sampler);
         let held = self.context.sequence_len(seq);
         let kept = if keep > held { 0 } else { keep };
         self.context
@@ -289,14 +289,15 @@ impl<'a> Session<'a> {
 
     /// Decodes `chunk`, prompt tokens of `seq`'s request at positions `position..`, in one
     /// decode of its own; when it is the prompt's `last` chunk, returns the target's first
-    /// token after the prompt, sampled with the request's sampler.
+    /// token after the prompt, sampled with the request's sampler, with its log-probability if
+    /// the request asked for it.
     pub fn prefill_chunk(
         &mut self,
         seq: SeqId,
         chunk: &[Token],
         position: usize,
         last: bool,
-    ) -> Result<Option<Token>, EngineError> {
+    ) -> Result<Option<(Token, Vec<TokenLogprob>)>, EngineError> {
         if chunk.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -319,7 +320,8 @@ impl<'a> Session<'a> {
             .get_mut(seq.0 as usize)
             .and_then(Option::as_mut)
             .ok_or(EngineError::NoRequest)?;
-        Ok(Some(sampler.sample(logits)))
+        let first = sampler.sample(logits);
+        Ok(Some((first, sampler.take_logprobs())))
     }
 
     /// Verifies the rounds of several sequences (at most one each) together: their rows
@@ -336,7 +338,17 @@ impl<'a> Session<'a> {
         rounds: &[(SeqId, &RoundDraft)],
     ) -> Vec<Result<Verified, EngineError>> {
         let started = Instant::now();
-        let mut results: Vec<Option<Result<Vec<Token>, EngineError>>> =
+        let constrained: Vec<Option<RoundDraft>> = rounds
+            .iter()
+            .map(|(seq, round)| self.cut_to_grammar(*seq, round))
+            .collect();
+        let rounds: Vec<(SeqId, &RoundDraft)> = rounds
+            .iter()
+            .zip(&constrained)
+            .map(|(&(seq, round), cut)| (seq, cut.as_ref().unwrap_or(round)))
+            .collect();
+        let rounds = rounds.as_slice();
+        let mut results: Vec<Option<Result<Sampled, EngineError>>> =
             rounds.iter().map(|_| None).collect();
         let rows: Vec<Vec<Token>> = rounds
             .iter()
@@ -372,7 +384,7 @@ impl<'a> Session<'a> {
                 .iter()
                 .flatten()
                 .filter_map(|result| result.as_ref().ok())
-                .map(Vec::len)
+                .map(|(tokens, _)| tokens.len())
                 .sum(),
             time: started.elapsed(),
         };
@@ -382,13 +394,27 @@ impl<'a> Session<'a> {
             .map(|(result, (_, round))| {
                 result
                     .unwrap_or(Err(EngineError::NoRequest))
-                    .map(|tokens| Verified {
+                    .map(|(tokens, logprobs)| Verified {
                         drafted: round.tokens.len(),
                         tokens,
+                        logprobs,
                         batch,
                     })
             })
             .collect()
+    }
+
+    /// `round` with its draft cut before the first token the request's grammar forbids there;
+    /// `None` when it forbids none (or the request has no grammar): such a token could never
+    /// be accepted, so its row would be decoded for nothing.
+    fn cut_to_grammar(&mut self, seq: SeqId, round: &RoundDraft) -> Option<RoundDraft> {
+        let sampler = self.samplers.get_mut(seq.0 as usize)?.as_mut()?;
+        let allowed = sampler.allowed_prefix(&round.tokens);
+        (allowed < round.tokens.len()).then(|| RoundDraft {
+            tokens: round.tokens[..allowed].to_vec(),
+            survival: round.survival[..allowed.min(round.survival.len())].to_vec(),
+            ..round.clone()
+        })
     }
 
     /// Cuts the drafts of a step's `rounds` (at most one per sequence) to the lengths that
@@ -437,7 +463,7 @@ impl<'a> Session<'a> {
         group: &[usize],
         rounds: &[(SeqId, &RoundDraft)],
         rows: &[Vec<Token>],
-        results: &mut [Option<Result<Vec<Token>, EngineError>>],
+        results: &mut [Option<Result<Sampled, EngineError>>],
     ) {
         if group.is_empty() {
             return;
@@ -592,7 +618,7 @@ impl<'a> Session<'a> {
         round: &RoundDraft,
         first_row: usize,
         decoded: usize,
-    ) -> Result<Vec<Token>, EngineError> {
+    ) -> Result<Sampled, EngineError> {
         let draft = &round.tokens;
         let sampler = self
             .samplers
@@ -614,7 +640,7 @@ impl<'a> Session<'a> {
                 .remove_positions(seq, first_rejected)
                 .map_err(|e| decode_error(decoded, e))?;
         }
-        Ok(target)
+        Ok((target, sampler.take_logprobs()))
     }
 
     /// Checks again what was checked when the session was made: the rows of a largest verify
@@ -705,6 +731,7 @@ impl Verifier for Session<'_> {
                 Prefill::Done {
                     first: sampler.sample(logits),
                     cached: 0,
+                    logprobs: sampler.take_logprobs(),
                 }
             }
             PromptRead::Stopped { read } => Prefill::Stopped { read },
@@ -718,6 +745,9 @@ impl Verifier for Session<'_> {
             .unwrap_or(Err(EngineError::NoRequest))
     }
 }
+
+/// A round's target tokens and, if its request asked, their log-probabilities.
+type Sampled = (Vec<Token>, Vec<TokenLogprob>);
 
 /// One sequence's rows in a verify batch: its round's (with padding after them, if padded), or
 /// only padding.

@@ -11,6 +11,7 @@ use super::extract::ApiJson;
 use super::generation::{
     self, Piece, Plan, count_invalid, finish_reason, speculative_report, whole_response,
 };
+use super::logprobs;
 use super::metrics::Endpoint;
 use super::state::AppState;
 use super::wire::{
@@ -18,6 +19,7 @@ use super::wire::{
     Timings, Usage, system_fingerprint,
 };
 use crate::cascade::Token;
+use crate::engine::TokenLogprob;
 
 const ENDPOINT: Endpoint = Endpoint::ChatCompletions;
 /// `object` of a chat completion.
@@ -49,6 +51,11 @@ pub async fn create(
     let created = submitted.created;
     let model = state.model_id.clone();
     let fingerprint = system_fingerprint();
+    let reports_logprobs = plan.reports_logprobs();
+    let tokenizer = std::sync::Arc::clone(&state.tokenizer);
+    let logprobs_of = move |logprobs: &[TokenLogprob]| {
+        reports_logprobs.then(|| logprobs::chat_content(tokenizer.as_ref(), logprobs))
+    };
     let chunk = move |delta: AssistantMessage, finish_reason: Option<String>| ChatCompletion {
         id: id.clone(),
         system_fingerprint: fingerprint.clone(),
@@ -84,13 +91,17 @@ pub async fn create(
                     ));
                 }
                 match piece {
-                    Piece::Text(text) => chunks.push(chunk(
-                        AssistantMessage {
-                            role: None,
-                            content: Some(text),
-                        },
-                        None,
-                    )),
+                    Piece::Text { text, logprobs } => {
+                        let mut text_chunk = chunk(
+                            AssistantMessage {
+                                role: None,
+                                content: Some(text),
+                            },
+                            None,
+                        );
+                        text_chunk.choices[0].logprobs = logprobs_of(&logprobs);
+                        chunks.push(text_chunk);
+                    }
                     Piece::Done(finished) => {
                         chunks.push(ChatCompletion {
                             timings: Some(Timings::of(&finished.outcome.stats)),
@@ -127,7 +138,7 @@ pub async fn create(
                     content: Some(finished.outcome.text.clone()),
                 }),
                 delta: None,
-                logprobs: None,
+                logprobs: logprobs_of(&finished.outcome.logprobs),
                 finish_reason: Some(finish_reason(finished.outcome.stop_reason)),
             }],
             usage: Some(Usage::of(&finished.outcome.stats)),
@@ -147,15 +158,6 @@ fn refuse_unsupported(body: &ChatRequest) -> Result<(), ApiError> {
             "tools",
             "tools (function calling) are not supported; leave them out",
         ));
-    }
-    if let Some(format) = &body.response_format {
-        let kind = format.get("type").and_then(|kind| kind.as_str());
-        if kind != Some("text") {
-            return Err(ApiError::invalid_param(
-                "response_format",
-                "only response_format {\"type\": \"text\"} is supported; leave it out",
-            ));
-        }
     }
     Ok(())
 }

@@ -10,12 +10,14 @@ use super::extract::ApiJson;
 use super::generation::{
     self, Piece, Plan, count_invalid, finish_reason, speculative_report, whole_response,
 };
+use super::logprobs::CompletionLogprobs;
 use super::metrics::Endpoint;
 use super::state::AppState;
 use super::wire::{
     Completion, CompletionChoice, CompletionRequest, Prompt, Timings, Usage, system_fingerprint,
 };
 use crate::cascade::Token;
+use crate::engine::TokenLogprob;
 
 const ENDPOINT: Endpoint = Endpoint::Completions;
 /// `object` of completions and their stream chunks.
@@ -42,6 +44,12 @@ pub async fn create(
     let created = submitted.created;
     let model = state.model_id.clone();
     let fingerprint = system_fingerprint();
+    let reports_logprobs = plan.reports_logprobs();
+    let tokenizer = std::sync::Arc::clone(&state.tokenizer);
+    let mut logprobs = CompletionLogprobs::default();
+    let mut logprobs_of = move |generated: &[TokenLogprob]| {
+        reports_logprobs.then(|| logprobs.next(tokenizer.as_ref(), generated))
+    };
     let completion = move |text: String, finish_reason: Option<String>| Completion {
         id: id.clone(),
         system_fingerprint: fingerprint.clone(),
@@ -65,7 +73,11 @@ pub async fn create(
             client,
             move |piece| {
                 let chunks = match piece {
-                    Piece::Text(text) => vec![completion(text, None)],
+                    Piece::Text { text, logprobs } => {
+                        let mut chunk = completion(text, None);
+                        chunk.choices[0].logprobs = logprobs_of(&logprobs);
+                        vec![chunk]
+                    }
                     Piece::Done(finished) => {
                         let last = Completion {
                             timings: Some(Timings::of(&finished.outcome.stats)),
@@ -92,7 +104,7 @@ pub async fn create(
         ));
     }
     whole_response(submitted.events, client, move |finished| {
-        to_json(&Completion {
+        let mut answer = Completion {
             usage: Some(Usage::of(&finished.outcome.stats)),
             timings: Some(Timings::of(&finished.outcome.stats)),
             speculative: Some(speculative_report(&finished)),
@@ -100,7 +112,9 @@ pub async fn create(
                 finished.outcome.text.clone(),
                 Some(finish_reason(finished.outcome.stop_reason)),
             )
-        })
+        };
+        answer.choices[0].logprobs = logprobs_of(&finished.outcome.logprobs);
+        to_json(&answer)
     })
     .await
 }

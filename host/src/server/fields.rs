@@ -67,8 +67,6 @@ const HARMLESS: &[(&str, Harmless)] = &[
     ("n_probs", Harmless::Unset),
     ("n_indent", Harmless::Unset),
     ("t_max_predict_ms", Harmless::Unset),
-    ("grammar", Harmless::Unset),
-    ("json_schema", Harmless::Unset),
     ("grammar_lazy", Harmless::Unset),
     ("grammar_triggers", Harmless::Unset),
     ("preserved_tokens", Harmless::Unset),
@@ -142,7 +140,7 @@ mod tests {
         let web_ui = json!({
             "cache_prompt": true, "user": "me", "repeat_penalty": 1.0, "repeat_last_n": 64,
             "typical_p": 1, "mirostat": 0, "dynatemp_range": 0.0, "xtc_probability": 0,
-            "dry_multiplier": 0, "top_n_sigma": -1, "grammar": "", "json_schema": null,
+            "dry_multiplier": 0, "top_n_sigma": -1,
             "ignore_eos": false, "n_probs": 0, "timings_per_token": true, "samplers": "edkypmxt",
         });
         assert_eq!(check(web_ui), Ok(()));
@@ -151,8 +149,7 @@ mod tests {
     #[test]
     fn settings_that_change_the_output_are_refused_by_name() {
         for (body, name) in [
-            (json!({"grammar": "root ::= \"a\""}), "grammar"),
-            (json!({"json_schema": {"type": "object"}}), "json_schema"),
+            (json!({"grammar_lazy": true}), "grammar_lazy"),
             (json!({"repeat_penalty": 1.1}), "repeat_penalty"),
             (json!({"mirostat": 2}), "mirostat"),
             (json!({"ignore_eos": true}), "ignore_eos"),

@@ -26,8 +26,10 @@ use futures_util::{Stream, StreamExt as _};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::connections::ClientConnection;
+use super::constraint::ConstraintFields;
 use super::error::ApiError;
 use super::fields;
+use super::logprobs;
 use super::metrics::{Endpoint, RequestOutcome};
 use super::registry::{CascadeChoice, ResolvedPolicy};
 use super::scheduler::{Event, Finished, Job};
@@ -35,7 +37,9 @@ use super::state::AppState;
 use super::wire::{CommonParams, SourceReport, SpeculativeReport};
 use crate::cascade::CascadeMode;
 use crate::cascade::Token;
-use crate::engine::{Request, SamplingParams, StopReason, StopStrings, check_max_draft_len};
+use crate::engine::{
+    Grammar, Request, SamplingParams, StopReason, StopStrings, TokenLogprob, check_max_draft_len,
+};
 use crate::plugins::parse_cascade;
 
 /// How often a client that closed its sending side is written to while its answer is not
@@ -117,7 +121,16 @@ impl Plan {
                 ),
             ));
         }
-        let sampling = sampling(&state.sampling, &params)?;
+        let mut sampling = sampling(&state.sampling, &params)?;
+        sampling.top_logprobs = match endpoint {
+            Endpoint::ChatCompletions => {
+                logprobs::chat_request(params.logprobs.as_ref(), params.top_logprobs.as_ref())
+            }
+            _ => {
+                logprobs::completion_request(params.logprobs.as_ref(), params.top_logprobs.as_ref())
+            }
+        }?;
+        sampling.grammar = grammar(state, &params).await?;
         let stop = StopStrings::new(params.stop.map(|stop| stop.into_vec()).unwrap_or_default())
             .map_err(|error| ApiError::invalid_param("stop", error.to_string()))?;
 
@@ -265,6 +278,11 @@ impl Plan {
         })
     }
 
+    /// Whether the answer reports log-probabilities.
+    pub fn reports_logprobs(&self) -> bool {
+        self.sampling.top_logprobs.is_some()
+    }
+
     fn cascade_label(&self, state: &AppState) -> String {
         match &self.cascade {
             CascadeChoice::Default => {
@@ -310,6 +328,42 @@ fn cascade_names(spec: &str) -> Result<Vec<String>, ApiError> {
         .collect()
 }
 
+/// The grammar a request's output must follow (`grammar`, `json_schema` or
+/// `response_format`), converted and checked on the model off the async threads.
+async fn grammar(state: &AppState, params: &CommonParams) -> Result<Option<Grammar>, ApiError> {
+    if params.grammar.as_deref().is_none_or(str::is_empty)
+        && params
+            .json_schema
+            .as_ref()
+            .is_none_or(serde_json::Value::is_null)
+        && params.response_format.is_none()
+    {
+        return Ok(None);
+    }
+    let tokenizer = Arc::clone(&state.tokenizer);
+    let (text, schema, format) = (
+        params.grammar.clone(),
+        params.json_schema.clone(),
+        params.response_format.clone(),
+    );
+    tokio::task::spawn_blocking(move || {
+        let fields = ConstraintFields {
+            grammar: text.as_deref(),
+            json_schema: schema.as_ref(),
+            response_format: format.as_ref(),
+        };
+        let Some((param, grammar)) = fields.grammar()? else {
+            return Ok(None);
+        };
+        tokenizer
+            .check_grammar(&grammar)
+            .map_err(|error| ApiError::invalid_param(param, error.to_string()))?;
+        Ok(Some(grammar))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("checking the grammar failed: {e}")))?
+}
+
 /// Refuses parameters the server cannot honour, rather than ignore them.
 fn refuse_unsupported(params: &CommonParams) -> Result<(), ApiError> {
     let refuse = |param: &'static str, what: &str| {
@@ -320,19 +374,6 @@ fn refuse_unsupported(params: &CommonParams) -> Result<(), ApiError> {
     };
     if params.n.is_some_and(|n| n != 1) {
         return refuse("n", "other than 1");
-    }
-    let truthy = |value: &Option<serde_json::Value>| {
-        value.as_ref().is_some_and(|value| {
-            !(value.is_null()
-                || value == &serde_json::json!(false)
-                || value == &serde_json::json!(0))
-        })
-    };
-    if truthy(&params.logprobs) {
-        return refuse("logprobs", "(log probabilities)");
-    }
-    if truthy(&params.top_logprobs) {
-        return refuse("top_logprobs", "(log probabilities)");
     }
     if params.presence_penalty.is_some_and(|p| p != 0.0) {
         return refuse("presence_penalty", "other than 0");
@@ -398,7 +439,7 @@ fn sampling(defaults: &SamplingParams, params: &CommonParams) -> Result<Sampling
 async fn collect(events: &mut UnboundedReceiver<Event>) -> Result<Box<Finished>, ApiError> {
     while let Some(event) = events.recv().await {
         match event {
-            Event::Text(_) => {}
+            Event::Text { .. } => {}
             Event::Done(finished) => return Ok(finished),
             Event::Failed(message) => return Err(ApiError::internal(message)),
         }
@@ -499,8 +540,14 @@ pub fn speculative_report(finished: &Finished) -> SpeculativeReport {
 
 /// What an SSE stream is made of, for the endpoint to format.
 pub enum Piece {
-    /// Text that is final.
-    Text(String),
+    /// Text that is final, with the log-probabilities of the tokens it completes (empty
+    /// unless the request asked for them).
+    Text {
+        /// The text.
+        text: String,
+        /// The tokens' log-probabilities.
+        logprobs: Vec<TokenLogprob>,
+    },
     /// The end: the last chunk (finish reason, `speculative`) and, if asked, a usage chunk.
     Done(Box<Finished>),
 }
@@ -574,7 +621,9 @@ where
             Next::Probe => {
                 return Some((vec![SseEvent::default().comment("")], Some(state)));
             }
-            Next::Event(Some(Event::Text(text))) => ((state.format)(Piece::Text(text)), false),
+            Next::Event(Some(Event::Text { text, logprobs })) => {
+                ((state.format)(Piece::Text { text, logprobs }), false)
+            }
             Next::Event(Some(Event::Done(finished))) => {
                 ((state.format)(Piece::Done(finished)), true)
             }
@@ -636,8 +685,6 @@ mod tests {
         );
         for (json, name) in [
             (serde_json::json!({"n": 2}), "n "),
-            (serde_json::json!({"logprobs": true}), "logprobs"),
-            (serde_json::json!({"logprobs": 5}), "logprobs"),
             (
                 serde_json::json!({"frequency_penalty": 0.5}),
                 "frequency_penalty",

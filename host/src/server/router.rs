@@ -74,7 +74,7 @@ mod tests {
 
     use super::router;
     use crate::cascade::{CascadeMode, ModelFacts, Token};
-    use crate::engine::{EngineError, MessageContents, SamplingParams};
+    use crate::engine::{EngineError, Grammar, GrammarError, MessageContents, SamplingParams};
     use crate::plugins::{PluginHost, PluginHostConfig, SandboxLimits};
     use crate::server::admin::AuthFailures;
     use crate::server::hosts::AllowedHosts;
@@ -111,6 +111,13 @@ mod tests {
 
         fn piece(&self, token: Token, _special: bool) -> Vec<u8> {
             vec![token as u8]
+        }
+
+        /// No grammar is followed on this vocabulary: the router's tests send none.
+        fn check_grammar(&self, _grammar: &Grammar) -> Result<(), GrammarError> {
+            Err(GrammarError::Invalid(
+                ": the test tokenizer has no model".into(),
+            ))
         }
     }
 

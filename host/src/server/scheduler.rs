@@ -24,7 +24,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::metrics::Endpoint;
 use super::registry::{CascadeChoice, ResolvedPolicy};
 use crate::cascade::{CascadeMode, Token};
-use crate::engine::{Outcome, Request, shared_prefix};
+use crate::engine::{Outcome, Request, TokenLogprob, shared_prefix};
 
 /// Longest `Retry-After` the server suggests, in seconds.
 const MAX_RETRY_AFTER_SECS: u64 = 60;
@@ -53,8 +53,14 @@ pub struct Job {
 /// What a slot sends back about a request.
 #[derive(Debug)]
 pub enum Event {
-    /// Text that is final.
-    Text(String),
+    /// Text that is final, with the log-probabilities of the tokens it completes (empty
+    /// unless the request asked for them).
+    Text {
+        /// The text.
+        text: String,
+        /// The tokens' log-probabilities.
+        logprobs: Vec<TokenLogprob>,
+    },
     /// Generation finished.
     Done(Box<Finished>),
     /// Generation failed; the message says why.

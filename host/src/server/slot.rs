@@ -31,7 +31,7 @@ use super::scheduler::{Event, Finished, Job, Queue};
 use super::startup::SlotHandles;
 use crate::cascade::CascadeSettings;
 use crate::config::ServeConfig;
-use crate::engine::{BatchedSequence, RoundControl, RoundDecision, StopReason};
+use crate::engine::{BatchedSequence, OutputPiece, RoundControl, RoundDecision, StopReason};
 use crate::plugins::save_plugin_states;
 
 /// Least time between two saves of the plugins' state by one slot (with `--state-dir`).
@@ -149,8 +149,11 @@ impl<'a> Slot<'a> {
             sources: resolved,
             swaps: 0,
         };
-        let mut on_text = |text: &str| {
-            let _ = job.events.send(Event::Text(text.to_owned()));
+        let mut on_text = |piece: OutputPiece<'_>| {
+            let _ = job.events.send(Event::Text {
+                text: piece.text.to_owned(),
+                logprobs: piece.logprobs.to_vec(),
+            });
         };
         let result =
             self.sequence

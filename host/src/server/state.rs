@@ -14,7 +14,7 @@ use super::plugin_dirs::PluginDirs;
 use super::registry::Registry;
 use super::scheduler::Queue;
 use crate::cascade::Token;
-use crate::engine::{EngineError, MessageContents, SamplingParams, Target};
+use crate::engine::{EngineError, Grammar, GrammarError, MessageContents, SamplingParams, Target};
 
 /// Limits and defaults of requests.
 #[derive(Debug, Clone)]
@@ -54,6 +54,8 @@ pub trait PromptTokenizer: Send + Sync {
     fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<Token>;
     /// The bytes of `token`: a special token's markup when `special`, else nothing for it.
     fn piece(&self, token: Token, special: bool) -> Vec<u8>;
+    /// Whether `grammar` parses and can be followed on this vocabulary.
+    fn check_grammar(&self, grammar: &Grammar) -> Result<(), GrammarError>;
 }
 
 impl PromptTokenizer for Target {
@@ -71,6 +73,10 @@ impl PromptTokenizer for Target {
 
     fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<Token> {
         Target::tokenize_with(self, text, add_special, parse_special)
+    }
+
+    fn check_grammar(&self, grammar: &Grammar) -> Result<(), GrammarError> {
+        Target::check_grammar(self, grammar)
     }
 
     fn piece(&self, token: Token, special: bool) -> Vec<u8> {

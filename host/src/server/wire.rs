@@ -1,7 +1,7 @@
 //! The OpenAI wire format, as serde types: request bodies, responses, stream chunks.
 //!
 //! Requests accept what OpenAI clients send; fields this server cannot honour (`n > 1`,
-//! `logprobs`, `echo`, penalties, tools, ...) are read so that they can be refused with a
+//! `echo`, penalties, tools, ...) are read so that they can be refused with a
 //! message instead of being silently ignored (see `generation.rs`); so are fields it does not
 //! know, unless they are harmless (`fields.rs`). The extension is `speculative`: per-request speculation settings in the
 //! request, and what speculation did in the response.
@@ -93,10 +93,17 @@ pub struct CommonParams {
     pub stream: bool,
     /// Streaming options.
     pub stream_options: Option<StreamOptions>,
-    /// Log probabilities (not supported).
+    /// Log-probabilities: `true` in a chat completion, the number of alternatives in a
+    /// (legacy) completion.
     pub logprobs: Option<serde_json::Value>,
-    /// Top log probabilities (not supported).
+    /// Chat: how many of the most likely tokens to report at each position.
     pub top_logprobs: Option<serde_json::Value>,
+    /// Output format: `text`, `json_object` or `json_schema` (OpenAI).
+    pub response_format: Option<serde_json::Value>,
+    /// A GBNF grammar the output must follow (llama-server).
+    pub grammar: Option<String>,
+    /// A JSON schema the output must follow (llama-server).
+    pub json_schema: Option<serde_json::Value>,
     /// Presence penalty (only 0).
     pub presence_penalty: Option<f32>,
     /// Frequency penalty (only 0).
@@ -167,8 +174,6 @@ pub struct ChatRequest {
     pub max_completion_tokens: Option<usize>,
     /// Tools (not supported).
     pub tools: Option<Vec<serde_json::Value>>,
-    /// Output format; only `text`.
-    pub response_format: Option<serde_json::Value>,
     /// Everything else.
     #[serde(flatten)]
     pub common: CommonParams,
@@ -301,7 +306,8 @@ pub struct CompletionChoice {
     pub text: String,
     /// Always 0.
     pub index: u32,
-    /// Always `null`.
+    /// The tokens' log-probabilities (`tokens`, `token_logprobs`, `top_logprobs`,
+    /// `text_offset`) when the request asked for them; `null` otherwise.
     pub logprobs: Option<serde_json::Value>,
     /// `stop` or `length` at the end; `null` before.
     pub finish_reason: Option<String>,
@@ -356,7 +362,8 @@ pub struct ChatChoice {
     /// The change (streamed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delta: Option<AssistantMessage>,
-    /// Always `null`.
+    /// The tokens' log-probabilities (`{"content": [...]}`) when the request asked for them;
+    /// `null` otherwise.
     pub logprobs: Option<serde_json::Value>,
     /// `stop` or `length` at the end; `null` before.
     pub finish_reason: Option<String>,

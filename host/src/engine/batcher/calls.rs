@@ -7,7 +7,7 @@ use crate::cascade::{DraftedToken, Token};
 use crate::engine::context::SeqId;
 use crate::engine::error::EngineError;
 use crate::engine::rounds::{RoundDraft, Verified};
-use crate::engine::sample::SamplingParams;
+use crate::engine::sample::{SamplingParams, TokenLogprob};
 
 /// What a sequence, or a draft-model handle, asks of the batcher.
 pub(super) enum Call {
@@ -47,8 +47,9 @@ pub(super) struct Start {
 
 /// The batcher's answer to a sequence's call.
 pub(super) enum Reply {
-    /// A prompt chunk was decoded; after the last, the target's first token.
-    Prefilled(Result<Option<Token>, EngineError>),
+    /// A prompt chunk was decoded; after the last, the target's first token (with its
+    /// log-probability, if the request asked for it).
+    Prefilled(Result<Option<(Token, Vec<TokenLogprob>)>, EngineError>),
     /// The round was verified.
     Verified(Result<Verified, EngineError>),
 }

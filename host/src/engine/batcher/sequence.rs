@@ -10,7 +10,7 @@ use crate::engine::context::SeqId;
 use crate::engine::error::EngineError;
 use crate::engine::model::Target;
 use crate::engine::rounds::{
-    Outcome, Prefill, Request, RoundControl, RoundDraft, Verified, Verifier, generate,
+    Outcome, OutputPiece, Prefill, Request, RoundControl, RoundDraft, Verified, Verifier, generate,
 };
 use crate::engine::verify::{Session, VerifyCurve, check_request_fits};
 
@@ -79,7 +79,7 @@ impl<'t> BatchedSequence<'t> {
         &mut self,
         request: &Request,
         cascade: &mut Cascade,
-        on_text: &mut dyn FnMut(&str),
+        on_text: &mut dyn FnMut(OutputPiece<'_>),
         control: &mut dyn RoundControl,
     ) -> Result<Outcome, EngineError> {
         check_request_fits(request, self.ctx_size())?;
@@ -175,10 +175,11 @@ impl Verifier for BatchedSequence<'_> {
                 Ok(Reply::Prefilled(Ok(first))) => {
                     self.cached.extend_from_slice(chunk);
                     position += chunk.len();
-                    if let Some(first) = first.filter(|_| last) {
+                    if let Some((first, logprobs)) = first.filter(|_| last) {
                         return Ok(Prefill::Done {
                             first,
                             cached: keep,
+                            logprobs,
                         });
                     }
                 }

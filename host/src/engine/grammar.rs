@@ -1,0 +1,145 @@
+//! Constrained output: a GBNF grammar (llama.cpp's format, also what a JSON schema becomes)
+//! that every generated token must keep the output inside.
+//!
+//! The target's choice at a position is made under the grammar ([`GrammarState::allows`],
+//! [`GrammarState::mask`]), and only committed tokens advance it ([`GrammarState::accept`]), so
+//! a verify round constrains each position exactly as plain decoding does: the state a position
+//! is checked against is the one after every token before it. A draft is checked against a
+//! copy of the state before it is verified ([`GrammarState::allowed_prefix`]), and what the
+//! grammar forbids is never decoded.
+
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
+use serde::Serialize;
+
+use super::model::{from_llama, to_llama};
+use crate::cascade::Token;
+
+/// The rule generation starts from.
+const ROOT: &str = "root";
+
+/// A request's grammar, as GBNF text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Grammar(String);
+
+/// Why a grammar or a schema was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GrammarError {
+    /// The GBNF text does not parse, or has no `root` rule.
+    #[error(
+        "the grammar does not parse as GBNF with a `root` rule (llama.cpp's grammar format: grammars/README.md in llama.cpp){0}"
+    )]
+    Invalid(String),
+    /// The JSON schema could not be turned into a grammar.
+    #[error("the JSON schema cannot be turned into a grammar: {0}")]
+    Schema(String),
+}
+
+impl Grammar {
+    /// A grammar given as GBNF text (checked when it is opened on a model).
+    pub fn gbnf(text: impl Into<String>) -> Self {
+        Self(text.into())
+    }
+
+    /// The grammar of the JSON documents `schema` accepts, as llama-server converts it.
+    pub fn json_schema(schema: &serde_json::Value) -> Result<Self, GrammarError> {
+        llama_cpp_2::json_schema_to_grammar(&schema.to_string())
+            .map(Self)
+            .map_err(|error| GrammarError::Schema(error.to_string()))
+    }
+
+    /// The GBNF text.
+    pub fn text(&self) -> &str {
+        &self.0
+    }
+
+    /// The grammar's state at the start of generation, on `model`'s vocabulary.
+    pub(super) fn open(&self, model: &LlamaModel) -> Result<GrammarState, GrammarError> {
+        let has_root = self
+            .0
+            .lines()
+            .any(|line| line.trim_start().starts_with(ROOT) && line.contains("::="));
+        if !has_root {
+            return Err(GrammarError::Invalid(
+                ": it has no `root ::= ...` rule".into(),
+            ));
+        }
+        LlamaSampler::grammar(model, &self.0, ROOT)
+            .map(|sampler| GrammarState {
+                sampler,
+                probe: LlamaTokenDataArray::new(Vec::with_capacity(1), false),
+            })
+            .map_err(|_| GrammarError::Invalid(String::new()))
+    }
+}
+
+/// Where generation stands in a grammar: which tokens may come next.
+pub(super) struct GrammarState {
+    sampler: LlamaSampler,
+    /// A one-candidate array, kept to check single tokens without allocating.
+    probe: LlamaTokenDataArray,
+}
+
+impl GrammarState {
+    /// Whether the grammar allows `token` next.
+    pub(super) fn allows(&mut self, token: Token) -> bool {
+        self.probe.data.clear();
+        self.probe
+            .data
+            .push(LlamaTokenData::new(to_llama(token), 0.0, 0.0));
+        self.probe.selected = None;
+        self.probe.sorted = false;
+        self.probe.apply_sampler(&mut self.sampler);
+        self.probe.data[0].logit() > f32::NEG_INFINITY
+    }
+
+    /// Sets the logit of every token the grammar forbids next to `-inf`.
+    pub(super) fn mask(&mut self, candidates: &mut LlamaTokenDataArray) {
+        candidates.apply_sampler(&mut self.sampler);
+    }
+
+    /// Advances the grammar past `token`, which it allowed.
+    pub(super) fn accept(&mut self, token: Token) {
+        // A token the grammar did not allow leaves the state as it was; the caller only
+        // accepts allowed tokens, so there is nothing to report.
+        let _ = self.sampler.try_accept(to_llama(token));
+    }
+
+    /// How many of `draft`'s first tokens the grammar allows in a row from here (the state
+    /// itself is left as it is).
+    pub(super) fn allowed_prefix(&mut self, draft: &[Token]) -> usize {
+        if draft.is_empty() {
+            return 0;
+        }
+        let mut ahead = GrammarState {
+            sampler: self.sampler.clone(),
+            probe: LlamaTokenDataArray::new(Vec::with_capacity(1), false),
+        };
+        for (index, &token) in draft.iter().enumerate() {
+            if !ahead.allows(token) {
+                return index;
+            }
+            ahead.accept(token);
+        }
+        draft.len()
+    }
+}
+
+/// Picks the token the grammar allows among `candidates` (the vocabulary with its logits) by
+/// arg-max, after masking the rest: greedy decoding under a grammar.
+pub(super) fn masked_argmax(
+    grammar: &mut GrammarState,
+    candidates: &mut LlamaTokenDataArray,
+) -> Token {
+    grammar.mask(candidates);
+    let mut best: Option<&LlamaTokenData> = None;
+    for candidate in &candidates.data {
+        if best.is_none_or(|best| candidate.logit() > best.logit()) {
+            best = Some(candidate);
+        }
+    }
+    best.map_or(0, |best| from_llama(best.id()))
+}

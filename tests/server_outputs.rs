@@ -1,0 +1,273 @@
+//! What a request asks of its output, on a live server with the default model (issue 26):
+//! log-probabilities (`logprobs`, `top_logprobs`, the legacy completions' `logprobs: N`) equal
+//! to plain decoding's, whole and streamed; and constrained output (`grammar`, `json_schema`,
+//! `response_format`) that parses, follows its schema, and is the same with and without
+//! speculation, greedy and seeded.
+//!
+//! Each test starts its own server and kills it at the end (`common::server`).
+
+mod common;
+
+use common::exclusive;
+use common::server::*;
+use serde_json::{Value, json};
+
+/// A prompt the default cascade drafts well for: the answer repeats the list.
+const REPEAT: &str = "Repeat this list exactly, once: alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau upsilon";
+
+/// Speculation off for one request.
+fn plain() -> Value {
+    json!({"cascade": "none"})
+}
+
+#[test]
+fn logprobs_equal_plain_decodings_whole_and_streamed() {
+    let _guard = exclusive();
+    let server = Server::start(&[]);
+    let ask = json!({"logprobs": true, "top_logprobs": 3});
+    let speculating = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(REPEAT, 48, ask.clone()),
+    );
+    let mut plain_body = chat_body(REPEAT, 48, ask.clone());
+    plain_body["speculative"] = plain();
+    let decoded = post(&server, "/v1/chat/completions", &plain_body);
+    assert_eq!(chat_text(&speculating), chat_text(&decoded));
+    let accepted = speculating.body["speculative"]["accepted"].as_u64();
+    assert!(accepted.is_some_and(|n| n > 0), "{}", speculating.body);
+    let content = &speculating.body["choices"][0]["logprobs"]["content"];
+    assert_eq!(content, &decoded.body["choices"][0]["logprobs"]["content"]);
+    let entries = content.as_array().expect("content list");
+    assert_eq!(
+        entries.len() as u64,
+        speculating.body["usage"]["completion_tokens"]
+            .as_u64()
+            .unwrap_or(0)
+            - u64::from(speculating.body["choices"][0]["finish_reason"] == "stop"),
+        "one entry per token of the text (not the end-of-generation token)"
+    );
+    let joined: String = entries
+        .iter()
+        .map(|entry| entry["token"].as_str().expect("token text"))
+        .collect();
+    assert_eq!(joined, chat_text(&speculating));
+    for entry in entries {
+        let logprob = entry["logprob"].as_f64().expect("a number");
+        let top = entry["top_logprobs"].as_array().expect("alternatives");
+        assert_eq!(top.len(), 3, "{entry}");
+        assert!(logprob <= 0.0, "{entry}");
+        // Greedy: the token chosen is the most likely one.
+        assert_eq!(top[0]["token"], entry["token"], "{entry}");
+        assert_eq!(top[0]["logprob"], entry["logprob"], "{entry}");
+        assert!(top[1]["logprob"].as_f64() <= top[0]["logprob"].as_f64());
+    }
+
+    // Streamed: the chunks' entries, joined, are the whole answer's.
+    let streamed = stream(&server, "/v1/chat/completions", &chat_body(REPEAT, 48, ask));
+    let from_chunks: Vec<Value> = streamed
+        .chunks
+        .iter()
+        .filter_map(|chunk| chunk["choices"][0]["logprobs"]["content"].as_array())
+        .flatten()
+        .cloned()
+        .collect();
+    assert_eq!(&Value::from(from_chunks), content);
+    let without = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(REPEAT, 8, json!({})),
+    );
+    assert_eq!(without.body["choices"][0]["logprobs"], Value::Null);
+
+    // Legacy completions: parallel lists, text offsets into the completion.
+    let completion = post(
+        &server,
+        "/v1/completions",
+        &json!({"prompt": REPEAT, "max_tokens": 24, "temperature": 0, "logprobs": 2}),
+    );
+    assert_eq!(completion.status, 200, "{}", completion.body);
+    let logprobs = &completion.body["choices"][0]["logprobs"];
+    let tokens: Vec<&str> = logprobs["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|token| token.as_str().expect("text"))
+        .collect();
+    assert_eq!(tokens.concat(), completion.body["choices"][0]["text"]);
+    let offsets = logprobs["text_offset"].as_array().expect("offsets");
+    let mut expected = 0;
+    for (token, offset) in tokens.iter().zip(offsets) {
+        assert_eq!(offset, expected);
+        expected += token.chars().count() as u64;
+    }
+    assert_eq!(
+        logprobs["token_logprobs"].as_array().map(Vec::len),
+        Some(tokens.len())
+    );
+    assert!(
+        logprobs["top_logprobs"]
+            .as_array()
+            .expect("alternatives")
+            .iter()
+            .all(|top| top
+                .as_object()
+                .is_some_and(|top| !top.is_empty() && top.len() <= 2)),
+        "{logprobs}"
+    );
+    for (body, param) in [
+        (
+            chat_body(REPEAT, 4, json!({"top_logprobs": 2})),
+            "top_logprobs",
+        ),
+        (
+            chat_body(REPEAT, 4, json!({"logprobs": true, "top_logprobs": 21})),
+            "top_logprobs",
+        ),
+    ] {
+        let refused = post(&server, "/v1/chat/completions", &body);
+        assert_eq!(refused.status, 400, "{}", refused.body);
+        assert_eq!(refused.body["error"]["param"], param, "{}", refused.body);
+    }
+    server.terminate();
+}
+
+/// A person, as a schema whose every output is short.
+fn person_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 24},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "languages": {"type": "array", "items": {"enum": ["rust", "c", "python"]}, "maxItems": 3}
+        },
+        "required": ["name", "age", "languages"],
+        "additionalProperties": false
+    })
+}
+
+/// Checks `text` is a JSON person of [`person_schema`].
+fn assert_person(text: &str) {
+    let person: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let object = person
+        .as_object()
+        .unwrap_or_else(|| panic!("an object: {text}"));
+    assert_eq!(object.len(), 3, "{text}");
+    assert!(
+        person["name"]
+            .as_str()
+            .is_some_and(|name| name.chars().count() <= 24),
+        "{text}"
+    );
+    assert!(
+        person["age"].as_u64().is_some_and(|age| age <= 150),
+        "{text}"
+    );
+    let languages = person["languages"]
+        .as_array()
+        .unwrap_or_else(|| panic!("a list: {text}"));
+    assert!(languages.len() <= 3, "{text}");
+    for language in languages {
+        assert!(
+            ["rust", "c", "python"].contains(&language.as_str().unwrap_or("")),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn constrained_outputs_parse_and_are_the_same_with_and_without_speculation() {
+    let _guard = exclusive();
+    let server = Server::start(&[]);
+    let ask = "Describe Ada, a 36 year old programmer who writes Rust and C, as JSON.";
+    let schema = person_schema();
+    let format =
+        json!({"type": "json_schema", "json_schema": {"name": "person", "schema": schema}});
+    for (constraint, sampling) in [
+        (json!({"response_format": format}), json!({})),
+        (json!({"json_schema": schema}), json!({})),
+        (
+            json!({"response_format": format}),
+            json!({"temperature": 0.8, "seed": 7}),
+        ),
+    ] {
+        let mut extra = constraint.clone();
+        extra
+            .as_object_mut()
+            .expect("object")
+            .extend(sampling.as_object().expect("object").clone());
+        let speculating = post(
+            &server,
+            "/v1/chat/completions",
+            &chat_body(ask, 160, extra.clone()),
+        );
+        let text = chat_text(&speculating);
+        assert_eq!(
+            speculating.body["choices"][0]["finish_reason"], "stop",
+            "{}",
+            speculating.body
+        );
+        assert_person(&text);
+        let mut plain_body = chat_body(ask, 160, extra);
+        plain_body["speculative"] = plain();
+        assert_eq!(
+            chat_text(&post(&server, "/v1/chat/completions", &plain_body)),
+            text,
+            "{constraint} {sampling}"
+        );
+    }
+
+    // A GBNF grammar: only its strings, then the end.
+    let grammar = r#"root ::= "yes" | "no" | "maybe""#;
+    let answer = post(
+        &server,
+        "/completions",
+        &json!({"prompt": "Is the sky green? Answer:", "grammar": grammar, "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let text = answer.body["choices"][0]["text"].as_str().expect("text");
+    assert!(["yes", "no", "maybe"].contains(&text), "{text}");
+    assert_eq!(answer.body["choices"][0]["finish_reason"], "stop");
+
+    // Any JSON object.
+    let object = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(
+            "List two colours as JSON.",
+            96,
+            json!({"response_format": {"type": "json_object"}}),
+        ),
+    );
+    let text = chat_text(&object);
+    if object.body["choices"][0]["finish_reason"] == "stop" {
+        assert!(
+            serde_json::from_str::<Value>(&text).is_ok_and(|v| v.is_object()),
+            "{text}"
+        );
+    } else {
+        assert!(text.trim_start().starts_with('{'), "{text}");
+    }
+
+    for (extra, param) in [
+        (json!({"grammar": "root ::= ("}), "grammar"),
+        (json!({"grammar": "start ::= \"a\""}), "grammar"),
+        (
+            json!({"response_format": {"type": "xml"}}),
+            "response_format",
+        ),
+        (
+            json!({"json_schema": {"type": "object"}, "grammar": grammar}),
+            "json_schema",
+        ),
+    ] {
+        let refused = post(
+            &server,
+            "/v1/chat/completions",
+            &chat_body(ask, 8, extra.clone()),
+        );
+        assert_eq!(refused.status, 400, "{extra}: {}", refused.body);
+        assert_eq!(refused.body["error"]["param"], param, "{}", refused.body);
+    }
+    server.terminate();
+}
