@@ -269,3 +269,68 @@ fn tokenize_detokenize_and_llama_server_fields() {
     let message = full.body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("leaves no room to generate"), "{message}");
 }
+
+#[test]
+fn several_hosts_slots_templates_and_assistant_prefill() {
+    let _guard = exclusive();
+    // 127.0.0.2 is loopback on Linux too: a second address without IPv6.
+    let server = Server::start(&["--host", "127.0.0.1,127.0.0.2"]);
+    let port = server.base.rsplit(':').next().expect("a port").to_owned();
+    let second = format!("http://127.0.0.2:{port}");
+    for base in [server.base.clone(), second.clone()] {
+        let health = answer(agent().get(format!("{base}/health")).call());
+        assert_eq!(health.status, 200, "{base}: {}", health.body);
+    }
+
+    let slots = get(&server, "/slots", None);
+    assert_eq!(slots.status, 200, "{}", slots.body);
+    assert_eq!(slots.body[0]["id"], 0, "{}", slots.body);
+    assert_eq!(slots.body[0]["is_processing"], false, "{}", slots.body);
+    assert_eq!(get(&server, "/slots?fail_on_no_slot=1", None).status, 200);
+    assert_eq!(get(&server, "/slots?frobnicate=2", None).status, 400);
+
+    let user = json!({"role": "user", "content": "Count from 1 to 10."});
+    let started = json!({"role": "assistant", "content": "1, 2, 3, 4,"});
+    let templated = post(&server, "/apply-template", &json!({"messages": [user]}));
+    assert_eq!(templated.status, 200, "{}", templated.body);
+    let prompt = templated.body["prompt"].as_str().expect("prompt text");
+    assert!(prompt.contains("Count from 1 to 10."), "{prompt}");
+    assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt:?}");
+    // The last message is the assistant's: its answer is continued, not answered anew.
+    let prefilled = post(
+        &server,
+        "/apply-template",
+        &json!({"messages": [user, started]}),
+    );
+    let prefilled = prefilled.body["prompt"].as_str().expect("prompt text");
+    assert_eq!(prefilled, format!("{prompt}1, 2, 3, 4,"));
+    let new_turn = post(
+        &server,
+        "/apply-template",
+        &json!({"messages": [user, started], "continue_final_message": false}),
+    );
+    let new_turn = new_turn.body["prompt"].as_str().expect("prompt text");
+    assert!(
+        new_turn.ends_with("<|im_start|>assistant\n"),
+        "{new_turn:?}"
+    );
+
+    let body = json!({"messages": [user, started], "max_tokens": 8, "temperature": 0});
+    let continued = post(&server, "/v1/chat/completions", &body);
+    let text = chat_text(&continued);
+    assert!(text.contains('5') && !text.contains("1, 2"), "{text:?}");
+    let completion = post(
+        &server,
+        "/v1/completions",
+        &json!({"prompt": prefilled, "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(completion.body["choices"][0]["text"], text.as_str());
+    let refused = post(
+        &server,
+        "/v1/chat/completions",
+        &json!({"messages": [user], "continue_final_message": true, "max_tokens": 4}),
+    );
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert_eq!(refused.body["error"]["param"], "continue_final_message");
+    server.terminate();
+}

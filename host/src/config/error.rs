@@ -138,6 +138,11 @@ pub enum ConfigError {
     /// This machine's CPU layout cannot be read.
     #[error(transparent)]
     Topology(#[from] TopologyError),
+    /// An entry of `--host` is empty.
+    #[error(
+        "--host entry {0} is empty; give addresses such as 127.0.0.1 or ::1, separated by commas or in several --host flags"
+    )]
+    EmptyHost(usize),
     /// A count that must be positive is 0.
     #[error("{flag} must be at least 1")]
     ZeroCount {

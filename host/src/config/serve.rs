@@ -39,9 +39,10 @@ pub struct ServeArgs {
     /// The default sampling of requests that give none.
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// Address to listen on.
-    #[arg(long)]
-    pub host: Option<String>,
+    /// Addresses to listen on, comma-separated or repeated (`--host 127.0.0.1 --host ::1`),
+    /// all on the one --port.
+    #[arg(long, value_delimiter = ',')]
+    pub host: Vec<String>,
     /// Port to listen on; 0 picks a free one (the address is printed on stdout).
     #[arg(long)]
     pub port: Option<u16>,
@@ -200,8 +201,8 @@ pub struct ServeConfig {
     pub sampling: SamplingParams,
     /// Settings of each slot's llama.cpp context.
     pub session: SessionParams,
-    /// Host name or address to listen on.
-    pub host: String,
+    /// Host names or addresses to listen on, all on `port` (never empty).
+    pub hosts: Vec<String>,
     /// Port to listen on (0: any free one).
     pub port: u16,
     /// Slots: requests generated at once.
@@ -321,7 +322,13 @@ impl ServeArgs {
         let sampling = self.sampling.resolve(&FileRun::default(), Some(0))?;
         let admin_token = admin_token(self.admin_token, self.admin_token_file.as_deref())?;
         let api_keys = api_keys(self.api_key.as_deref(), self.api_key_file.as_deref())?;
-        let host = self.host.unwrap_or_else(|| DEFAULT_SERVE_HOST.to_owned());
+        let mut hosts = self.host;
+        if hosts.is_empty() {
+            hosts.push(DEFAULT_SERVE_HOST.to_owned());
+        }
+        if let Some(empty) = hosts.iter().position(|host| host.trim().is_empty()) {
+            return Err(ConfigError::EmptyHost(empty + 1));
+        }
         let allowed_hosts = match &self.allowed_hosts {
             Some(list) => {
                 AllowedHosts::parse(list).map_err(|problem| ConfigError::AllowedHosts {
@@ -329,7 +336,7 @@ impl ServeArgs {
                     problem,
                 })?
             }
-            None => AllowedHosts::for_listen_address(&host),
+            None => AllowedHosts::for_listen_addresses(&hosts),
         };
         let cors_origins = match &self.cors_origins {
             Some(list) => CorsOrigins::parse(list).map_err(|problem| ConfigError::CorsOrigins {
@@ -392,7 +399,7 @@ impl ServeArgs {
             max_tokens_limit,
             sampling,
             session,
-            host,
+            hosts,
             port: self.port.unwrap_or(DEFAULT_SERVE_PORT),
             parallel,
             prefill_chunk,
@@ -492,7 +499,7 @@ mod tests {
             .expect("defaults are valid");
         assert_eq!(
             (
-                config.host.as_str(),
+                config.hosts[0].as_str(),
                 config.port,
                 config.parallel,
                 config.model_id.as_str()

@@ -1,9 +1,9 @@
 //! `POST /v1/chat/completions`: the conversation goes through the model's chat template (from
 //! the GGUF), then generation continues the assistant's turn.
 
-use axum::Extension;
 use axum::extract::State;
 use axum::response::Response;
+use axum::{Extension, Json};
 
 use super::connections::ClientConnection;
 use super::error::ApiError;
@@ -13,13 +13,13 @@ use super::generation::{
 };
 use super::logprobs;
 use super::metrics::Endpoint;
-use super::state::AppState;
+use super::state::{AppState, PromptTokenizer};
 use super::wire::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatMessage, ChatRequest, MessageContent,
     Timings, Usage, system_fingerprint,
 };
 use crate::cascade::Token;
-use crate::engine::TokenLogprob;
+use crate::engine::{EngineError, MessageContents, TokenLogprob};
 
 const ENDPOINT: Endpoint = Endpoint::ChatCompletions;
 /// `object` of a chat completion.
@@ -39,12 +39,13 @@ pub async fn create(
     let ApiJson(body) = body.map_err(invalid)?;
     refuse_unsupported(&body).map_err(invalid)?;
     let messages = conversation(&body.messages).map_err(invalid)?;
+    let prefill = assistant_prefill(&messages, body.continue_final_message).map_err(invalid)?;
     let max_tokens = body.max_completion_tokens.or(body.common.max_tokens);
     let plan = Plan::from_params(&state, ENDPOINT, body.common, max_tokens)
         .await
         .map_err(invalid)?;
     let client = client.map(|Extension(client)| client);
-    let prompt = tokenize(&state, messages).await.map_err(invalid)?;
+    let prompt = tokenize(&state, messages, prefill).await.map_err(invalid)?;
     let submitted = plan.submit(&state, "chatcmpl", prompt)?;
 
     let id = submitted.id;
@@ -213,24 +214,101 @@ fn conversation(messages: &[ChatMessage]) -> Result<Vec<(String, String)>, ApiEr
         .collect()
 }
 
-/// The conversation's tokens through the model's chat template, ready for the assistant's
-/// turn (off the async threads: a long conversation takes a while).
+/// Whether generation continues the last message (an assistant's) rather than starting a new
+/// turn: as `continue_final_message` says, else when the last message is the assistant's (as
+/// llama-server prefills it).
+fn assistant_prefill(
+    messages: &[(String, String)],
+    continue_final_message: Option<bool>,
+) -> Result<bool, ApiError> {
+    let last_is_assistant = messages.last().is_some_and(|(role, _)| role == ASSISTANT);
+    match continue_final_message {
+        Some(true) if !last_is_assistant => Err(ApiError::invalid_param(
+            "continue_final_message",
+            "continue_final_message needs the last message to be the assistant's; add it, or leave the field out",
+        )),
+        Some(continue_it) => Ok(continue_it),
+        None => Ok(last_is_assistant),
+    }
+}
+
+/// The conversation through the model's chat template: ready for the assistant's turn, or,
+/// with `prefill`, the turns before the last with the last (the assistant's) message as the
+/// start of the answer. As text, or as tokens; the message contents are plain text unless the
+/// server lets them hold markup.
+struct Templated<'m> {
+    turns: Vec<(&'m str, &'m str)>,
+    prefill: Option<&'m str>,
+}
+
+impl<'m> Templated<'m> {
+    fn new(messages: &'m [(String, String)], prefill: bool) -> Self {
+        let mut turns: Vec<(&str, &str)> = messages
+            .iter()
+            .map(|(role, content)| (role.as_str(), content.as_str()))
+            .collect();
+        let prefill = if prefill {
+            turns.pop().map(|(_, content)| content)
+        } else {
+            None
+        };
+        Self { turns, prefill }
+    }
+
+    fn text(&self, tokenizer: &dyn PromptTokenizer) -> Result<String, EngineError> {
+        let mut text = tokenizer.template(&self.turns)?;
+        text.push_str(self.prefill.unwrap_or(""));
+        Ok(text)
+    }
+
+    fn tokens(
+        &self,
+        tokenizer: &dyn PromptTokenizer,
+        contents: MessageContents,
+    ) -> Result<Vec<Token>, EngineError> {
+        let mut tokens = tokenizer.tokenize_messages(&self.turns, contents)?;
+        if let Some(answer) = self.prefill {
+            let markup = contents == MessageContents::Markup;
+            tokens.extend(tokenizer.tokenize(answer, false, markup));
+        }
+        Ok(tokens)
+    }
+}
+
+/// The conversation's tokens through the model's chat template (off the async threads: a
+/// long conversation takes a while).
 async fn tokenize(
     state: &AppState,
     messages: Vec<(String, String)>,
+    prefill: bool,
 ) -> Result<Vec<Token>, ApiError> {
     let tokenizer = std::sync::Arc::clone(&state.tokenizer);
     let contents = state.message_contents;
     let tokenized = tokio::task::spawn_blocking(move || {
-        let pairs: Vec<(&str, &str)> = messages
-            .iter()
-            .map(|(role, content)| (role.as_str(), content.as_str()))
-            .collect();
-        tokenizer.tokenize_messages(&pairs, contents)
+        Templated::new(&messages, prefill).tokens(tokenizer.as_ref(), contents)
     })
     .await
     .map_err(|e| ApiError::internal(format!("tokenizing the conversation failed: {e}")))?;
     tokenized.map_err(|e| ApiError::invalid_param("messages", e.to_string()))
+}
+
+/// `POST /apply-template`: a chat request's conversation through the chat template, as the
+/// text a completion would be given (`{"prompt": ...}`), as llama-server answers it.
+pub async fn apply_template(
+    State(state): State<AppState>,
+    body: Result<ApiJson<ChatRequest>, ApiError>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let ApiJson(body) = body?;
+    let messages = conversation(&body.messages)?;
+    let prefill = assistant_prefill(&messages, body.continue_final_message)?;
+    let tokenizer = std::sync::Arc::clone(&state.tokenizer);
+    let text = tokio::task::spawn_blocking(move || {
+        Templated::new(&messages, prefill).text(tokenizer.as_ref())
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("applying the chat template failed: {e}")))?;
+    let prompt = text.map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
+    Ok(Json(serde_json::json!({ "prompt": prompt })))
 }
 
 #[cfg(test)]

@@ -220,10 +220,10 @@ impl HttpBody for TrackedBody {
     }
 }
 
-/// Serves `app` on `listener` within `limits` until `shutdown` resolves, then closes every
-/// connection within [`ConnectionLimits::shutdown_timeout`].
+/// Serves `app` on `listeners` (one per listening address, all sharing `limits`) until `shutdown`
+/// resolves, then closes every connection within [`ConnectionLimits::shutdown_timeout`].
 pub async fn serve(
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     app: Router,
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()>,
@@ -237,7 +237,9 @@ pub async fn serve(
         tokio::select! {
             () = &mut shutdown => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = listener.accept() => match accepted {
+            (accepted, _, _) = futures_util::future::select_all(
+                listeners.iter().map(|listener| Box::pin(listener.accept())),
+            ) => match accepted {
                 Ok((stream, peer)) => match Arc::clone(&permits).try_acquire_owned() {
                     Ok(permit) => {
                         connections.spawn(serve_connection(
@@ -261,7 +263,7 @@ pub async fn serve(
             }
         }
     }
-    drop(listener);
+    drop(listeners);
     stop.send_replace(true);
     let open = connections.len();
     if open > 0 {

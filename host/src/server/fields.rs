@@ -73,7 +73,6 @@ const HARMLESS: &[(&str, Harmless)] = &[
     ("lora", Harmless::Unset),
     ("post_sampling_probs", Harmless::Unset),
     ("return_tokens", Harmless::Unset),
-    ("continue_final_message", Harmless::Unset),
     ("add_generation_prompt", Harmless::At(1.0)),
     ("chat_template_kwargs", Harmless::Unset),
 ];
@@ -154,8 +153,8 @@ mod tests {
             (json!({"mirostat": 2}), "mirostat"),
             (json!({"ignore_eos": true}), "ignore_eos"),
             (
-                json!({"continue_final_message": true}),
-                "continue_final_message",
+                json!({"chat_template_kwargs": {"x": 1}}),
+                "chat_template_kwargs",
             ),
             (json!({"t_max_predict_ms": 500}), "t_max_predict_ms"),
         ] {

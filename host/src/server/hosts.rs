@@ -58,9 +58,28 @@ impl AllowedHosts {
         Ok(Self::Only(names))
     }
 
+    /// The default for a server listening on `addresses`: the loopback names (and the
+    /// addresses themselves) when every address is a loopback one, any name otherwise.
+    pub fn for_listen_addresses(addresses: &[String]) -> Self {
+        let mut names = Vec::new();
+        for address in addresses {
+            match Self::for_listen_address(address) {
+                Self::Any => return Self::Any,
+                Self::Only(more) => {
+                    for name in more {
+                        if !names.contains(&name) {
+                            names.push(name);
+                        }
+                    }
+                }
+            }
+        }
+        Self::Only(names)
+    }
+
     /// The default for a server listening on `address`: the loopback names (and `address`
     /// itself) for a loopback address, any name otherwise.
-    pub fn for_listen_address(address: &str) -> Self {
+    fn for_listen_address(address: &str) -> Self {
         let address = normalize(address.trim_start_matches('[').trim_end_matches(']'));
         let loopback = LOOPBACK_NAMES.contains(&address.as_str())
             || address
@@ -199,6 +218,14 @@ mod tests {
             AllowedHosts::Any
         );
         assert!(AllowedHosts::for_listen_address("[::1]").allows("[::1]"));
+        let both = AllowedHosts::for_listen_addresses(&["127.0.0.1".into(), "::1".into()]);
+        assert!(
+            both.allows("[::1]:80") && both.allows("127.0.0.1") && !both.allows("evil.example")
+        );
+        assert_eq!(
+            AllowedHosts::for_listen_addresses(&["::1".into(), "0.0.0.0".into()]),
+            AllowedHosts::Any
+        );
     }
 
     #[test]

@@ -25,7 +25,9 @@ pub fn router(state: AppState) -> Router {
         .route("/chat/completions", post(chat::create))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
+        .route("/apply-template", post(chat::apply_template))
         .route("/props", get(models::props))
+        .route("/slots", get(models::slots))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             api_key::require,
@@ -113,6 +115,10 @@ mod tests {
             vec![token as u8]
         }
 
+        fn template(&self, messages: &[(&str, &str)]) -> Result<String, EngineError> {
+            Ok(messages.iter().map(|(_, content)| *content).collect())
+        }
+
         /// No grammar is followed on this vocabulary: the router's tests send none.
         fn check_grammar(&self, _grammar: &Grammar) -> Result<(), GrammarError> {
             Err(GrammarError::Invalid(
@@ -176,7 +182,7 @@ mod tests {
             api_keys: Vec::new(),
             auth_failures: AuthFailures::default(),
             public_metrics: false,
-            allowed_hosts: AllowedHosts::for_listen_address("127.0.0.1"),
+            allowed_hosts: AllowedHosts::for_listen_addresses(&["127.0.0.1".to_owned()]),
             cors_origins: crate::server::cors::CorsOrigins::None,
             message_contents: MessageContents::Plain,
             plugin_dirs: PluginDirs::new(Vec::new()),

@@ -228,6 +228,14 @@ impl Queue {
         self.ready.notify_all();
     }
 
+    /// Per slot, in order: whether it is generating (not waiting for a request).
+    pub fn slots_busy(&self) -> Vec<bool> {
+        let state = self.lock();
+        (0..self.slots)
+            .map(|slot| !state.idle.contains_key(&slot))
+            .collect()
+    }
+
     /// Current occupancy.
     pub fn gauges(&self) -> QueueGauges {
         let state = self.lock();

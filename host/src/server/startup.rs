@@ -354,17 +354,13 @@ fn serve_http(
     fit_file_limit(&mut limits);
     let queue = Arc::clone(&state.queue);
     let served = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot listen on {}:{}; pick another --port (0 picks a free one) or --host",
-                    config.host, config.port
-                )
-            })?;
-        let address = listener
-            .local_addr()
-            .context("reading the listener's address")?;
+        let listeners = bind(&config.hosts, config.port).await?;
+        let addresses: Vec<SocketAddr> = listeners
+            .iter()
+            .map(tokio::net::TcpListener::local_addr)
+            .collect::<Result<_, _>>()
+            .context("reading the listeners' addresses")?;
+        let address = addresses[0];
         if let Some(dir) = &config.watch {
             tokio::spawn(watch::run(
                 dir.clone(),
@@ -373,7 +369,7 @@ fn serve_http(
             ));
         }
         tracing::info!(
-            %address,
+            address = %addresses.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
             model = %config.model_id,
             slots = config.parallel,
             max_queue = config.max_queue,
@@ -389,9 +385,11 @@ fn serve_http(
                 Some(embedding.stop)
             }
             None => {
-                // Scripts and tests read the address from this line; it is the only line on
-                // stdout.
-                println!("listening on http://{address}");
+                // Scripts and tests read the address from the first line; these are the only
+                // lines on stdout, one per --host, in order.
+                for address in &addresses {
+                    println!("listening on http://{address}");
+                }
                 None
             }
         };
@@ -408,13 +406,34 @@ fn serve_http(
             // New requests get 503 from now on; the slots finish what they hold, then stop.
             queue.close();
         };
-        connections::serve(listener, router(state), limits, shutdown).await;
+        connections::serve(listeners, router(state), limits, shutdown).await;
         anyhow::Ok(())
     });
     // A plugin compile still running on a blocking thread (an admin update, the watcher) does
     // not hold the exit up.
     runtime.shutdown_timeout(Duration::from_secs(1));
     served
+}
+
+/// Listeners on every one of `hosts`, all on `port`; with port 0 the first picks a free port
+/// and the others take the same.
+async fn bind(hosts: &[String], port: u16) -> anyhow::Result<Vec<tokio::net::TcpListener>> {
+    let mut listeners: Vec<tokio::net::TcpListener> = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        let port = match listeners.first() {
+            Some(first) if port == 0 => first.local_addr()?.port(),
+            _ => port,
+        };
+        let listener = tokio::net::TcpListener::bind((host.as_str(), port))
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen on {host} port {port}; pick another --port (0 picks a free one) or --host"
+                )
+            })?;
+        listeners.push(listener);
+    }
+    Ok(listeners)
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -54,6 +54,9 @@ pub trait PromptTokenizer: Send + Sync {
     fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<Token>;
     /// The bytes of `token`: a special token's markup when `special`, else nothing for it.
     fn piece(&self, token: Token, special: bool) -> Vec<u8>;
+    /// `messages` (role, content) through the chat template as text, ready for the
+    /// assistant's turn (`POST /apply-template`).
+    fn template(&self, messages: &[(&str, &str)]) -> Result<String, EngineError>;
     /// Whether `grammar` parses and can be followed on this vocabulary.
     fn check_grammar(&self, grammar: &Grammar) -> Result<(), GrammarError>;
 }
@@ -73,6 +76,10 @@ impl PromptTokenizer for Target {
 
     fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<Token> {
         Target::tokenize_with(self, text, add_special, parse_special)
+    }
+
+    fn template(&self, messages: &[(&str, &str)]) -> Result<String, EngineError> {
+        Target::template_messages(self, messages)
     }
 
     fn check_grammar(&self, grammar: &Grammar) -> Result<(), GrammarError> {

@@ -174,6 +174,10 @@ pub struct ChatRequest {
     pub max_completion_tokens: Option<usize>,
     /// Tools (not supported).
     pub tools: Option<Vec<serde_json::Value>>,
+    /// Continue the last message, an assistant's, rather than start a new turn after it
+    /// (vLLM's field; default: continue when the last message is the assistant's, as
+    /// llama-server does).
+    pub continue_final_message: Option<bool>,
     /// Everything else.
     #[serde(flatten)]
     pub common: CommonParams,
