@@ -271,3 +271,98 @@ fn constrained_outputs_parse_and_are_the_same_with_and_without_speculation() {
     }
     server.terminate();
 }
+
+#[test]
+fn several_choices_draw_with_their_own_seeds_whole_and_streamed() {
+    let _guard = exclusive();
+    let server = Server::start(&["--parallel", "2"]);
+    let ask = "Name a colour and say why you like it.";
+    let seeded = json!({"n": 3, "temperature": 0.9, "seed": 11});
+    let whole = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(ask, 24, seeded.clone()),
+    );
+    assert_eq!(whole.status, 200, "{}", whole.body);
+    let choices = whole.body["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3, "{}", whole.body);
+    let texts: Vec<&str> = choices
+        .iter()
+        .enumerate()
+        .map(|(index, choice)| {
+            assert_eq!(choice["index"], index, "{choice}");
+            choice["message"]["content"].as_str().expect("text")
+        })
+        .collect();
+    assert!(texts[0] != texts[1] || texts[1] != texts[2], "{texts:?}");
+    // Choice i draws with seed + i: choice 1 is what a single request of seed 12 gives.
+    let alone = post(
+        &server,
+        "/v1/chat/completions",
+        &chat_body(ask, 24, json!({"temperature": 0.9, "seed": 12})),
+    );
+    assert_eq!(chat_text(&alone), texts[1]);
+    // The prompt counted once, every choice's tokens.
+    let usage = &whole.body["usage"];
+    assert_eq!(usage["prompt_tokens"], alone.body["usage"]["prompt_tokens"]);
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(
+            usage["prompt_tokens"].as_u64().unwrap_or(0)
+                + usage["completion_tokens"].as_u64().unwrap_or(0)
+        )
+    );
+    assert!(
+        usage["completion_tokens"].as_u64() > Some(24),
+        "three answers: {usage}"
+    );
+
+    // Streamed: every choice's text under its index, a finish for each, usage after all.
+    let mut body = chat_body(ask, 24, seeded);
+    body["stream_options"] = json!({"include_usage": true});
+    let streamed = stream(&server, "/v1/chat/completions", &body);
+    assert!(
+        streamed.done && streamed.errors().is_empty(),
+        "{:?}",
+        streamed.chunks
+    );
+    for (index, text) in texts.iter().enumerate() {
+        let joined: String = streamed
+            .chunks
+            .iter()
+            .filter(|chunk| chunk["choices"][0]["index"] == index)
+            .filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(&joined, text, "choice {index}");
+        let finishes = streamed
+            .chunks
+            .iter()
+            .filter(|chunk| {
+                chunk["choices"][0]["index"] == index
+                    && chunk["choices"][0]["finish_reason"].is_string()
+            })
+            .count();
+        assert_eq!(finishes, 1, "choice {index}");
+    }
+    let last = streamed.chunks.last().expect("chunks");
+    for count in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(last["usage"][count], usage[count], "{last}");
+    }
+
+    // Greedy choices are all the same; completions take `n` too.
+    let greedy = post(
+        &server,
+        "/v1/completions",
+        &json!({"prompt": "1, 2, 3,", "max_tokens": 6, "temperature": 0, "n": 2, "logprobs": 1}),
+    );
+    assert_eq!(greedy.status, 200, "{}", greedy.body);
+    let choices = greedy.body["choices"].as_array().expect("choices");
+    assert_eq!(choices[0]["text"], choices[1]["text"]);
+    assert_eq!(choices[0]["logprobs"], choices[1]["logprobs"]);
+    for n in [0, 17] {
+        let refused = post(&server, "/v1/completions", &json!({"prompt": "x", "n": n}));
+        assert_eq!(refused.status, 400, "{}", refused.body);
+        assert_eq!(refused.body["error"]["param"], "n", "{}", refused.body);
+    }
+    server.terminate();
+}

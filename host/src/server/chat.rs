@@ -57,33 +57,45 @@ pub async fn create(
     let logprobs_of = move |logprobs: &[TokenLogprob]| {
         reports_logprobs.then(|| logprobs::chat_content(tokenizer.as_ref(), logprobs))
     };
-    let chunk = move |delta: AssistantMessage, finish_reason: Option<String>| ChatCompletion {
-        id: id.clone(),
-        system_fingerprint: fingerprint.clone(),
-        object: CHUNK_OBJECT.to_owned(),
-        created,
-        model: model.clone(),
-        choices: vec![ChatChoice {
-            index: 0,
-            message: None,
-            delta: Some(delta),
-            logprobs: None,
-            finish_reason,
-        }],
-        usage: None,
-        timings: None,
-        speculative: None,
+    let chunk = move |index: usize, delta: AssistantMessage, finish_reason: Option<String>| {
+        ChatCompletion {
+            id: id.clone(),
+            system_fingerprint: fingerprint.clone(),
+            object: CHUNK_OBJECT.to_owned(),
+            created,
+            model: model.clone(),
+            choices: vec![ChatChoice {
+                index,
+                message: None,
+                delta: Some(delta),
+                logprobs: None,
+                finish_reason,
+            }],
+            usage: None,
+            timings: None,
+            speculative: None,
+        }
     };
+    let choices = submitted.choices;
     if plan.stream {
         let include_usage = plan.include_usage;
-        let mut role_sent = false;
+        let mut role_sent = vec![false; choices];
+        let mut usage: Option<Usage> = None;
         return Ok(generation::event_stream(
             submitted.events,
+            choices,
             client,
             move |piece| {
                 let mut chunks = Vec::new();
-                if !std::mem::replace(&mut role_sent, true) {
+                let choice = match &piece {
+                    Piece::Text { choice, .. } => *choice,
+                    Piece::Done { finished, .. } => finished.choice,
+                };
+                if let Some(sent) = role_sent.get_mut(choice)
+                    && !std::mem::replace(sent, true)
+                {
                     chunks.push(chunk(
+                        choice,
                         AssistantMessage {
                             role: Some(ASSISTANT.to_owned()),
                             content: Some(String::new()),
@@ -92,8 +104,9 @@ pub async fn create(
                     ));
                 }
                 match piece {
-                    Piece::Text { text, logprobs } => {
+                    Piece::Text { text, logprobs, .. } => {
                         let mut text_chunk = chunk(
+                            choice,
                             AssistantMessage {
                                 role: None,
                                 content: Some(text),
@@ -103,20 +116,26 @@ pub async fn create(
                         text_chunk.choices[0].logprobs = logprobs_of(&logprobs);
                         chunks.push(text_chunk);
                     }
-                    Piece::Done(finished) => {
+                    Piece::Done { finished, last } => {
+                        let stats = &finished.outcome.stats;
+                        match &mut usage {
+                            Some(usage) => usage.add_choice(stats),
+                            None => usage = Some(Usage::of(stats)),
+                        }
                         chunks.push(ChatCompletion {
-                            timings: Some(Timings::of(&finished.outcome.stats)),
+                            timings: Some(Timings::of(stats)),
                             speculative: Some(speculative_report(&finished)),
                             ..chunk(
+                                choice,
                                 AssistantMessage::default(),
                                 Some(finish_reason(finished.outcome.stop_reason)),
                             )
                         });
-                        if include_usage {
+                        if include_usage && last {
                             chunks.push(ChatCompletion {
                                 choices: Vec::new(),
-                                usage: Some(Usage::of(&finished.outcome.stats)),
-                                ..chunk(AssistantMessage::default(), None)
+                                usage,
+                                ..chunk(0, AssistantMessage::default(), None)
                             });
                         }
                     }
@@ -128,23 +147,29 @@ pub async fn create(
             },
         ));
     }
-    let template = chunk(AssistantMessage::default(), None);
-    whole_response(submitted.events, client, move |finished| {
+    let template = chunk(0, AssistantMessage::default(), None);
+    whole_response(submitted.events, choices, client, move |finished| {
+        let first = &finished[0];
         let response = ChatCompletion {
             object: OBJECT.to_owned(),
-            choices: vec![ChatChoice {
-                index: 0,
-                message: Some(AssistantMessage {
-                    role: Some(ASSISTANT.to_owned()),
-                    content: Some(finished.outcome.text.clone()),
-                }),
-                delta: None,
-                logprobs: logprobs_of(&finished.outcome.logprobs),
-                finish_reason: Some(finish_reason(finished.outcome.stop_reason)),
-            }],
-            usage: Some(Usage::of(&finished.outcome.stats)),
-            timings: Some(Timings::of(&finished.outcome.stats)),
-            speculative: Some(speculative_report(&finished)),
+            choices: finished
+                .iter()
+                .map(|done| ChatChoice {
+                    index: done.choice,
+                    message: Some(AssistantMessage {
+                        role: Some(ASSISTANT.to_owned()),
+                        content: Some(done.outcome.text.clone()),
+                    }),
+                    delta: None,
+                    logprobs: logprobs_of(&done.outcome.logprobs),
+                    finish_reason: Some(finish_reason(done.outcome.stop_reason)),
+                })
+                .collect(),
+            usage: Some(Usage::of_choices(
+                finished.iter().map(|done| &done.outcome.stats),
+            )),
+            timings: Some(Timings::of(&first.outcome.stats)),
+            speculative: Some(speculative_report(first)),
             ..template
         };
         serde_json::to_value(response).unwrap_or_default()

@@ -46,11 +46,16 @@ pub async fn create(
     let fingerprint = system_fingerprint();
     let reports_logprobs = plan.reports_logprobs();
     let tokenizer = std::sync::Arc::clone(&state.tokenizer);
-    let mut logprobs = CompletionLogprobs::default();
-    let mut logprobs_of = move |generated: &[TokenLogprob]| {
-        reports_logprobs.then(|| logprobs.next(tokenizer.as_ref(), generated))
+    let choices = submitted.choices;
+    // Per choice: its text offsets continue from chunk to chunk.
+    let mut logprobs: Vec<CompletionLogprobs> = (0..choices)
+        .map(|_| CompletionLogprobs::default())
+        .collect();
+    let mut logprobs_of = move |choice: usize, generated: &[TokenLogprob]| {
+        let logprobs = logprobs.get_mut(choice).filter(|_| reports_logprobs)?;
+        Some(logprobs.next(tokenizer.as_ref(), generated))
     };
-    let completion = move |text: String, finish_reason: Option<String>| Completion {
+    let completion = move |index: usize, text: String, finish_reason: Option<String>| Completion {
         id: id.clone(),
         system_fingerprint: fingerprint.clone(),
         object: OBJECT.to_owned(),
@@ -58,7 +63,7 @@ pub async fn create(
         model: model.clone(),
         choices: vec![CompletionChoice {
             text,
-            index: 0,
+            index,
             logprobs: None,
             finish_reason,
         }],
@@ -68,52 +73,70 @@ pub async fn create(
     };
     if plan.stream {
         let include_usage = plan.include_usage;
+        let mut usage: Option<Usage> = None;
         return Ok(generation::event_stream(
             submitted.events,
+            choices,
             client,
             move |piece| {
                 let chunks = match piece {
-                    Piece::Text { text, logprobs } => {
-                        let mut chunk = completion(text, None);
-                        chunk.choices[0].logprobs = logprobs_of(&logprobs);
+                    Piece::Text {
+                        choice,
+                        text,
+                        logprobs,
+                    } => {
+                        let mut chunk = completion(choice, text, None);
+                        chunk.choices[0].logprobs = logprobs_of(choice, &logprobs);
                         vec![chunk]
                     }
-                    Piece::Done(finished) => {
-                        let last = Completion {
-                            timings: Some(Timings::of(&finished.outcome.stats)),
+                    Piece::Done { finished, last } => {
+                        let stats = &finished.outcome.stats;
+                        match &mut usage {
+                            Some(usage) => usage.add_choice(stats),
+                            None => usage = Some(Usage::of(stats)),
+                        }
+                        let mut chunks = vec![Completion {
+                            timings: Some(Timings::of(stats)),
                             speculative: Some(speculative_report(&finished)),
                             ..completion(
+                                finished.choice,
                                 String::new(),
                                 Some(finish_reason(finished.outcome.stop_reason)),
                             )
-                        };
-                        let usage = Completion {
-                            choices: Vec::new(),
-                            usage: Some(Usage::of(&finished.outcome.stats)),
-                            ..completion(String::new(), None)
-                        };
-                        if include_usage {
-                            vec![last, usage]
-                        } else {
-                            vec![last]
+                        }];
+                        if include_usage && last {
+                            chunks.push(Completion {
+                                choices: Vec::new(),
+                                usage,
+                                ..completion(0, String::new(), None)
+                            });
                         }
+                        chunks
                     }
                 };
                 chunks.iter().map(to_json).collect()
             },
         ));
     }
-    whole_response(submitted.events, client, move |finished| {
-        let mut answer = Completion {
-            usage: Some(Usage::of(&finished.outcome.stats)),
-            timings: Some(Timings::of(&finished.outcome.stats)),
-            speculative: Some(speculative_report(&finished)),
-            ..completion(
-                finished.outcome.text.clone(),
-                Some(finish_reason(finished.outcome.stop_reason)),
-            )
+    whole_response(submitted.events, choices, client, move |finished| {
+        let first = &finished[0];
+        let answer = Completion {
+            choices: finished
+                .iter()
+                .map(|done| CompletionChoice {
+                    text: done.outcome.text.clone(),
+                    index: done.choice,
+                    logprobs: logprobs_of(done.choice, &done.outcome.logprobs),
+                    finish_reason: Some(finish_reason(done.outcome.stop_reason)),
+                })
+                .collect(),
+            usage: Some(Usage::of_choices(
+                finished.iter().map(|done| &done.outcome.stats),
+            )),
+            timings: Some(Timings::of(&first.outcome.stats)),
+            speculative: Some(speculative_report(first)),
+            ..completion(0, String::new(), None)
         };
-        answer.choices[0].logprobs = logprobs_of(&finished.outcome.logprobs);
         to_json(&answer)
     })
     .await

@@ -60,6 +60,8 @@ pub struct Plan {
     max_draft_len: usize,
     mode: CascadeMode,
     policy: Option<ResolvedPolicy>,
+    /// Completions generated for the prompt (`n`).
+    pub choices: usize,
     /// Stream the answer.
     pub stream: bool,
     /// Send a usage chunk at the end of a stream.
@@ -73,8 +75,10 @@ pub struct Submitted {
     pub id: String,
     /// Unix seconds when it was queued (the `created` of its answer).
     pub created: u64,
-    /// Text pieces, then the result.
+    /// Text pieces, then the result, of every choice.
     pub events: UnboundedReceiver<Event>,
+    /// Choices queued (`n`).
+    pub choices: usize,
 }
 
 impl Plan {
@@ -100,6 +104,7 @@ impl Plan {
         }
         refuse_unsupported(&params)?;
         fields::refuse_unknown(&params.other)?;
+        let choices = choices(state, params.n)?;
         let max_tokens = match (max_tokens, params.n_predict) {
             (Some(max_tokens), _) => Some(max_tokens),
             (None, None | Some(-1)) => None,
@@ -193,6 +198,7 @@ impl Plan {
             max_draft_len,
             mode: speculative.mode.unwrap_or(snapshot.defaults.mode),
             policy,
+            choices,
             stream: params.stream,
             include_usage: params
                 .stream_options
@@ -249,23 +255,35 @@ impl Plan {
             cascade = %self.cascade_label(state),
         );
         let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
-        let job = Job {
-            endpoint: self.endpoint,
-            request: Request {
-                prompt,
-                max_tokens,
-                sampling: self.sampling.clone(),
-                stop: self.stop.clone(),
-                max_draft_len: self.max_draft_len,
-            },
-            cascade: self.cascade.clone(),
-            mode: self.mode,
-            policy: self.policy.clone(),
-            events,
-            span,
-            queued_at: Instant::now(),
+        let request = Request {
+            prompt,
+            max_tokens,
+            sampling: self.sampling.clone(),
+            stop: self.stop.clone(),
+            max_draft_len: self.max_draft_len,
         };
-        if let Err(rejected) = state.queue.submit(job, state.metrics.recent_request_time()) {
+        let jobs = (0..self.choices)
+            .map(|choice| {
+                let mut request = request.clone();
+                // Each choice draws with its own seed: `seed`, `seed + 1`, ...
+                request.sampling.seed = request.sampling.seed.wrapping_add(choice as u32);
+                Job {
+                    endpoint: self.endpoint,
+                    request,
+                    cascade: self.cascade.clone(),
+                    mode: self.mode,
+                    policy: self.policy.clone(),
+                    choice,
+                    events: events.clone(),
+                    span: span.clone(),
+                    queued_at: Instant::now(),
+                }
+            })
+            .collect();
+        if let Err(rejected) = state
+            .queue
+            .submit(jobs, state.metrics.recent_request_time())
+        {
             state
                 .metrics
                 .request(self.endpoint, RequestOutcome::Rejected);
@@ -275,6 +293,7 @@ impl Plan {
             id,
             created: super::state::unix_now(),
             events: receiver,
+            choices: self.choices,
         })
     }
 
@@ -364,6 +383,27 @@ async fn grammar(state: &AppState, params: &CommonParams) -> Result<Option<Gramm
     .map_err(|e| ApiError::internal(format!("checking the grammar failed: {e}")))?
 }
 
+/// Most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: usize = 16;
+
+/// How many completions a request asks for: `n`, from 1 to [`MAX_CHOICES`] and at most what
+/// the server holds at once (`--parallel` plus `--max-queue`), since every choice is a request
+/// in the queue.
+fn choices(state: &AppState, n: Option<u32>) -> Result<usize, ApiError> {
+    let gauges = state.queue.gauges();
+    let limit = MAX_CHOICES.min(gauges.slots + gauges.max_queue);
+    let n = n.map_or(1, |n| n as usize);
+    if n == 0 || n > limit {
+        return Err(ApiError::invalid_param(
+            "n",
+            format!(
+                "n must be between 1 and {limit} (at most {MAX_CHOICES}, and at most --parallel plus --max-queue: each choice is a request in the queue), got {n}"
+            ),
+        ));
+    }
+    Ok(n)
+}
+
 /// Refuses parameters the server cannot honour, rather than ignore them.
 fn refuse_unsupported(params: &CommonParams) -> Result<(), ApiError> {
     let refuse = |param: &'static str, what: &str| {
@@ -372,9 +412,6 @@ fn refuse_unsupported(params: &CommonParams) -> Result<(), ApiError> {
             format!("{param} {what} is not supported; leave it out"),
         ))
     };
-    if params.n.is_some_and(|n| n != 1) {
-        return refuse("n", "other than 1");
-    }
     if params.presence_penalty.is_some_and(|p| p != 0.0) {
         return refuse("presence_penalty", "other than 0");
     }
@@ -435,12 +472,23 @@ fn sampling(defaults: &SamplingParams, params: &CommonParams) -> Result<Sampling
     Ok(sampling)
 }
 
-/// Waits for the end of a request; the text comes with the result.
-async fn collect(events: &mut UnboundedReceiver<Event>) -> Result<Box<Finished>, ApiError> {
+/// Waits for the end of every one of a request's `choices`; the text comes with the results,
+/// in choice order.
+async fn collect(
+    events: &mut UnboundedReceiver<Event>,
+    choices: usize,
+) -> Result<Vec<Box<Finished>>, ApiError> {
+    let mut finished = Vec::with_capacity(choices);
     while let Some(event) = events.recv().await {
         match event {
             Event::Text { .. } => {}
-            Event::Done(finished) => return Ok(finished),
+            Event::Done(done) => {
+                finished.push(done);
+                if finished.len() == choices {
+                    finished.sort_by_key(|done| done.choice);
+                    return Ok(finished);
+                }
+            }
             Event::Failed(message) => return Err(ApiError::internal(message)),
         }
     }
@@ -449,25 +497,26 @@ async fn collect(events: &mut UnboundedReceiver<Event>) -> Result<Box<Finished>,
     ))
 }
 
-/// The whole answer of a request, `answer` made from its result, once it is done. If the
-/// client closes its sending side first, the answer turns into a probing one: status 200 at
+/// The whole answer of a request, `answer` made from its results (one per choice, in order),
+/// once every choice is done. If the client closes its sending side first, the answer turns into a probing one: status 200 at
 /// once, whitespace every [`PROBE_INTERVAL`], then the JSON (an error's JSON if generation
 /// fails after that, since the status is already sent).
 pub async fn whole_response<A>(
     mut events: UnboundedReceiver<Event>,
+    choices: usize,
     client: Option<ClientConnection>,
     answer: A,
 ) -> Result<Response, ApiError>
 where
-    A: FnOnce(Box<Finished>) -> serde_json::Value + Send + 'static,
+    A: FnOnce(Vec<Box<Finished>>) -> serde_json::Value + Send + 'static,
 {
     let Some(mut client) = client else {
-        return collect(&mut events)
+        return collect(&mut events, choices)
             .await
             .map(|finished| Json(answer(finished)).into_response());
     };
     let finished = tokio::select! {
-        finished = collect(&mut events) => Some(finished),
+        finished = collect(&mut events, choices) => Some(finished),
         () = client.stopped_sending() => None,
     };
     if let Some(finished) = finished {
@@ -478,10 +527,10 @@ where
             Some((events, answer)),
             tokio::time::interval(PROBE_INTERVAL),
         ),
-        |(state, mut probes)| async move {
+        move |(state, mut probes)| async move {
             let (mut events, answer) = state?;
             tokio::select! {
-                finished = collect(&mut events) => {
+                finished = collect(&mut events, choices) => {
                     let json = match finished {
                         Ok(finished) => answer(finished),
                         Err(error) => error.to_json(),
@@ -543,29 +592,39 @@ pub enum Piece {
     /// Text that is final, with the log-probabilities of the tokens it completes (empty
     /// unless the request asked for them).
     Text {
+        /// The choice it belongs to.
+        choice: usize,
         /// The text.
         text: String,
         /// The tokens' log-probabilities.
         logprobs: Vec<TokenLogprob>,
     },
-    /// The end: the last chunk (finish reason, `speculative`) and, if asked, a usage chunk.
-    Done(Box<Finished>),
+    /// The end of a choice: its last chunk (finish reason, `speculative`) and, after the last
+    /// choice, if asked, a usage chunk.
+    Done {
+        /// The choice's result.
+        finished: Box<Finished>,
+        /// Whether every choice has finished now.
+        last: bool,
+    },
 }
 
-/// An SSE response over a request's events: each [`Piece`] becomes the chunks `format` makes,
-/// a failure becomes an `{"error": ...}` event, and the stream ends with `data: [DONE]`.
+/// An SSE response over a request's events (of its `choices`, interleaved): each [`Piece`]
+/// becomes the chunks `format` makes, a failure becomes an `{"error": ...}` event, and the
+/// stream ends with `data: [DONE]` once every choice is done.
 /// Dropping the response (the client went away) drops the receiver, which cancels the request;
 /// once the client closes its sending side, an SSE comment every [`PROBE_INTERVAL`] finds out
 /// whether it is still reading.
 pub fn event_stream<F>(
     events: UnboundedReceiver<Event>,
+    choices: usize,
     client: Option<ClientConnection>,
     format: F,
 ) -> Response
 where
     F: FnMut(Piece) -> Vec<serde_json::Value> + Send + 'static,
 {
-    Sse::new(sse_events(events, client, format))
+    Sse::new(sse_events(events, choices, client, format))
         .keep_alive(KeepAlive::default())
         .into_response()
 }
@@ -573,6 +632,8 @@ where
 /// The stream's state between two events.
 struct SseState<F> {
     events: UnboundedReceiver<Event>,
+    /// Choices not finished yet.
+    running: usize,
     format: F,
     client: Option<ClientConnection>,
     /// Probes of a client that stopped sending; `None` while it has not.
@@ -588,6 +649,7 @@ enum Next {
 
 fn sse_events<F>(
     events: UnboundedReceiver<Event>,
+    choices: usize,
     client: Option<ClientConnection>,
     format: F,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static
@@ -596,6 +658,7 @@ where
 {
     let start = SseState {
         events,
+        running: choices,
         format,
         client,
         probes: None,
@@ -621,11 +684,22 @@ where
             Next::Probe => {
                 return Some((vec![SseEvent::default().comment("")], Some(state)));
             }
-            Next::Event(Some(Event::Text { text, logprobs })) => {
-                ((state.format)(Piece::Text { text, logprobs }), false)
-            }
+            Next::Event(Some(Event::Text {
+                choice,
+                text,
+                logprobs,
+            })) => (
+                (state.format)(Piece::Text {
+                    choice,
+                    text,
+                    logprobs,
+                }),
+                false,
+            ),
             Next::Event(Some(Event::Done(finished))) => {
-                ((state.format)(Piece::Done(finished)), true)
+                state.running = state.running.saturating_sub(1);
+                let last = state.running == 0;
+                ((state.format)(Piece::Done { finished, last }), last)
             }
             Next::Event(Some(Event::Failed(message))) => {
                 (vec![ApiError::internal(message).to_json()], true)
@@ -679,12 +753,11 @@ mod tests {
         };
         assert!(
             refuse_unsupported(&params(
-                serde_json::json!({"n": 1, "logprobs": null, "presence_penalty": 0})
+                serde_json::json!({"n": 3, "logprobs": null, "presence_penalty": 0})
             ))
             .is_ok()
         );
         for (json, name) in [
-            (serde_json::json!({"n": 2}), "n "),
             (
                 serde_json::json!({"frequency_penalty": 0.5}),
                 "frequency_penalty",

@@ -42,7 +42,9 @@ pub struct Job {
     pub mode: CascadeMode,
     /// The policy choosing its draft lengths; `None` drafts `draft_max` every round.
     pub policy: Option<ResolvedPolicy>,
-    /// Where its text and result go.
+    /// Which of the request's choices (`n`) it generates, from 0.
+    pub choice: usize,
+    /// Where its text and result go (shared by the request's choices).
     pub events: UnboundedSender<Event>,
     /// The request's tracing span, entered by the slot.
     pub span: tracing::Span,
@@ -56,6 +58,8 @@ pub enum Event {
     /// Text that is final, with the log-probabilities of the tokens it completes (empty
     /// unless the request asked for them).
     Text {
+        /// The choice it belongs to.
+        choice: usize,
         /// The text.
         text: String,
         /// The tokens' log-probabilities.
@@ -70,6 +74,8 @@ pub enum Event {
 /// The result of a finished request.
 #[derive(Debug)]
 pub struct Finished {
+    /// The choice it is.
+    pub choice: usize,
     /// Tokens, text, stop reason and stats.
     pub outcome: Outcome,
     /// Names of the sources the last round drafted with.
@@ -158,14 +164,15 @@ impl Queue {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `job`, or refuses it when `slots + max_queue` requests are already in. The
-    /// `Retry-After` of a refusal assumes requests take `request_time` (recent ones' mean).
-    pub fn submit(&self, job: Job, request_time: Duration) -> Result<(), Rejected> {
+    /// Queues every one of `jobs` (a request's choices), or refuses them all when they would
+    /// make more than `slots + max_queue` requests in all. The `Retry-After` of a refusal
+    /// assumes requests take `request_time` (recent ones' mean).
+    pub fn submit(&self, jobs: Vec<Job>, request_time: Duration) -> Result<(), Rejected> {
         let mut state = self.lock();
         if state.closed {
             return Err(Rejected::ShuttingDown);
         }
-        if state.running + state.waiting.len() >= self.slots + self.max_queue {
+        if state.running + state.waiting.len() + jobs.len() > self.slots + self.max_queue {
             return Err(Rejected::Full {
                 running: state.running,
                 waiting: state.waiting.len(),
@@ -174,7 +181,7 @@ impl Queue {
                 retry_after_secs: retry_after_secs(state.waiting.len(), self.slots, request_time),
             });
         }
-        state.waiting.push_back(job);
+        state.waiting.extend(jobs);
         drop(state);
         // Every idle slot wakes; the lowest-numbered takes the job.
         self.ready.notify_all();
@@ -295,6 +302,7 @@ mod tests {
             cascade: CascadeChoice::Default,
             mode: CascadeMode::First,
             policy: None,
+            choice: 0,
             events,
             span: tracing::Span::none(),
             queued_at: Instant::now(),
@@ -310,12 +318,12 @@ mod tests {
         for number in [1, 2, 3] {
             let (job, receiver) = job(number);
             queue
-                .submit(job, mean)
+                .submit(vec![job], mean)
                 .expect("room for 1 running + 2 waiting");
             receivers.push(receiver);
         }
         let (extra, _receiver) = job(4);
-        let refused = queue.submit(extra, mean).expect_err("full");
+        let refused = queue.submit(vec![extra], mean).expect_err("full");
         assert_eq!(
             refused,
             Rejected::Full {
@@ -351,11 +359,11 @@ mod tests {
     fn closing_refuses_new_jobs_and_drains_queued_ones() {
         let queue = Queue::new(1, 1);
         let (queued, _r1) = job(1);
-        queue.submit(queued, Duration::ZERO).expect("room");
+        queue.submit(vec![queued], Duration::ZERO).expect("room");
         queue.close();
         let (late, _r2) = job(2);
         assert_eq!(
-            queue.submit(late, Duration::ZERO),
+            queue.submit(vec![late], Duration::ZERO),
             Err(Rejected::ShuttingDown)
         );
         assert_eq!(queue.next(0, &[]).map(|j| j.request.max_tokens), Some(1));
@@ -387,7 +395,7 @@ mod tests {
             })
             .collect();
         let (job, _receiver) = job(7);
-        queue.submit(job, Duration::ZERO).expect("room");
+        queue.submit(vec![job], Duration::ZERO).expect("room");
         assert_eq!(
             took.recv().expect("a slot took it"),
             (1, 7),

@@ -151,6 +151,7 @@ impl<'a> Slot<'a> {
         };
         let mut on_text = |piece: OutputPiece<'_>| {
             let _ = job.events.send(Event::Text {
+                choice: job.choice,
                 text: piece.text.to_owned(),
                 logprobs: piece.logprobs.to_vec(),
             });
@@ -194,6 +195,7 @@ impl<'a> Slot<'a> {
                 self.metrics
                     .generation(job.endpoint, RequestOutcome::Completed, stats, swaps);
                 let _ = job.events.send(Event::Done(Box::new(Finished {
+                    choice: job.choice,
                     cascade: cascade.source_names(),
                     max_draft_len: job.request.max_draft_len,
                     mode: job.mode,

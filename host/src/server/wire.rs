@@ -184,7 +184,7 @@ pub struct ChatRequest {
 }
 
 /// Token counts of a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     /// Prompt tokens.
     pub prompt_tokens: usize,
@@ -206,6 +206,25 @@ pub struct PromptTokensDetails {
 }
 
 impl Usage {
+    /// Usage of a request of several choices: the prompt once, every choice's tokens.
+    pub fn of_choices<'s>(choices: impl IntoIterator<Item = &'s GenerationStats>) -> Self {
+        let mut choices = choices.into_iter();
+        let Some(first) = choices.next() else {
+            return Self::default();
+        };
+        let mut usage = Self::of(first);
+        for stats in choices {
+            usage.add_choice(stats);
+        }
+        usage
+    }
+
+    /// Counts another choice's generated tokens (its prompt is the one already counted).
+    pub fn add_choice(&mut self, stats: &GenerationStats) {
+        self.completion_tokens += stats.generated_tokens;
+        self.total_tokens += stats.generated_tokens;
+    }
+
     /// Usage of a request from its stats.
     pub fn of(stats: &GenerationStats) -> Self {
         Self {
@@ -308,8 +327,8 @@ pub struct SpeculativeReport {
 pub struct CompletionChoice {
     /// Generated text (a piece of it in a stream chunk).
     pub text: String,
-    /// Always 0.
-    pub index: u32,
+    /// The choice's place among the request's `n`, from 0.
+    pub index: usize,
     /// The tokens' log-probabilities (`tokens`, `token_logprobs`, `top_logprobs`,
     /// `text_offset`) when the request asked for them; `null` otherwise.
     pub logprobs: Option<serde_json::Value>,
@@ -358,8 +377,8 @@ pub struct AssistantMessage {
 /// `choices[0]` of a chat completion or chunk.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChatChoice {
-    /// Always 0.
-    pub index: u32,
+    /// The choice's place among the request's `n`, from 0.
+    pub index: usize,
     /// The whole message (non-streamed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<AssistantMessage>,
