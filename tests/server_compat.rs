@@ -334,3 +334,71 @@ fn several_hosts_slots_templates_and_assistant_prefill() {
     assert_eq!(refused.body["error"]["param"], "continue_final_message");
     server.terminate();
 }
+
+#[test]
+fn chat_templates_by_name_from_a_jinja_file_and_the_ggufs_as_jinja() {
+    let _guard = exclusive();
+    let conversation = json!({"messages": [{"role": "user", "content": "  Hi  "}]});
+    let template_of = |args: &[&str]| {
+        let server = Server::start(&[&["--cascade", "none"], args].concat());
+        let templated = post(&server, "/apply-template", &conversation);
+        assert_eq!(templated.status, 200, "{args:?}: {}", templated.body);
+        let chat = post(
+            &server,
+            "/v1/chat/completions",
+            &chat_body("Hi", 2, json!({})),
+        );
+        assert_eq!(chat.status, 200, "{args:?}: {}", chat.body);
+        let props = get(&server, "/props", None);
+        server.terminate();
+        (
+            templated.body["prompt"].as_str().expect("text").to_owned(),
+            props.body["chat_template"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned(),
+        )
+    };
+    // SmolLM2's own template adds a system prompt when there is none; llama.cpp's ChatML,
+    // which it resembles, does not.
+    let (builtin, _) = template_of(&[]);
+    assert!(!builtin.contains("SmolLM"), "{builtin}");
+    let (jinja, _) = template_of(&["--jinja"]);
+    assert!(
+        jinja.starts_with("<|im_start|>system\nYou are a helpful AI assistant named SmolLM"),
+        "{jinja}"
+    );
+    assert!(jinja.ends_with(&builtin), "{jinja:?} then {builtin:?}");
+    let (llama3, _) = template_of(&["--chat-template", "llama3"]);
+    assert!(
+        llama3.contains("<|start_header_id|>user<|end_header_id|>"),
+        "{llama3}"
+    );
+
+    let file = common::scratch_file("compat", "template.jinja");
+    let source = "{% for m in messages %}[{{ m.role | upper }}] {{ m.content.strip() }}\n{% endfor %}{% if add_generation_prompt %}[ASSISTANT] {% endif %}";
+    std::fs::write(&file, source).expect("template file");
+    let (custom, shown) = template_of(&["--chat-template", common::arg(&file)]);
+    assert_eq!(custom, "[USER] Hi\n[ASSISTANT] ");
+    assert_eq!(shown, source, "/props shows the template in use");
+
+    let bad = common::scratch_file("compat", "bad.jinja");
+    std::fs::write(&bad, "{% for %}").expect("template file");
+    for (value, needles) in [
+        ("nonsense", &["--chat-template nonsense", "built-in"][..]),
+        (common::arg(&bad), &["not a valid Jinja template"][..]),
+    ] {
+        let output = common::spechost(&[
+            "serve",
+            "--model",
+            "smollm2",
+            "--port",
+            "0",
+            "--cascade",
+            "none",
+            "--chat-template",
+            value,
+        ]);
+        common::assert_fails_with(&output, needles);
+    }
+}

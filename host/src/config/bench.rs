@@ -282,7 +282,7 @@ impl BenchArgs {
         Ok(BenchConfig {
             stack: StackSettings {
                 model,
-                target: self.target.target_params(&placement),
+                target: self.target.target_params(&placement)?,
                 plugin_dirs: self.target.plugin_dirs(),
                 placement,
                 draft,
@@ -420,6 +420,8 @@ impl BenchArgs {
                 mlock: target.mlock,
                 no_mmap: target.no_mmap,
                 llama_matmul: target.llama_matmul,
+                chat_template: target.chat_template.clone(),
+                jinja: target.jinja,
                 draft_model: target.draft_model.clone(),
                 draft_threads: target.draft_threads,
                 plugin_config: target.plugin_config.clone(),
@@ -583,7 +585,7 @@ impl WorkloadTargetArgs {
             max_tokens_cap: self.max_tokens,
             default_max_tokens: DEFAULT_MAX_TOKENS,
             session: session_params(placement.threads, self.target.ctx_size)?,
-            target: self.target.target_params(&placement),
+            target: self.target.target_params(&placement)?,
         })
     }
 }

@@ -12,8 +12,8 @@ use super::error::ConfigError;
 use super::file::FileRun;
 use crate::cascade::CascadeMode;
 use crate::engine::{
-    self, DEFAULT_MAX_DRAFT_LEN, DraftModelConfig, MAX_DRAFT_LEN_LIMIT, MaxDraftLenError,
-    SamplingParams, SessionParams, TargetParams,
+    self, ChatTemplateChoice, DEFAULT_MAX_DRAFT_LEN, DraftModelConfig, MAX_DRAFT_LEN_LIMIT,
+    MaxDraftLenError, SamplingParams, SessionParams, TargetParams,
 };
 use crate::models::{DefaultDraft, DefaultModel, target_variant};
 use crate::placement::{CpuList, NumaMode, PlacementRequest, Plan, Topology};
@@ -196,6 +196,15 @@ pub struct TargetArgs {
     /// (`--llama-output-layer`, its name before it covered every product, still works.)
     #[arg(long, alias = "llama-output-layer")]
     pub llama_matmul: bool,
+    /// Chat template of chat prompts: one of llama.cpp's built-in templates by name (chatml,
+    /// llama3, gemma, mistral-v7, phi3, ...), a Jinja template file, or a Jinja template's text
+    /// (default: the GGUF's, through llama.cpp's built-in templates).
+    #[arg(long, value_name = "NAME|FILE")]
+    pub chat_template: Option<String>,
+    /// Render the GGUF's own chat template as Jinja, as Hugging Face's transformers does,
+    /// instead of through the llama.cpp built-in template it resembles.
+    #[arg(long)]
+    pub jinja: bool,
     /// Draft model for drafter plugins that use one: a .gguf path with the target's tokenizer,
     /// a default draft (smollm2-draft, gemma3-draft), or `auto` (the default target's draft).
     /// Default drafts are made from their target on first use.
@@ -218,13 +227,45 @@ pub struct TargetArgs {
 
 impl TargetArgs {
     /// Model loading settings.
-    pub(super) fn target_params(&self, plan: &Plan) -> TargetParams {
-        TargetParams {
+    pub(super) fn target_params(&self, plan: &Plan) -> Result<TargetParams, ConfigError> {
+        Ok(TargetParams {
             use_mmap: !self.no_mmap,
             use_mlock: self.mlock,
             numa: plan.numa,
             host_batch_products: !self.llama_matmul,
+            chat_template: self.chat_template()?,
+        })
+    }
+
+    /// `--chat-template` and `--jinja`: a file is read as a Jinja template, text with Jinja
+    /// markup is one, anything else names a llama.cpp built-in.
+    fn chat_template(&self) -> Result<ChatTemplateChoice, ConfigError> {
+        let Some(value) = &self.chat_template else {
+            return Ok(if self.jinja {
+                ChatTemplateChoice::GgufJinja
+            } else {
+                ChatTemplateChoice::Gguf
+            });
+        };
+        let path = Path::new(value);
+        if path.is_file() {
+            let source =
+                std::fs::read_to_string(path).map_err(|source| ConfigError::ChatTemplateFile {
+                    path: path.to_owned(),
+                    source,
+                })?;
+            return Ok(ChatTemplateChoice::Jinja {
+                source,
+                origin: format!("--chat-template {}", path.display()),
+            });
         }
+        if value.contains("{%") || value.contains("{{") {
+            return Ok(ChatTemplateChoice::Jinja {
+                source: value.clone(),
+                origin: "--chat-template".into(),
+            });
+        }
+        Ok(ChatTemplateChoice::Builtin(value.clone()))
     }
 
     /// Plugin directories: the flags' first, then `$SPECHOST_PLUGIN_DIR`'s.

@@ -138,6 +138,14 @@ pub enum ConfigError {
     /// This machine's CPU layout cannot be read.
     #[error(transparent)]
     Topology(#[from] TopologyError),
+    /// The `--chat-template` file cannot be read.
+    #[error("cannot read the --chat-template file {path}: {source}; check the path")]
+    ChatTemplateFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// An entry of `--host` is empty.
     #[error(
         "--host entry {0} is empty; give addresses such as 127.0.0.1 or ::1, separated by commas or in several --host flags"

@@ -134,7 +134,7 @@ impl RunArgs {
         Ok(RunConfig {
             stack: StackSettings {
                 model,
-                target: self.target.target_params(&placement),
+                target: self.target.target_params(&placement)?,
                 plugin_dirs: self.target.plugin_dirs(),
                 placement,
                 draft,

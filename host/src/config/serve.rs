@@ -382,7 +382,7 @@ impl ServeArgs {
         Ok(ServeConfig {
             stack: StackSettings {
                 model,
-                target: self.target.target_params(&placement),
+                target: self.target.target_params(&placement)?,
                 plugin_dirs: self.target.plugin_dirs(),
                 placement,
                 draft,

@@ -105,6 +105,9 @@ pub enum EngineError {
     /// The chat template could not be applied.
     #[error("cannot apply the model's chat template: {0}; pass --raw to send the prompt as-is")]
     ChatTemplate(String),
+    /// The chat template asked for (`--chat-template`, `--jinja`) cannot be used.
+    #[error("{0}")]
+    ChatTemplateSetting(String),
     /// The batcher that decodes for a server's requests is gone (the server is stopping).
     #[error(
         "the server's decoding thread has stopped; retry on another instance or after it restarts"

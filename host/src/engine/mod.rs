@@ -29,6 +29,7 @@
 mod batcher;
 mod budget;
 mod build_info;
+mod chat_template;
 mod context;
 mod draft;
 mod error;
@@ -49,6 +50,7 @@ pub use self::batcher::{
 };
 pub use self::budget::{MaxDraftLenError, RoundLimits, check_max_draft_len};
 pub use self::build_info::{BackendDevice, BuildInfo};
+pub use self::chat_template::ChatTemplateChoice;
 pub use self::context::SeqId;
 pub use self::draft::{
     BatchDrafter, DraftAsk, DraftBatch, DraftModelConfig, DraftModelContext, DraftModelHost,

@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use llama_cpp_2::llama_backend::{LlamaBackend, NumaStrategy};
+use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::model::params::LlamaModelParams;
-use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 
+use super::chat_template::{ChatRenderer, ChatTemplateChoice};
 use super::context::{ContextSettings, ModelContext};
 use super::error::EngineError;
 use super::grammar::{Grammar, GrammarError};
@@ -114,6 +115,8 @@ pub struct TargetParams {
     /// checks out bit-exact against decoding one token at a time (the same output, faster);
     /// `false` leaves them to llama.cpp. Process-wide: the last target loaded decides.
     pub host_batch_products: bool,
+    /// The chat template chat prompts go through.
+    pub chat_template: ChatTemplateChoice,
 }
 
 impl Default for TargetParams {
@@ -123,6 +126,7 @@ impl Default for TargetParams {
             use_mlock: false,
             numa: NumaMode::Off,
             host_batch_products: true,
+            chat_template: ChatTemplateChoice::default(),
         }
     }
 }
@@ -130,6 +134,8 @@ impl Default for TargetParams {
 /// The verified model: a GGUF loaded through llama.cpp.
 pub struct Target {
     model: LlamaModel,
+    /// How a conversation becomes prompt text.
+    chat: ChatRenderer,
     path: PathBuf,
     /// The NUMA strategy the backend was started with.
     numa: NumaMode,
@@ -150,8 +156,10 @@ impl Target {
         })?;
         tracing::info!(path = %path.display(), vocab = model.n_vocab(), params = model.n_params(), "loaded target");
         use_batch_products(params.host_batch_products);
+        let chat = ChatRenderer::new(&model, &params.chat_template)?;
         Ok(Self {
             model,
+            chat,
             path: path.to_owned(),
             numa: params.numa,
         })
@@ -167,12 +175,12 @@ impl Target {
         self.model.n_vocab().max(0) as u32
     }
 
-    /// The llama.cpp model, for the engine's other modules.
     /// Whether `grammar` parses and can be followed on this model's vocabulary.
     pub fn check_grammar(&self, grammar: &Grammar) -> Result<(), GrammarError> {
         grammar.open(&self.model).map(drop)
     }
 
+    /// The llama.cpp model, for the engine's other modules.
     pub(super) fn llama_model(&self) -> &LlamaModel {
         &self.model
     }
@@ -304,17 +312,9 @@ impl Target {
     }
 
     /// The text [`tokenize_messages`](Self::tokenize_messages) tokenizes: the conversation in
-    /// the model's chat template, ending where the assistant's turn starts.
+    /// the chat template, ending where the assistant's turn starts.
     pub fn template_messages(&self, messages: &[(&str, &str)]) -> Result<String, EngineError> {
-        let template = self.chat_template()?;
-        let chat = messages
-            .iter()
-            .map(|(role, content)| LlamaChatMessage::new(role.to_string(), content.to_string()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| EngineError::ChatTemplate(e.to_string()))?;
-        self.model
-            .apply_chat_template(&template, &chat, true)
-            .map_err(|e| EngineError::ChatTemplate(e.to_string()))
+        self.chat.render(&self.model, messages)
     }
 
     /// Whether the GGUF carries a chat template of its own: llama.cpp's converter writes the
@@ -323,32 +323,10 @@ impl Target {
         self.model.chat_template(None).is_ok()
     }
 
-    /// The chat template chat requests go through, as text: the GGUF's, or the name of the
-    /// llama.cpp built-in used without one (`gemma`, `chatml`); empty if it cannot be read.
+    /// The chat template chat requests go through, as text: the Jinja source, the GGUF's, or
+    /// the name of the llama.cpp built-in used (`gemma`, `chatml`).
     pub fn chat_template_text(&self) -> String {
-        self.chat_template()
-            .ok()
-            .and_then(|template| template.to_string().ok())
-            .unwrap_or_default()
-    }
-
-    /// The GGUF's chat template; without one, llama.cpp's built-in template for the model's
-    /// architecture (`gemma` for Gemma), else ChatML, as llama.cpp's own tools do.
-    fn chat_template(&self) -> Result<LlamaChatTemplate, EngineError> {
-        if let Ok(template) = self.model.chat_template(None) {
-            return Ok(template);
-        }
-        let architecture = self
-            .model
-            .meta_val_str("general.architecture")
-            .unwrap_or_default();
-        let fallback = if architecture.starts_with("gemma") {
-            "gemma"
-        } else {
-            "chatml"
-        };
-        tracing::debug!(%architecture, fallback, "model has no chat template; using a built-in one");
-        LlamaChatTemplate::new(fallback).map_err(|e| EngineError::ChatTemplate(e.to_string()))
+        self.chat.text()
     }
 
     /// Tokenizes one user message with the chat template; special-token text in it is plain
