@@ -54,9 +54,9 @@ fn refuses_what_it_cannot_do_with_openai_errors() {
         ),
         (
             "/v1/chat/completions",
-            chat_body("hi", 8, json!({"n": 2})),
+            chat_body("hi", 8, json!({"n": 100})),
             400,
-            "n other than 1",
+            "n must be between 1 and 16",
         ),
         (
             "/v1/chat/completions",

@@ -8,7 +8,8 @@ use super::connections::ClientConnection;
 use super::error::ApiError;
 use super::extract::ApiJson;
 use super::generation::{
-    self, Piece, Plan, count_invalid, finish_reason, speculative_report, whole_response,
+    self, AnswerReports, Piece, Plan, count_invalid, finish_reason, speculative_report,
+    whole_response,
 };
 use super::logprobs::CompletionLogprobs;
 use super::metrics::Endpoint;
@@ -91,10 +92,7 @@ pub async fn create(
                     }
                     Piece::Done { finished, last } => {
                         let stats = &finished.outcome.stats;
-                        match &mut usage {
-                            Some(usage) => usage.add_choice(stats),
-                            None => usage = Some(Usage::of(stats)),
-                        }
+                        Usage::count(&mut usage, stats);
                         let mut chunks = vec![Completion {
                             timings: Some(Timings::of(stats)),
                             speculative: Some(speculative_report(&finished)),
@@ -119,7 +117,7 @@ pub async fn create(
         ));
     }
     whole_response(submitted.events, choices, client, move |finished| {
-        let first = &finished[0];
+        let reports = AnswerReports::of(&finished);
         let answer = Completion {
             choices: finished
                 .iter()
@@ -130,11 +128,9 @@ pub async fn create(
                     finish_reason: Some(finish_reason(done.outcome.stop_reason)),
                 })
                 .collect(),
-            usage: Some(Usage::of_choices(
-                finished.iter().map(|done| &done.outcome.stats),
-            )),
-            timings: Some(Timings::of(&first.outcome.stats)),
-            speculative: Some(speculative_report(first)),
+            usage: Some(reports.usage),
+            timings: Some(reports.timings),
+            speculative: Some(reports.speculative),
             ..completion(0, String::new(), None)
         };
         to_json(&answer)

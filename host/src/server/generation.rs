@@ -34,7 +34,7 @@ use super::metrics::{Endpoint, RequestOutcome};
 use super::registry::{CascadeChoice, ResolvedPolicy};
 use super::scheduler::{Event, Finished, Job};
 use super::state::AppState;
-use super::wire::{CommonParams, SourceReport, SpeculativeReport};
+use super::wire::{CommonParams, SourceReport, SpeculativeReport, Timings, Usage};
 use crate::cascade::CascadeMode;
 use crate::cascade::Token;
 use crate::engine::{
@@ -391,7 +391,7 @@ pub const MAX_CHOICES: usize = 16;
 /// in the queue.
 fn choices(state: &AppState, n: Option<u32>) -> Result<usize, ApiError> {
     let gauges = state.queue.gauges();
-    let limit = MAX_CHOICES.min(gauges.slots + gauges.max_queue);
+    let limit = MAX_CHOICES.min((gauges.slots + gauges.max_queue).max(1));
     let n = n.map_or(1, |n| n as usize);
     if n == 0 || n > limit {
         return Err(ApiError::invalid_param(
@@ -552,6 +552,28 @@ where
     );
     headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     Ok(response)
+}
+
+/// What a whole answer reports beside its choices.
+pub struct AnswerReports {
+    /// Every choice's tokens, the prompt once.
+    pub usage: Usage,
+    /// The first choice's timings.
+    pub timings: Timings,
+    /// What speculation did for the first choice.
+    pub speculative: SpeculativeReport,
+}
+
+impl AnswerReports {
+    /// The reports of a request's finished choices (at least one, in order).
+    pub fn of(finished: &[Box<Finished>]) -> Self {
+        let first = &finished[0];
+        Self {
+            usage: Usage::of_choices(finished.iter().map(|done| &done.outcome.stats)),
+            timings: Timings::of(&first.outcome.stats),
+            speculative: speculative_report(first),
+        }
+    }
 }
 
 /// `finish_reason` of a stop reason.

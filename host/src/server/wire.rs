@@ -220,9 +220,17 @@ impl Usage {
     }
 
     /// Counts another choice's generated tokens (its prompt is the one already counted).
-    pub fn add_choice(&mut self, stats: &GenerationStats) {
+    fn add_choice(&mut self, stats: &GenerationStats) {
         self.completion_tokens += stats.generated_tokens;
         self.total_tokens += stats.generated_tokens;
+    }
+
+    /// Counts a finished choice of a streamed request into `usage` (`None` before the first).
+    pub fn count(usage: &mut Option<Self>, stats: &GenerationStats) {
+        match usage {
+            Some(usage) => usage.add_choice(stats),
+            None => *usage = Some(Self::of(stats)),
+        }
     }
 
     /// Usage of a request from its stats.
