@@ -6,6 +6,14 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EngineError {
+    /// The request's grammar took too long to check a token.
+    #[error(
+        "the grammar took {took_ms} ms to check one token (the limit is 200 ms): its rules match the same text in too many ways (nested repetitions such as (\"a\"* \"a\"*)*); rewrite them so each text has one parse"
+    )]
+    GrammarTooSlow {
+        /// How long it took.
+        took_ms: u64,
+    },
     /// The request's grammar cannot be used.
     #[error("{0}")]
     Grammar(#[from] super::grammar::GrammarError),

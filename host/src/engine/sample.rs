@@ -6,8 +6,11 @@ use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
+use std::time::{Duration, Instant};
+
 use serde::Serialize;
 
+use super::error::EngineError;
 use super::grammar::{Grammar, GrammarError, GrammarState, masked_argmax};
 use super::model::from_llama;
 use crate::cascade::Token;
@@ -19,6 +22,13 @@ pub const MIN_TEMPERATURE: f32 = 1e-5;
 
 /// Most alternatives a request may ask to see at each position (OpenAI's `top_logprobs` limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Most time a request's grammar may take to check one token (its draft's included). A grammar
+/// whose alternatives can match the same text in many ways (`("a"* "a"*)*`) makes llama.cpp
+/// track a number of parses that grows with every token, and sampling runs on the thread that
+/// verifies every request's rounds: past this, the request fails, naming its grammar, rather
+/// than stall the others. A JSON schema's grammar takes about a millisecond per token.
+pub const MAX_GRAMMAR_TIME_PER_TOKEN: Duration = Duration::from_millis(200);
 
 /// How a request's tokens are chosen and reported: sampling settings as in llama.cpp's
 /// `common_params_sampling`. A `temperature` below [`MIN_TEMPERATURE`] (0 included) is greedy
@@ -124,6 +134,8 @@ pub(super) struct TokenSampler {
     /// The candidate array a draw or a grammar works on (kept to reuse its allocation, a
     /// vocabulary's worth per sampled token).
     candidates: LlamaTokenDataArray,
+    /// The grammar's work since the last sampled token (checking a draft included).
+    grammar_time: Duration,
 }
 
 /// How the token is drawn.
@@ -169,6 +181,7 @@ impl TokenSampler {
             top_logprobs: params.top_logprobs.map(|top| top.min(MAX_TOP_LOGPROBS)),
             logprobs: Vec::new(),
             candidates: LlamaTokenDataArray::new(Vec::new(), false),
+            grammar_time: Duration::ZERO,
         }
     }
 
@@ -178,7 +191,10 @@ impl TokenSampler {
     /// allows it, and otherwise chosen again among the allowed tokens only, as llama.cpp's
     /// `common_sampler_sample` does: greedy, that is the arg-max of the allowed tokens; seeded,
     /// a second draw from the allowed ones.
-    pub(super) fn sample(&mut self, logits: &[f32]) -> Token {
+    ///
+    /// Fails when the grammar took longer than [`MAX_GRAMMAR_TIME_PER_TOKEN`] for this token.
+    pub(super) fn sample(&mut self, logits: &[f32]) -> Result<Token, EngineError> {
+        let started = Instant::now();
         let token = match &mut self.draw {
             Draw::Greedy => {
                 let token = argmax(logits);
@@ -218,20 +234,31 @@ impl TokenSampler {
         };
         if let Some(grammar) = &mut self.grammar {
             grammar.accept(token);
+            let took = std::mem::take(&mut self.grammar_time) + started.elapsed();
+            if took > MAX_GRAMMAR_TIME_PER_TOKEN {
+                return Err(EngineError::GrammarTooSlow {
+                    took_ms: took.as_millis() as u64,
+                });
+            }
         }
         if let Some(top) = self.top_logprobs {
             self.logprobs.push(TokenLogprob::at(logits, token, top));
         }
-        token
+        Ok(token)
     }
 
     /// How many of `draft`'s first tokens the grammar allows from here (all of them without
-    /// a grammar).
+    /// a grammar). The check stops, cutting the draft there, once the grammar has taken
+    /// [`MAX_GRAMMAR_TIME_PER_TOKEN`]: the next sample then fails.
     pub(super) fn allowed_prefix(&mut self, draft: &[Token]) -> usize {
-        match &mut self.grammar {
-            Some(grammar) => grammar.allowed_prefix(draft),
-            None => draft.len(),
-        }
+        let Some(grammar) = &mut self.grammar else {
+            return draft.len();
+        };
+        let started = Instant::now();
+        let allowed =
+            grammar.allowed_prefix(draft, || started.elapsed() > MAX_GRAMMAR_TIME_PER_TOKEN);
+        self.grammar_time += started.elapsed();
+        allowed
     }
 
     /// The log-probabilities of the tokens sampled since the last call (none unless the
@@ -348,7 +375,7 @@ mod tests {
         // logits this far apart.
         let logits: Vec<f32> = (0..1000).map(|i| 30.0 - i as f32 * 0.01).collect();
         let mut sampler = TokenSampler::with_grammar(&at(MIN_TEMPERATURE), None);
-        assert_eq!(sampler.sample(&logits), argmax(&logits));
+        assert_eq!(sampler.sample(&logits).ok(), Some(argmax(&logits)));
     }
 
     #[test]

@@ -320,7 +320,7 @@ impl<'a> Session<'a> {
             .get_mut(seq.0 as usize)
             .and_then(Option::as_mut)
             .ok_or(EngineError::NoRequest)?;
-        let first = sampler.sample(logits);
+        let first = sampler.sample(logits)?;
         Ok(Some((first, sampler.take_logprobs())))
     }
 
@@ -627,7 +627,7 @@ impl<'a> Session<'a> {
             .ok_or(EngineError::NoRequest)?;
         let mut target = Vec::with_capacity(draft.len() + 1);
         for position in 0..=draft.len() {
-            let token = sampler.sample(self.context.logits(first_row + position));
+            let token = sampler.sample(self.context.logits(first_row + position))?;
             target.push(token);
             if draft.get(position) != Some(&token) {
                 break;
@@ -729,7 +729,7 @@ impl Verifier for Session<'_> {
                 let logits = self.context.logits(last_index);
                 let sampler = self.samplers[0].as_mut().ok_or(EngineError::NoRequest)?;
                 Prefill::Done {
-                    first: sampler.sample(logits),
+                    first: sampler.sample(logits)?,
                     cached: 0,
                     logprobs: sampler.take_logprobs(),
                 }

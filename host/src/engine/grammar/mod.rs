@@ -14,6 +14,8 @@ use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use serde::Serialize;
 
+mod repetition;
+
 use super::model::{from_llama, to_llama};
 use crate::cascade::Token;
 
@@ -33,6 +35,12 @@ pub enum GrammarError {
         "the grammar does not parse as GBNF with a `root` rule (llama.cpp's grammar format: grammars/README.md in llama.cpp){0}"
     )]
     Invalid(String),
+    /// A rule repeats something that can match nothing, which llama.cpp cannot follow in
+    /// reasonable time (see `repetition.rs`).
+    #[error(
+        "rule `{0}` repeats something that can match nothing (as in (\"a\"* \"b\"?)+ or x+ with x ::= [a-z]?): every empty repetition is another parse to track, which makes each token take seconds; repeat only what matches at least one character, e.g. ([a-z]+ \" \"?)+"
+    )]
+    NullableRepetition(String),
     /// The JSON schema could not be turned into a grammar.
     #[error("the JSON schema cannot be turned into a grammar: {0}")]
     Schema(String),
@@ -66,6 +74,9 @@ impl Grammar {
             return Err(GrammarError::Invalid(
                 ": it has no `root ::= ...` rule".into(),
             ));
+        }
+        if let Some(rule) = repetition::nullable_repetition(&self.0) {
+            return Err(GrammarError::NullableRepetition(rule));
         }
         LlamaSampler::grammar(model, &self.0, ROOT)
             .map(|sampler| GrammarState {
@@ -109,8 +120,12 @@ impl GrammarState {
     }
 
     /// How many of `draft`'s first tokens the grammar allows in a row from here (the state
-    /// itself is left as it is).
-    pub(super) fn allowed_prefix(&mut self, draft: &[Token]) -> usize {
+    /// itself is left as it is), checking no further once `enough` says so.
+    pub(super) fn allowed_prefix(
+        &mut self,
+        draft: &[Token],
+        mut enough: impl FnMut() -> bool,
+    ) -> usize {
         if draft.is_empty() {
             return 0;
         }
@@ -119,7 +134,7 @@ impl GrammarState {
             probe: LlamaTokenDataArray::new(Vec::with_capacity(1), false),
         };
         for (index, &token) in draft.iter().enumerate() {
-            if !ahead.allows(token) {
+            if enough() || !ahead.allows(token) {
                 return index;
             }
             ahead.accept(token);
@@ -142,4 +157,36 @@ pub(super) fn masked_argmax(
         }
     }
     best.map_or(0, |best| from_llama(best.id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_schema_grammars_pass_the_repetition_check() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 24},
+                "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                "tags": {"type": "array", "items": {"enum": ["a", "b"]}},
+                "extra": {"type": "object", "additionalProperties": {"type": "number"}}
+            },
+            "required": ["name"]
+        });
+        for schema in [
+            schema,
+            serde_json::json!({}),
+            serde_json::json!({"type": "object"}),
+        ] {
+            let grammar = Grammar::json_schema(&schema).expect("converts");
+            assert_eq!(
+                repetition::nullable_repetition(grammar.text()),
+                None,
+                "{}",
+                grammar.text()
+            );
+        }
+    }
 }
