@@ -253,7 +253,10 @@ fn constrained_outputs_parse_and_are_the_same_with_and_without_speculation() {
         (json!({"grammar": "root ::= ("}), "grammar"),
         (json!({"grammar": "start ::= \"a\""}), "grammar"),
         // Repeats what can match nothing: llama.cpp would take seconds per token.
-        (json!({"grammar": "root ::= (x x x x x x x x x x x x)+\nx ::= [a-z ]?"}), "grammar"),
+        (
+            json!({"grammar": "root ::= (x x x x x x x x x x x x)+\nx ::= [a-z ]?"}),
+            "grammar",
+        ),
         (
             json!({"response_format": {"type": "xml"}}),
             "response_format",
