@@ -379,6 +379,23 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_are_the_log_softmax_with_the_most_likely_first() {
+        let logits = [1.0f32, 3.0, 3.0, -2.0, 0.5];
+        let log_total = logits.iter().map(|&l| f64::from(l).exp()).sum::<f64>().ln();
+        let logprob = TokenLogprob::at(&logits, 4, 3);
+        assert_eq!(logprob.token, 4);
+        assert!((f64::from(logprob.logprob) - (0.5 - log_total)).abs() < 1e-5);
+        let top: Vec<Token> = logprob.top.iter().map(|&(token, _)| token).collect();
+        assert_eq!(top, [1, 2, 0], "most likely first, ties by token id");
+        for &(token, value) in &logprob.top {
+            let exact = f64::from(logits[token as usize]) - log_total;
+            assert!((f64::from(value) - exact).abs() < 1e-5, "{token}: {value}");
+        }
+        assert!(TokenLogprob::at(&logits, 1, 0).top.is_empty());
+        assert_eq!(TokenLogprob::at(&logits, 0, 20).top.len(), logits.len());
+    }
+
+    #[test]
     fn argmax_takes_first_of_ties() {
         assert_eq!(argmax(&[0.1, 3.0, 3.0, -1.0]), 1);
         assert_eq!(argmax(&[5.0]), 0);
