@@ -249,6 +249,28 @@ fn constrained_outputs_parse_and_are_the_same_with_and_without_speculation() {
         assert!(text.trim_start().starts_with('{'), "{text}");
     }
 
+    // A grammar of thousands of alternatives at one point passes every static check but takes
+    // seconds to check a token: its request fails, naming it, and the server goes on.
+    let alternatives: Vec<String> = (0..6000).map(|i| format!("\"a{i}\"")).collect();
+    let heavy = format!("root ::= ({})+", alternatives.join(" | "));
+    let refused = post(
+        &server,
+        "/v1/completions",
+        &json!({"prompt": "Write:", "grammar": heavy, "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert_eq!(
+        refused.body["error"]["param"], "grammar",
+        "{}",
+        refused.body
+    );
+    let message = refused.body["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("to check one token"), "{message}");
+    assert_eq!(
+        post(&server, "/completions", &json!({"prompt": "Is the sky green? Answer:", "grammar": grammar, "max_tokens": 8, "temperature": 0})).status,
+        200
+    );
+
     for (extra, param) in [
         (json!({"grammar": "root ::= ("}), "grammar"),
         (json!({"grammar": "start ::= \"a\""}), "grammar"),

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 pub enum EngineError {
     /// The request's grammar took too long to check a token.
     #[error(
-        "the grammar took {took_ms} ms to check one token (the limit is 200 ms): its rules match the same text in too many ways (nested repetitions such as (\"a\"* \"a\"*)*); rewrite them so each text has one parse"
+        "the grammar took {took_ms} ms to check one token (the limit is 200 ms): simplify it (fewer alternatives at one point, no rules that match the same text in many ways)"
     )]
     GrammarTooSlow {
         /// How long it took.

@@ -489,7 +489,7 @@ async fn collect(
                     return Ok(finished);
                 }
             }
-            Event::Failed(message) => return Err(ApiError::internal(message)),
+            Event::Failed(error) => return Err(error),
         }
     }
     Err(ApiError::internal(
@@ -723,9 +723,7 @@ where
                 let last = state.running == 0;
                 ((state.format)(Piece::Done { finished, last }), last)
             }
-            Next::Event(Some(Event::Failed(message))) => {
-                (vec![ApiError::internal(message).to_json()], true)
-            }
+            Next::Event(Some(Event::Failed(error))) => (vec![error.to_json()], true),
             Next::Event(None) => (
                 vec![
                     ApiError::internal("the request ended without a result; see the server log")

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::error::ApiError;
 use super::metrics::Endpoint;
 use super::registry::{CascadeChoice, ResolvedPolicy};
 use crate::cascade::{CascadeMode, Token};
@@ -67,8 +68,9 @@ pub enum Event {
     },
     /// Generation finished.
     Done(Box<Finished>),
-    /// Generation failed; the message says why.
-    Failed(String),
+    /// Generation failed; the error says why (a 400 when the request's own settings caused it,
+    /// such as a grammar too slow to follow).
+    Failed(ApiError),
 }
 
 /// The result of a finished request.

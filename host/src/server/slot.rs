@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::error::ApiError;
 use super::metrics::{Metrics, RequestOutcome};
 use super::pool::SourcePool;
 use super::registry::{CascadeChoice, Registry, ResolvedPolicy, ResolvedSource, SourceKey};
@@ -31,7 +32,9 @@ use super::scheduler::{Event, Finished, Job, Queue};
 use super::startup::SlotHandles;
 use crate::cascade::CascadeSettings;
 use crate::config::ServeConfig;
-use crate::engine::{BatchedSequence, OutputPiece, RoundControl, RoundDecision, StopReason};
+use crate::engine::{
+    BatchedSequence, EngineError, OutputPiece, RoundControl, RoundDecision, StopReason,
+};
 use crate::plugins::save_plugin_states;
 
 /// Least time between two saves of the plugins' state by one slot (with `--state-dir`).
@@ -87,9 +90,9 @@ impl<'a> Slot<'a> {
             self.sequence.end();
             if served.is_err() {
                 tracing::error!(slot = self.index, "generation panicked; the slot goes on");
-                let _ = job.events.send(Event::Failed(
-                    "internal error: generation panicked; see the server log".into(),
-                ));
+                let _ = job.events.send(Event::Failed(ApiError::internal(
+                    "internal error: generation panicked; see the server log",
+                )));
                 self.metrics.request(job.endpoint, RequestOutcome::Failed);
             }
             self.pool.report(&self.metrics);
@@ -124,7 +127,9 @@ impl<'a> Slot<'a> {
         let resolved = match snapshot.resolve(&job.cascade) {
             Ok(resolved) => resolved,
             Err(error) => {
-                let _ = job.events.send(Event::Failed(error.to_string()));
+                let _ = job
+                    .events
+                    .send(Event::Failed(ApiError::internal(error.to_string())));
                 self.metrics.request(job.endpoint, RequestOutcome::Failed);
                 return;
             }
@@ -207,10 +212,21 @@ impl<'a> Slot<'a> {
             }
             Err(error) => {
                 tracing::warn!(%error, "generation failed");
-                let _ = job.events.send(Event::Failed(error.to_string()));
+                let _ = job.events.send(Event::Failed(generation_error(&error)));
                 self.metrics.request(job.endpoint, RequestOutcome::Failed);
             }
         }
+    }
+}
+
+/// The answer to a request whose generation failed: a 400 naming `grammar` when the request's
+/// grammar caused it, else a 500.
+fn generation_error(error: &EngineError) -> ApiError {
+    match error {
+        EngineError::Grammar(_) | EngineError::GrammarTooSlow { .. } => {
+            ApiError::invalid_param("grammar", error.to_string())
+        }
+        _ => ApiError::internal(error.to_string()),
     }
 }
 
