@@ -157,16 +157,9 @@ fn lex(gbnf: &str) -> Vec<Lexeme> {
                 lexemes.push(Lexeme::Close);
                 at += 1;
             }
-            '*' => {
-                lexemes.push(Lexeme::Postfix(true, true));
-                at += 1;
-            }
-            '+' => {
-                lexemes.push(Lexeme::Postfix(true, false));
-                at += 1;
-            }
-            '?' => {
-                lexemes.push(Lexeme::Postfix(false, true));
+            // `*`: may repeat, may be absent; `+`: may repeat; `?`: may be absent.
+            '*' | '+' | '?' => {
+                lexemes.push(Lexeme::Postfix(c != '?', c != '+'));
                 at += 1;
             }
             '{' => {
