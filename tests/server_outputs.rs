@@ -132,6 +132,15 @@ fn logprobs_equal_plain_decodings_whole_and_streamed() {
     server.terminate();
 }
 
+/// Tokens the source `name` had accepted in `answer`'s `speculative` block, if it drafted.
+fn accepted_by(answer: &Answer, name: &str) -> Option<u64> {
+    answer.body["speculative"]["sources"]
+        .as_array()?
+        .iter()
+        .find(|source| source["name"] == name)
+        .and_then(|source| source["accepted"].as_u64())
+}
+
 /// A person, as a schema whose every output is short.
 fn person_schema() -> Value {
     json!({
@@ -217,6 +226,28 @@ fn constrained_outputs_parse_and_are_the_same_with_and_without_speculation() {
         );
     }
 
+    // The grammar source drafted those (a schema's keys and punctuation), unless a request or
+    // the server turns it off.
+    let constrained = chat_body(ask, 160, json!({"response_format": format}));
+    let mut undrafted = constrained.clone();
+    undrafted["speculative"] = json!({"grammar_drafts": false});
+    let (drafted, undrafted) = (
+        post(&server, "/v1/chat/completions", &constrained),
+        post(&server, "/v1/chat/completions", &undrafted),
+    );
+    assert_eq!(chat_text(&drafted), chat_text(&undrafted));
+    assert!(
+        accepted_by(&drafted, "grammar").is_some_and(|accepted| accepted > 0),
+        "{}",
+        drafted.body["speculative"]
+    );
+    assert_eq!(
+        accepted_by(&undrafted, "grammar"),
+        None,
+        "{}",
+        undrafted.body["speculative"]
+    );
+
     // A GBNF grammar: only its strings, then the end.
     let grammar = r#"root ::= "yes" | "no" | "maybe""#;
     let answer = post(
@@ -296,6 +327,21 @@ fn constrained_outputs_parse_and_are_the_same_with_and_without_speculation() {
         assert_eq!(refused.status, 400, "{extra}: {}", refused.body);
         assert_eq!(refused.body["error"]["param"], param, "{}", refused.body);
     }
+    server.terminate();
+
+    // A server started without the grammar source drafts with it only when a request asks.
+    let server = Server::start(&["--no-grammar-drafts"]);
+    let undrafted = post(&server, "/v1/chat/completions", &constrained);
+    assert_eq!(accepted_by(&undrafted, "grammar"), None);
+    let mut asking = constrained;
+    asking["speculative"] = json!({"grammar_drafts": true});
+    let drafted = post(&server, "/v1/chat/completions", &asking);
+    assert!(
+        accepted_by(&drafted, "grammar").is_some(),
+        "{}",
+        drafted.body
+    );
+    assert_eq!(chat_text(&drafted), chat_text(&undrafted));
     server.terminate();
 }
 

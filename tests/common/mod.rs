@@ -85,13 +85,31 @@ pub fn cascade(host: &PluginHost, specs: &[SourceSpec]) -> Cascade {
     cascade_with_limits(host, specs, &SandboxLimits::default())
 }
 
+/// Like [`cascade`], with the given cascade settings.
+pub fn cascade_with_settings(
+    host: &PluginHost,
+    specs: &[SourceSpec],
+    settings: CascadeSettings,
+) -> Cascade {
+    Cascade::new(sources(host, specs, &SandboxLimits::default()), settings)
+}
+
 /// Like [`cascade`], with the given sandbox limits for every source.
 pub fn cascade_with_limits(
     host: &PluginHost,
     specs: &[SourceSpec],
     limits: &SandboxLimits,
 ) -> Cascade {
-    let sources: Vec<Box<dyn DraftSource>> = specs
+    Cascade::new(sources(host, specs, limits), CascadeSettings::default())
+}
+
+/// The sources of `specs`, each with an empty config and `limits`.
+fn sources(
+    host: &PluginHost,
+    specs: &[SourceSpec],
+    limits: &SandboxLimits,
+) -> Vec<Box<dyn DraftSource>> {
+    specs
         .iter()
         .map(|spec| {
             let plugin = host.load(spec).unwrap_or_else(|e| {
@@ -100,8 +118,7 @@ pub fn cascade_with_limits(
             Box::new(plugin.source_with_limits(String::new(), limits.clone()))
                 as Box<dyn DraftSource>
         })
-        .collect();
-    Cascade::new(sources, CascadeSettings::default())
+        .collect()
 }
 
 /// Where the wasm components of the workspace are built: `<target>/wasm32-wasip2/release`,

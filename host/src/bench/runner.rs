@@ -47,6 +47,8 @@ pub struct Configuration {
     pub policy: Option<PolicySpec>,
     /// How the cascade picks a draft.
     pub mode: CascadeMode,
+    /// Whether requests with a grammar also draft with the host's grammar source.
+    pub grammar_drafts: bool,
 }
 
 impl Configuration {
@@ -57,12 +59,13 @@ impl Configuration {
             max_draft_len: None,
             policy: None,
             mode: CascadeMode::First,
+            grammar_drafts: false,
         }
     }
 
-    /// Plain decoding first, then every cascade with every mode and policy, in the order given:
-    /// the `fixed` policy at every draft length (a K sweep), an adaptive policy once, capped at
-    /// the largest (it picks K itself).
+    /// Plain decoding first, then every cascade with every mode, policy and grammar-source
+    /// setting, in the order given: the `fixed` policy at every draft length (a K sweep), an
+    /// adaptive policy once, capped at the largest (it picks K itself).
     pub fn all(config: &BenchConfig) -> Vec<Self> {
         let largest = config.max_draft_lens.iter().max().copied();
         let mut all = vec![Self::plain()];
@@ -75,12 +78,15 @@ impl Configuration {
                         largest.into_iter().collect()
                     };
                     for max_draft_len in max_draft_lens {
-                        all.push(Self {
-                            cascade: cascade.clone(),
-                            max_draft_len: Some(max_draft_len),
-                            policy: Some(policy.clone()),
-                            mode,
-                        });
+                        for &grammar_drafts in &config.grammar_drafts {
+                            all.push(Self {
+                                cascade: cascade.clone(),
+                                max_draft_len: Some(max_draft_len),
+                                policy: Some(policy.clone()),
+                                mode,
+                                grammar_drafts,
+                            });
+                        }
                     }
                 }
             }
@@ -103,6 +109,7 @@ impl Configuration {
                     max_draft_len: Some(max_draft_len),
                     policy: None,
                     mode,
+                    grammar_drafts: false,
                 }));
             }
         }
@@ -136,7 +143,8 @@ impl Configuration {
     }
 
     /// The row label: `plain`; `lookup,suffix K=8` with the fixed policy; otherwise
-    /// `lookup,suffix window K≤24`, with ` scored` in scored mode.
+    /// `lookup,suffix window K≤24`, with ` scored` in scored mode and ` no-grammar-drafts`
+    /// without the grammar source.
     pub fn label(&self) -> String {
         let Some(max_draft_len) = self.max_draft_len.filter(|_| !self.is_plain()) else {
             return "plain".into();
@@ -144,6 +152,11 @@ impl Configuration {
         let mode = match self.mode {
             CascadeMode::First => "",
             CascadeMode::Scored => " scored",
+        };
+        let mode = if self.grammar_drafts {
+            mode.to_owned()
+        } else {
+            format!("{mode} no-grammar-drafts")
         };
         let policy = self.policy_name();
         if policy == "fixed" || self.policy.is_none() {
@@ -498,6 +511,7 @@ fn new_cascade(
     }
     let settings = CascadeSettings {
         mode: configuration.mode,
+        grammar_drafts: configuration.grammar_drafts,
         ..CascadeSettings::default()
     };
     let policy_config = configuration

@@ -73,6 +73,9 @@ pub struct Cascade {
     policy: Box<dyn RoundPolicy>,
     /// Slot indices in the order sources are asked this round.
     order: Vec<usize>,
+    /// Slots past this many hold sources joined for the current request only
+    /// ([`Self::join`]).
+    own_sources: usize,
 }
 
 impl Cascade {
@@ -82,6 +85,7 @@ impl Cascade {
         let slots: Vec<Slot> = sources.into_iter().map(Slot::new).collect();
         Self {
             order: (0..slots.len()).collect(),
+            own_sources: slots.len(),
             slots,
             settings,
             policy: Box::new(FixedLength::default()),
@@ -119,6 +123,13 @@ impl Cascade {
         &self.settings
     }
 
+    /// Adds `source` for the next request only (a source made for it, such as the host's
+    /// grammar source): asked before the cascade's own sources, in stats and in the policy's
+    /// setup under its name, and dropped by [`Self::end`]. Call before [`Self::begin`].
+    pub fn join(&mut self, source: Box<dyn DraftSource>) {
+        self.slots.push(Slot::new(source));
+    }
+
     /// Starts a request: resets statistics, gives every source the prompt and opens the policy
     /// with a draft length of at most `max_draft_len` and the target's measured `verify_costs`.
     pub fn begin(
@@ -132,7 +143,7 @@ impl Cascade {
             slot.reset();
             slot.call("begin", |s| s.begin(facts, prompt));
         }
-        self.order = (0..self.slots.len()).collect();
+        self.order = self.usual_order().collect();
         let setup = PolicySetup {
             sources: self.source_names(),
             max_draft_len,
@@ -236,8 +247,14 @@ impl Cascade {
         }
     }
 
+    /// Joined sources first (they were made for this request), then the cascade's in order.
+    fn usual_order(&self) -> impl Iterator<Item = usize> + use<> {
+        (self.own_sources..self.slots.len()).chain(0..self.own_sources)
+    }
+
     /// Puts the sources named in `names` first, in that order (a name given twice counts
-    /// once, where it first appears); the rest keep cascade order.
+    /// once, where it first appears); the rest keep their usual order (joined sources, then
+    /// the cascade's).
     fn reorder(&mut self, names: &[String]) {
         let mut order: Vec<usize> = Vec::with_capacity(self.slots.len());
         for index in names
@@ -248,7 +265,7 @@ impl Cascade {
                 order.push(index);
             }
         }
-        for index in 0..self.slots.len() {
+        for index in self.usual_order() {
             if !order.contains(&index) {
                 order.push(index);
             }
@@ -340,11 +357,13 @@ impl Cascade {
         }
     }
 
-    /// Ends the request for every source and the policy.
+    /// Ends the request for every source and the policy, and drops the sources joined for it.
     pub fn end(&mut self) {
         for slot in &mut self.slots {
             slot.source.end();
         }
+        self.slots.truncate(self.own_sources);
+        self.order = (0..self.own_sources).collect();
         self.policy.end();
     }
 
@@ -392,6 +411,39 @@ mod tests {
     use super::super::doubles::{ScriptedPolicy, Slow, constant, facts, scored, scripted};
     use super::super::mode::CascadeMode;
     use super::super::source::Proposal;
+
+    #[test]
+    fn a_joined_source_is_asked_first_for_one_request_and_then_dropped() {
+        let log = Arc::default();
+        let mut cascade = Cascade::new(
+            vec![scripted("own", Ok(vec![1, 2]), &log)],
+            CascadeSettings::default(),
+        );
+        cascade.join(scripted("joined", Ok(vec![5, 6, 7]), &log));
+        cascade.begin(&facts(), &[1], 8, &[]);
+        assert_eq!(cascade.source_names(), ["own", "joined"]);
+        let draft = cascade.propose(8);
+        assert_eq!(
+            (draft.tokens.clone(), draft.source),
+            (vec![5, 6, 7], Some(1))
+        );
+        cascade.accept(&draft, 3, &[5, 6, 7, 8], RoundTiming::default(), "");
+        let stats = cascade.stats();
+        assert_eq!((stats[1].won, stats[1].accepted), (1, 3), "{stats:?}");
+        assert_eq!(
+            stats[0].asked, 0,
+            "the joined source's draft was long enough"
+        );
+        cascade.end();
+        assert_eq!(cascade.source_names(), ["own"]);
+        assert_eq!(cascade.calibration().len(), 1);
+        cascade.begin(&facts(), &[1], 8, &[]);
+        assert_eq!(
+            cascade.propose(8).tokens,
+            vec![1, 2],
+            "the next request has its own"
+        );
+    }
 
     #[test]
     fn first_long_enough_source_wins_and_draft_is_truncated() {

@@ -63,6 +63,9 @@ pub struct CascadeSettings {
     /// Scored mode: expensive sources are asked when the best cheap proposal is expected to
     /// accept fewer tokens than this.
     pub expensive_threshold: f64,
+    /// Whether a request with a grammar also drafts with the host's grammar source (what the
+    /// grammar makes certain or likely), asked before the cascade's own sources.
+    pub grammar_drafts: bool,
 }
 
 impl Default for CascadeSettings {
@@ -71,6 +74,7 @@ impl Default for CascadeSettings {
             min_len: DEFAULT_MIN_LEN,
             mode: CascadeMode::First,
             expensive_threshold: DEFAULT_EXPENSIVE_THRESHOLD,
+            grammar_drafts: true,
         }
     }
 }

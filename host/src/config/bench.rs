@@ -73,6 +73,15 @@ pub struct BenchArgs {
     /// Cascade modes to measure, comma-separated: `first`, `scored` (default: first).
     #[arg(long = "cascade-mode", value_name = "MODE,MODE", value_delimiter = ',')]
     pub cascade_modes: Vec<String>,
+    /// Whether requests with a grammar (a workload line's `json_schema`) also draft with the
+    /// host's grammar source, comma-separated: `on`, `off` (default: on, as `serve`); `on,off`
+    /// measures both. Rows without it are labelled `no-grammar-drafts`.
+    #[arg(
+        long = "grammar-drafts",
+        value_name = "on|off,...",
+        value_delimiter = ','
+    )]
+    pub grammar_drafts: Vec<String>,
     /// Measured passes over each workload; tok/s is the median over them.
     #[arg(long, default_value_t = DEFAULT_BENCH_REPEAT)]
     pub repeat: usize,
@@ -213,6 +222,8 @@ pub struct BenchConfig {
     pub policies: Vec<PolicySpec>,
     /// Cascade modes to measure every cascade with, in the order given.
     pub cascade_modes: Vec<CascadeMode>,
+    /// Grammar-source settings to measure every cascade with, in the order given.
+    pub grammar_drafts: Vec<bool>,
     /// Measured passes over each workload.
     pub repeat: usize,
     /// Unmeasured passes before them.
@@ -260,6 +271,7 @@ impl BenchArgs {
             policies.push(parse_policy(DEFAULT_POLICY)?);
         }
         let cascade_modes = parse_cascade_modes(self.cascade_modes)?;
+        let grammar_drafts = parse_grammar_drafts(&self.grammar_drafts)?;
         if self.repeat == 0 {
             return Err(ConfigError::ZeroRepeat);
         }
@@ -293,6 +305,7 @@ impl BenchArgs {
             max_draft_lens,
             policies,
             cascade_modes,
+            grammar_drafts,
             repeat: self.repeat,
             warmup: self.warmup,
             cost_max_tokens: self.cost_max_tokens,
@@ -499,6 +512,29 @@ pub(super) fn plugin_configs_for(
     let mut plugin_configs = BTreeMap::new();
     merge_plugin_settings(&mut plugin_configs, settings)?;
     Ok(plugin_configs)
+}
+
+/// Parses `--grammar-drafts on,off`: each once, in the order given; `on` when none is given.
+pub(super) fn parse_grammar_drafts(given: &[String]) -> Result<Vec<bool>, ConfigError> {
+    let mut parsed = Vec::new();
+    for value in given {
+        let on = match value.trim() {
+            "on" => true,
+            "off" => false,
+            other => return Err(ConfigError::GrammarDrafts(other.to_owned())),
+        };
+        if parsed.contains(&on) {
+            return Err(ConfigError::Repeated {
+                flag: "--grammar-drafts",
+                value: value.clone(),
+            });
+        }
+        parsed.push(on);
+    }
+    if parsed.is_empty() {
+        parsed.push(true);
+    }
+    Ok(parsed)
 }
 
 /// Checks a `--draft-max K,K,...` list: each at least 1, none twice; the default when empty.

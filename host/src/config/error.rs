@@ -94,6 +94,9 @@ pub enum ConfigError {
     /// Bad `--cascade-mode`.
     #[error("invalid --cascade-mode: {0}")]
     CascadeMode(String),
+    /// Bad `--grammar-drafts`.
+    #[error("invalid --grammar-drafts value `{0}`: use `on`, `off`, or `on,off` to measure both")]
+    GrammarDrafts(String),
     /// `--plugin-config` for a source that is not in the cascade.
     #[error(
         "--plugin-config names `{name}`, which is not in the cascade ({cascade}); use a source name from --cascade (a path's file stem for .wasm files)"

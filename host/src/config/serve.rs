@@ -53,6 +53,11 @@ pub struct ServeArgs {
     /// Serve requests whatever `model` they name (for clients that hard-code one).
     #[arg(long)]
     pub accept_any_model: bool,
+    /// Draft requests that have a grammar (`grammar`, `json_schema`, `response_format`)
+    /// without the host's grammar source (what the grammar makes certain or likely), only with
+    /// the cascade's; a request's `speculative.grammar_drafts` overrides it.
+    #[arg(long)]
+    pub no_grammar_drafts: bool,
     /// Requests generated at once (slots). Their tokens and drafts share every decode of one
     /// llama.cpp context, each request in a KV cache of its own of --ctx-size tokens.
     #[arg(long)]
@@ -183,6 +188,8 @@ pub struct ServeConfig {
     pub model_aliases: Vec<String>,
     /// Whether requests naming another model are served too.
     pub accept_any_model: bool,
+    /// Whether requests with a grammar draft with the grammar source by default.
+    pub grammar_drafts: bool,
     /// Default draft sources in order (empty: plain decoding).
     pub cascade: Vec<SourceSpec>,
     /// Default cascade mode.
@@ -390,6 +397,7 @@ impl ServeArgs {
             model_id,
             model_aliases,
             accept_any_model: self.accept_any_model,
+            grammar_drafts: !self.no_grammar_drafts,
             cascade: speculation.cascade,
             cascade_mode: speculation.cascade_mode,
             policy: speculation.policy,

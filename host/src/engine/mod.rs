@@ -57,7 +57,7 @@ pub use self::draft::{
     check_vocab_compatible,
 };
 pub use self::error::EngineError;
-pub use self::grammar::{Grammar, GrammarError};
+pub use self::grammar::{GRAMMAR_SOURCE, Grammar, GrammarError, GrammarSource};
 pub(crate) use self::model::started_backend;
 pub use self::model::{MessageContents, Target, TargetParams};
 pub use self::rounds::{

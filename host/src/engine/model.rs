@@ -2,7 +2,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use llama_cpp_2::llama_backend::{LlamaBackend, NumaStrategy};
 use llama_cpp_2::model::LlamaModel;
@@ -12,7 +12,7 @@ use llama_cpp_2::token::LlamaToken;
 use super::chat_template::{ChatRenderer, ChatTemplateChoice};
 use super::context::{ContextSettings, ModelContext};
 use super::error::EngineError;
-use super::grammar::{Grammar, GrammarError};
+use super::grammar::{ByteTokens, ChoiceMemory, Grammar, GrammarError, GrammarSource};
 use super::verify::{Session, SessionParams};
 use crate::cascade::{ModelFacts, Token};
 use crate::placement::NumaMode;
@@ -133,7 +133,11 @@ impl Default for TargetParams {
 
 /// The verified model: a GGUF loaded through llama.cpp.
 pub struct Target {
-    model: LlamaModel,
+    model: Arc<LlamaModel>,
+    /// The vocabulary's single-byte tokens, for grammar sources (found at the first).
+    byte_tokens: OnceLock<Arc<ByteTokens>>,
+    /// What grammar sources learnt of the model's choices, per grammar.
+    grammar_choices: ChoiceMemory,
     /// How a conversation becomes prompt text.
     chat: ChatRenderer,
     path: PathBuf,
@@ -158,7 +162,9 @@ impl Target {
         use_batch_products(params.host_batch_products);
         let chat = ChatRenderer::new(&model, &params.chat_template)?;
         Ok(Self {
-            model,
+            model: Arc::new(model),
+            byte_tokens: OnceLock::new(),
+            grammar_choices: ChoiceMemory::default(),
             chat,
             path: path.to_owned(),
             numa: params.numa,
@@ -178,6 +184,21 @@ impl Target {
     /// Whether `grammar` parses and can be followed on this model's vocabulary.
     pub fn check_grammar(&self, grammar: &Grammar) -> Result<(), GrammarError> {
         grammar.open(&self.model).map(drop)
+    }
+
+    /// A draft source for a request that generates under `grammar` (see [`GrammarSource`]);
+    /// `None` when the grammar does not open (the request is refused on its own).
+    pub fn grammar_source(&self, grammar: &Grammar) -> Option<GrammarSource> {
+        let start = grammar.open(&self.model).ok()?;
+        let bytes = self
+            .byte_tokens
+            .get_or_init(|| Arc::new(ByteTokens::of(&self.model)));
+        Some(GrammarSource::new(
+            Arc::clone(&self.model),
+            Arc::clone(bytes),
+            start,
+            self.grammar_choices.of(grammar.text()),
+        ))
     }
 
     /// The llama.cpp model, for the engine's other modules.

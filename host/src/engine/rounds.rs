@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::budget::RoundLimits;
 use super::error::EngineError;
+use super::grammar::GrammarSource;
 use super::sample::{SamplingParams, TokenLogprob};
 use super::stats::GenerationStats;
 use super::text::{StopStrings, TextStream};
@@ -250,6 +251,12 @@ pub trait Verifier {
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Prefill, EngineError>;
 
+    /// A draft source for what `request`'s grammar makes certain or likely; `None` without a
+    /// grammar, or when this verifier cannot make one (a recording). Default: `None`.
+    fn grammar_source(&self, _request: &Request) -> Option<GrammarSource> {
+        None
+    }
+
     /// Verifies `round`: returns the target's tokens at its positions, in order, while they
     /// equal the draft, then the first one that does not (or the one after the verified
     /// draft), each sampled exactly once; afterwards the verifier holds the context plus the
@@ -335,6 +342,9 @@ pub struct Generation<'g> {
     started: Instant,
     /// The draft of the round in flight and the time it took to make.
     pending: Option<(Draft, Duration)>,
+    /// The grammar source joined to every cascade whose settings ask for it, as it stands at
+    /// the start of generation (requests with a grammar only).
+    grammar_source: Option<GrammarSource>,
 }
 
 impl<'g> Generation<'g> {
@@ -372,6 +382,12 @@ impl<'g> Generation<'g> {
             stop: None,
             started: Instant::now(),
             pending: None,
+            grammar_source: request
+                .sampling
+                .grammar
+                .as_ref()
+                .filter(|_| can_speculate)
+                .and_then(|_| verifier.grammar_source(request)),
             cascade,
         };
         generation.stop =
@@ -389,6 +405,11 @@ impl<'g> Generation<'g> {
             return;
         }
         let started = Instant::now();
+        if self.cascade.settings().grammar_drafts
+            && let Some(source) = &self.grammar_source
+        {
+            self.cascade.join(Box::new(source.restart()));
+        }
         self.cascade.begin(
             &self.facts,
             &self.request.prompt,
@@ -405,8 +426,8 @@ impl<'g> Generation<'g> {
     /// Ends the current cascade, keeping its counters.
     fn end_cascade(&mut self) {
         if self.speculate {
-            self.cascade.end();
             merge_source_stats(&mut self.stats.sources, self.cascade.stats());
+            self.cascade.end();
         }
     }
 

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use self::pass_costs::PassCosts;
 use super::context::{ModelContext, Outputs, Rows, SeqId};
 use super::error::EngineError;
+use super::grammar::GrammarSource;
 use super::model::Target;
 use super::rounds::{
     Outcome, OutputPiece, Prefill, Request, RoundControl, RoundDecision, RoundDraft, Verified,
@@ -712,6 +713,11 @@ impl Verifier for Session<'_> {
 
     fn token_bytes(&self, token: Token, out: &mut Vec<u8>) {
         self.target.token_bytes(token, out);
+    }
+
+    fn grammar_source(&self, request: &Request) -> Option<GrammarSource> {
+        self.target
+            .grammar_source(request.sampling.grammar.as_ref()?)
     }
 
     fn verify_costs(&self, context_len: usize) -> Vec<Duration> {

@@ -59,6 +59,7 @@ pub struct Plan {
     cascade: CascadeChoice,
     max_draft_len: usize,
     mode: CascadeMode,
+    grammar_drafts: bool,
     policy: Option<ResolvedPolicy>,
     /// Completions generated for the prompt (`n`).
     pub choices: usize,
@@ -197,6 +198,9 @@ impl Plan {
             cascade,
             max_draft_len,
             mode: speculative.mode.unwrap_or(snapshot.defaults.mode),
+            grammar_drafts: speculative
+                .grammar_drafts
+                .unwrap_or(snapshot.defaults.grammar_drafts),
             policy,
             choices,
             stream: params.stream,
@@ -272,6 +276,7 @@ impl Plan {
                     request,
                     cascade: self.cascade.clone(),
                     mode: self.mode,
+                    grammar_drafts: self.grammar_drafts,
                     policy: self.policy.clone(),
                     choice,
                     events: events.clone(),

@@ -148,6 +148,7 @@ mod tests {
             cascade: Vec::new(),
             max_draft_len: 8,
             mode: CascadeMode::First,
+            grammar_drafts: true,
             policy: None,
         };
         let registry = Registry::start(

@@ -41,6 +41,8 @@ pub struct Job {
     pub cascade: CascadeChoice,
     /// How its cascade picks drafts.
     pub mode: CascadeMode,
+    /// Whether it also drafts with the grammar source (when it has a grammar).
+    pub grammar_drafts: bool,
     /// The policy choosing its draft lengths; `None` drafts `draft_max` every round.
     pub policy: Option<ResolvedPolicy>,
     /// Which of the request's choices (`n`) it generates, from 0.
@@ -303,6 +305,7 @@ mod tests {
             request: Request::new(vec![1], number, SamplingParams::greedy()),
             cascade: CascadeChoice::Default,
             mode: CascadeMode::First,
+            grammar_drafts: true,
             policy: None,
             choice: 0,
             events,

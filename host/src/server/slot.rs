@@ -136,6 +136,7 @@ impl<'a> Slot<'a> {
         };
         let settings = CascadeSettings {
             mode: job.mode,
+            grammar_drafts: job.grammar_drafts,
             ..CascadeSettings::default()
         };
         let request = job.request.clone();

@@ -289,6 +289,7 @@ fn start_shared(
         cascade: config.cascade.iter().map(SourceSpec::name).collect(),
         max_draft_len: config.max_draft_len,
         mode: config.cascade_mode,
+        grammar_drafts: config.grammar_drafts,
         policy: Some(config.policy.clone()),
     };
     let registry = Arc::new(Registry::start(

@@ -65,6 +65,8 @@ pub struct SpeculativeParams {
     pub max_draft_len: Option<usize>,
     /// How the cascade picks a draft.
     pub mode: Option<CascadeMode>,
+    /// Whether a request with a grammar also drafts with the host's grammar source.
+    pub grammar_drafts: Option<bool>,
 }
 
 /// Parameters shared by completion and chat completion requests.

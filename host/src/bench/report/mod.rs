@@ -399,6 +399,7 @@ mod tests {
                     max_draft_len: Some(4),
                     policy: Some(crate::plugins::parse_policy("fixed").expect("valid policy")),
                     mode: crate::cascade::CascadeMode::First,
+                    grammar_drafts: true,
                 },
             ],
             workloads: vec![WorkloadRun {
@@ -476,6 +477,7 @@ mod tests {
                 max_draft_len: Some(4),
                 policy: None,
                 mode: crate::cascade::CascadeMode::First,
+                grammar_drafts: true,
             },
         ];
         // Twice as fast on `a`, half as fast on `b`: 200 tokens in 3 s plain, in 4.5 s drafted.

@@ -127,7 +127,8 @@ pub struct Row {
 }
 
 impl Row {
-    /// The row of a bench configuration: its cascade, draft length, mode and policy sent with
+    /// The row of a bench configuration: its cascade, draft length, mode, grammar-source
+    /// setting and policy sent with
     /// every request (plain decoding sends `cascade: none`).
     pub fn of(configuration: &Configuration) -> Self {
         let speculative = match configuration.max_draft_len {
@@ -135,6 +136,7 @@ impl Row {
                 "cascade": configuration.cascade_name(),
                 "draft_max": max_draft_len,
                 "mode": configuration.mode.as_str(),
+                "grammar_drafts": configuration.grammar_drafts,
                 "policy": configuration.policy_name(),
             }),
             _ => json!({"cascade": "none"}),

@@ -8,6 +8,7 @@ use super::calls::{Call, Reply, Start};
 use crate::cascade::{Cascade, ModelFacts, Token};
 use crate::engine::context::SeqId;
 use crate::engine::error::EngineError;
+use crate::engine::grammar::GrammarSource;
 use crate::engine::model::Target;
 use crate::engine::rounds::{
     Outcome, OutputPiece, Prefill, Request, RoundControl, RoundDraft, Verified, Verifier, generate,
@@ -130,6 +131,11 @@ impl Verifier for BatchedSequence<'_> {
 
     fn token_bytes(&self, token: Token, out: &mut Vec<u8>) {
         self.target.token_bytes(token, out);
+    }
+
+    fn grammar_source(&self, request: &Request) -> Option<GrammarSource> {
+        self.target
+            .grammar_source(request.sampling.grammar.as_ref()?)
     }
 
     fn verify_costs(&self, context_len: usize) -> Vec<Duration> {

@@ -15,6 +15,10 @@ use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use serde::Serialize;
 
 mod repetition;
+mod source;
+
+pub(crate) use self::source::{ByteTokens, ChoiceMemory};
+pub use self::source::{GRAMMAR_SOURCE, GrammarSource};
 
 use super::model::{from_llama, to_llama};
 use crate::cascade::Token;
@@ -107,6 +111,14 @@ impl GrammarState {
         self.probe.data[0].logit() > f32::NEG_INFINITY
     }
 
+    /// An independent copy of the state, to walk ahead without moving this one.
+    pub(super) fn duplicate(&self) -> Self {
+        Self {
+            sampler: self.sampler.clone(),
+            probe: LlamaTokenDataArray::new(Vec::with_capacity(1), false),
+        }
+    }
+
     /// Sets the logit of every token the grammar forbids next to `-inf`.
     pub(super) fn mask(&mut self, candidates: &mut LlamaTokenDataArray) {
         candidates.apply_sampler(&mut self.sampler);
@@ -129,10 +141,7 @@ impl GrammarState {
         if draft.is_empty() {
             return 0;
         }
-        let mut ahead = GrammarState {
-            sampler: self.sampler.clone(),
-            probe: LlamaTokenDataArray::new(Vec::with_capacity(1), false),
-        };
+        let mut ahead = self.duplicate();
         for (index, &token) in draft.iter().enumerate() {
             if enough() || !ahead.allows(token) {
                 return index;

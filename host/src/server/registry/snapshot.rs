@@ -20,6 +20,8 @@ pub struct Speculation {
     pub max_draft_len: usize,
     /// How the cascade picks a draft.
     pub mode: CascadeMode,
+    /// Whether requests with a grammar also draft with the host's grammar source.
+    pub grammar_drafts: bool,
     /// Policy choosing each round's draft length, with its settings (`cost`,
     /// `window,raise=0.9`); `None` drafts `draft_max` every round.
     pub policy: Option<String>,
