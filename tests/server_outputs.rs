@@ -281,7 +281,7 @@ fn constrained_outputs_parse_and_are_the_same_with_and_without_speculation() {
     }
 
     // A grammar of thousands of alternatives at one point passes every static check but takes
-    // seconds to check a token: its request fails, naming it, and the server goes on.
+    // seconds to check a token: its request is refused, naming it, and the server goes on.
     let alternatives: Vec<String> = (0..6000).map(|i| format!("\"a{i}\"")).collect();
     let heavy = format!("root ::= ({})+", alternatives.join(" | "));
     let refused = post(
@@ -296,7 +296,30 @@ fn constrained_outputs_parse_and_are_the_same_with_and_without_speculation() {
         refused.body
     );
     let message = refused.body["error"]["message"].as_str().unwrap_or("");
-    assert!(message.contains("to check one token"), "{message}");
+    // Refused before it was queued: tried on a sample of the vocabulary, not on the batcher.
+    assert!(message.contains("would take about"), "{message}");
+
+    // The same alternatives after a fixed word: quick at the start, so it is queued, and its
+    // request fails after the first slow token, naming its grammar.
+    let words: Vec<String> = (0..8000)
+        .map(|i| {
+            let letter = |n: usize| char::from(b'a' + (n % 26) as u8);
+            format!("\"{}{}{}\"", letter(i / 676), letter(i / 26), letter(i))
+        })
+        .collect();
+    let late = format!("root ::= \"Yes\" ({})+", words.join(" | "));
+    let failed = post(
+        &server,
+        "/v1/completions",
+        &json!({"prompt": "Write:", "grammar": late, "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(failed.status, 400, "{}", failed.body);
+    assert_eq!(failed.body["error"]["param"], "grammar", "{}", failed.body);
+    let message = failed.body["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("took") && message.contains("to check one token"),
+        "{message}"
+    );
     assert_eq!(
         post(&server, "/completions", &json!({"prompt": "Is the sky green? Answer:", "grammar": grammar, "max_tokens": 8, "temperature": 0})).status,
         200

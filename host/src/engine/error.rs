@@ -8,7 +8,8 @@ use std::path::PathBuf;
 pub enum EngineError {
     /// The request's grammar took too long to check a token.
     #[error(
-        "the grammar took {took_ms} ms to check one token (the limit is 200 ms): simplify it (fewer alternatives at one point, no rules that match the same text in many ways)"
+        "the grammar took {took_ms} ms to check one token (the limit is {limit_ms} ms): simplify it (fewer alternatives at one point, no rules that match the same text in many ways)",
+        limit_ms = super::sample::MAX_GRAMMAR_TIME_PER_TOKEN.as_millis()
     )]
     GrammarTooSlow {
         /// How long it took.

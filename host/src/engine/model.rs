@@ -13,6 +13,7 @@ use super::chat_template::{ChatRenderer, ChatTemplateChoice};
 use super::context::{ContextSettings, ModelContext};
 use super::error::EngineError;
 use super::grammar::{ByteTokens, ChoiceMemory, Grammar, GrammarError, GrammarSource};
+use super::sample::MAX_GRAMMAR_TIME_PER_TOKEN;
 use super::verify::{Session, SessionParams};
 use crate::cascade::{ModelFacts, Token};
 use crate::placement::NumaMode;
@@ -181,9 +182,10 @@ impl Target {
         self.model.n_vocab().max(0) as u32
     }
 
-    /// Whether `grammar` parses and can be followed on this model's vocabulary.
+    /// Whether `grammar` parses and can be followed on this model's vocabulary, in the time
+    /// a token may take ([`MAX_GRAMMAR_TIME_PER_TOKEN`], estimated at its start).
     pub fn check_grammar(&self, grammar: &Grammar) -> Result<(), GrammarError> {
-        grammar.open(&self.model).map(drop)
+        grammar.check(&self.model, MAX_GRAMMAR_TIME_PER_TOKEN)
     }
 
     /// A draft source for a request that generates under `grammar` (see [`GrammarSource`]);

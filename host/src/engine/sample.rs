@@ -6,12 +6,12 @@ use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 
 use super::error::EngineError;
-use super::grammar::{Grammar, GrammarError, GrammarState, masked_argmax};
+use super::grammar::{Grammar, GrammarError, GrammarState, masked_argmax, thread_cpu_time};
 use super::model::from_llama;
 use crate::cascade::Token;
 
@@ -27,8 +27,11 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// whose alternatives can match the same text in many ways (`("a"* "a"*)*`) makes llama.cpp
 /// track a number of parses that grows with every token, and sampling runs on the thread that
 /// verifies every request's rounds: past this, the request fails, naming its grammar, rather
-/// than stall the others. A JSON schema's grammar takes about a millisecond per token.
-pub const MAX_GRAMMAR_TIME_PER_TOKEN: Duration = Duration::from_millis(200);
+/// than stall the others. A JSON schema's grammar takes about a millisecond per token, but a pass
+/// over the whole vocabulary (when the model's own choice is not allowed) takes up to a few
+/// hundred milliseconds on Gemma 3's 262K tokens. Measured in the thread's CPU time, so a busy
+/// machine does not fail a request.
+pub const MAX_GRAMMAR_TIME_PER_TOKEN: Duration = Duration::from_secs(1);
 
 /// How a request's tokens are chosen and reported: sampling settings as in llama.cpp's
 /// `common_params_sampling`. A `temperature` below [`MIN_TEMPERATURE`] (0 included) is greedy
@@ -194,7 +197,7 @@ impl TokenSampler {
     ///
     /// Fails when the grammar took longer than [`MAX_GRAMMAR_TIME_PER_TOKEN`] for this token.
     pub(super) fn sample(&mut self, logits: &[f32]) -> Result<Token, EngineError> {
-        let started = Instant::now();
+        let started = thread_cpu_time();
         let token = match &mut self.draw {
             Draw::Greedy => {
                 let token = argmax(logits);
@@ -234,7 +237,8 @@ impl TokenSampler {
         };
         if let Some(grammar) = &mut self.grammar {
             grammar.accept(token);
-            let took = std::mem::take(&mut self.grammar_time) + started.elapsed();
+            let took =
+                std::mem::take(&mut self.grammar_time) + thread_cpu_time().saturating_sub(started);
             if took > MAX_GRAMMAR_TIME_PER_TOKEN {
                 return Err(EngineError::GrammarTooSlow {
                     took_ms: took.as_millis() as u64,
@@ -254,10 +258,11 @@ impl TokenSampler {
         let Some(grammar) = &mut self.grammar else {
             return draft.len();
         };
-        let started = Instant::now();
-        let allowed =
-            grammar.allowed_prefix(draft, || started.elapsed() > MAX_GRAMMAR_TIME_PER_TOKEN);
-        self.grammar_time += started.elapsed();
+        let started = thread_cpu_time();
+        let allowed = grammar.allowed_prefix(draft, || {
+            thread_cpu_time().saturating_sub(started) > MAX_GRAMMAR_TIME_PER_TOKEN
+        });
+        self.grammar_time += thread_cpu_time().saturating_sub(started);
         allowed
     }
 

@@ -8,8 +8,11 @@
 //! copy of the state before it is verified ([`GrammarState::allowed_prefix`]), and what the
 //! grammar forbids is never decoded.
 
+use std::time::Duration;
+
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use serde::Serialize;
@@ -25,6 +28,13 @@ use crate::cascade::Token;
 
 /// The rule generation starts from.
 const ROOT: &str = "root";
+
+/// Tokens of the vocabulary a grammar is tried on when it is checked (spread over all of it).
+const TIMING_SAMPLE: usize = 1024;
+
+/// Tokens of that sample tried at a time (a grammar far over the limit takes milliseconds per
+/// token).
+const TIMING_CHUNK: usize = 8;
 
 /// A request's grammar, as GBNF text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -48,6 +58,17 @@ pub enum GrammarError {
     /// The JSON schema could not be turned into a grammar.
     #[error("the JSON schema cannot be turned into a grammar: {0}")]
     Schema(String),
+    /// Tried on part of the vocabulary at its start, the grammar would take longer than the
+    /// limit to check one token.
+    #[error(
+        "the grammar would take about {estimated_ms} ms to check one token (the limit is {limit_ms} ms): simplify it (fewer alternatives at one point, no rules that match the same text in many ways)"
+    )]
+    TooSlow {
+        /// The estimate, from a sample of the vocabulary.
+        estimated_ms: u64,
+        /// The limit.
+        limit_ms: u64,
+    },
 }
 
 impl Grammar {
@@ -66,6 +87,53 @@ impl Grammar {
     /// The GBNF text.
     pub fn text(&self) -> &str {
         &self.0
+    }
+
+    /// Checks that the grammar opens on `model`'s vocabulary and that checking a token at its
+    /// start would take at most `limit`: the grammar is tried on a sample of the vocabulary
+    /// and one of the tokens it allows is accepted, and the time scaled to the whole
+    /// vocabulary. The time is this thread's CPU time, so a busy machine does not make a
+    /// grammar look slow. A grammar of thousands of alternatives at one point is refused here,
+    /// once the sample alone took `limit`, before any request waits behind it.
+    pub(super) fn check(&self, model: &LlamaModel, limit: Duration) -> Result<(), GrammarError> {
+        let mut state = self.open(model)?;
+        let vocab = model.n_vocab().max(1) as usize;
+        let stride = vocab.div_ceil(TIMING_SAMPLE);
+        let sample: Vec<LlamaTokenData> = (0..vocab)
+            .step_by(stride)
+            .map(|id| LlamaTokenData::new(LlamaToken(id as i32), 0.0, 0.0))
+            .collect();
+        let too_slow = |estimate: Duration| GrammarError::TooSlow {
+            estimated_ms: estimate.as_millis() as u64,
+            limit_ms: limit.as_millis() as u64,
+        };
+        let (mut masking, mut allowed) = (Duration::ZERO, None);
+        for (tried, chunk) in sample.chunks(TIMING_CHUNK).enumerate() {
+            let mut candidates = LlamaTokenDataArray::new(chunk.to_vec(), false);
+            let started = thread_cpu_time();
+            state.mask(&mut candidates);
+            masking += thread_cpu_time().saturating_sub(started);
+            allowed = allowed.or_else(|| {
+                candidates
+                    .data
+                    .iter()
+                    .find(|candidate| candidate.logit() > f32::NEG_INFINITY)
+                    .map(LlamaTokenData::id)
+            });
+            if masking > limit {
+                let tried = (tried + 1) * TIMING_CHUNK;
+                return Err(too_slow(masking * (vocab / tried) as u32));
+            }
+        }
+        let started = thread_cpu_time();
+        if let Some(allowed) = allowed {
+            state.accept(from_llama(allowed));
+        }
+        let estimate = masking * stride as u32 + thread_cpu_time().saturating_sub(started);
+        if estimate > limit {
+            return Err(too_slow(estimate));
+        }
+        Ok(())
     }
 
     /// The grammar's state at the start of generation, on `model`'s vocabulary.
@@ -89,6 +157,12 @@ impl Grammar {
             })
             .map_err(|_| GrammarError::Invalid(String::new()))
     }
+}
+
+/// CPU time this thread has used: what a grammar costs, whatever else runs on the machine.
+pub(super) fn thread_cpu_time() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map_or(Duration::ZERO, Duration::from)
 }
 
 /// Where generation stands in a grammar: which tokens may come next.
