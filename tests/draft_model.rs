@@ -15,7 +15,7 @@ use spechost::engine::{
     DraftModelConfig, DraftModelContext, DraftModelHost, EngineError, SamplingParams, Target,
     TargetParams, check_vocab_compatible,
 };
-use spechost::models::{DefaultDraft, DefaultModel};
+use spechost::models::{DefaultDraft, DefaultModel, QuantType, QuantizeRequest, quantize};
 use spechost::plugins::SourceSpec;
 
 /// Tokens each proposal asks for in the tests that compare proposals.
@@ -510,4 +510,59 @@ fn cli_quantize_writes_once_per_recipe_and_refuses_bad_paths() {
         "Q8_0 embeddings ({large} bytes) should be larger than Q4_0 ones ({small} bytes)"
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_dequantized_target_verifies_its_own_quantized_copy_exactly_and_accepts_most_of_it() {
+    let _guard = exclusive();
+    // Self-speculation: SmolLM2's Q4_1 file drafts for its own F16 copy.
+    let quantized = DefaultModel::SmolLm2.path(&cache_dir());
+    let dequantized = scratch_file("self-speculation", "smollm2.F16.gguf");
+    quantize(&QuantizeRequest {
+        input: quantized.clone(),
+        output: dequantized.clone(),
+        quant_type: QuantType::F16,
+        embeddings: None,
+        threads: session_params().threads,
+    })
+    .expect("smollm2 dequantizes to F16");
+    let target = Target::load(&dequantized, &TargetParams::default()).expect("the F16 copy loads");
+    let draft =
+        DraftModelHost::load_for(&target, &draft_config(&quantized), &TargetParams::default())
+            .expect("the quantized file shares the F16 copy's tokenizer");
+    let host = plugin_host();
+    assert!(host.attach_draft_model(Arc::new(draft)));
+    let (mut drafted, mut accepted) = (0, 0);
+    for fixture in fixtures().iter().take(3) {
+        let plain = generate(
+            &target,
+            &fixture.user_message,
+            MAX_TOKENS,
+            SamplingParams::greedy(),
+            8,
+            &mut Cascade::empty(),
+        );
+        let spec = generate(
+            &target,
+            &fixture.user_message,
+            MAX_TOKENS,
+            SamplingParams::greedy(),
+            8,
+            &mut cascade(&host, &[SourceSpec::Builtin("draft".into())]),
+        );
+        assert_eq!(
+            spec.tokens,
+            plain.tokens,
+            "{}: differs from plain decoding at token {:?}",
+            fixture.id,
+            first_difference(&spec.tokens, &plain.tokens)
+        );
+        drafted += spec.stats.drafted;
+        accepted += spec.stats.accepted;
+    }
+    std::fs::remove_file(&dequantized).ok();
+    assert!(
+        drafted > 0 && accepted * 2 > drafted,
+        "a model's quantized copy should agree with it most of the time: {accepted} of {drafted} drafted tokens accepted"
+    );
 }

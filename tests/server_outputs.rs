@@ -132,6 +132,23 @@ fn logprobs_equal_plain_decodings_whole_and_streamed() {
     server.terminate();
 }
 
+/// Sends a completion under `grammar` and checks that it fails with a 400 naming the grammar,
+/// with `needle` in the message.
+fn assert_grammar_fails(server: &Server, grammar: &str, needle: &str) {
+    let failed = post(
+        server,
+        "/v1/completions",
+        &json!({"prompt": "Write:", "grammar": grammar, "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(failed.status, 400, "{}", failed.body);
+    assert_eq!(failed.body["error"]["param"], "grammar", "{}", failed.body);
+    let message = failed.body["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains(needle) && message.contains("to check one token"),
+        "{message}"
+    );
+}
+
 /// Tokens the source `name` had accepted in `answer`'s `speculative` block, if it drafted.
 fn accepted_by(answer: &Answer, name: &str) -> Option<u64> {
     answer.body["speculative"]["sources"]
@@ -284,23 +301,11 @@ fn constrained_outputs_parse_and_are_the_same_with_and_without_speculation() {
     // seconds to check a token: its request is refused, naming it, and the server goes on.
     let alternatives: Vec<String> = (0..6000).map(|i| format!("\"a{i}\"")).collect();
     let heavy = format!("root ::= ({})+", alternatives.join(" | "));
-    let refused = post(
-        &server,
-        "/v1/completions",
-        &json!({"prompt": "Write:", "grammar": heavy, "max_tokens": 4, "temperature": 0}),
-    );
-    assert_eq!(refused.status, 400, "{}", refused.body);
-    assert_eq!(
-        refused.body["error"]["param"], "grammar",
-        "{}",
-        refused.body
-    );
-    let message = refused.body["error"]["message"].as_str().unwrap_or("");
     // Refused before it was queued: tried on a sample of the vocabulary, not on the batcher.
-    assert!(message.contains("would take about"), "{message}");
+    assert_grammar_fails(&server, &heavy, "would take about");
 
-    // The same alternatives after a fixed word: quick at the start, so it is queued, and its
-    // request fails after the first slow token, naming its grammar.
+    // The same kind of alternatives after a fixed word: quick at the start, so it is queued,
+    // and its request fails after the first slow token, naming its grammar.
     let words: Vec<String> = (0..8000)
         .map(|i| {
             let letter = |n: usize| char::from(b'a' + (n % 26) as u8);
@@ -308,18 +313,7 @@ fn constrained_outputs_parse_and_are_the_same_with_and_without_speculation() {
         })
         .collect();
     let late = format!("root ::= \"Yes\" ({})+", words.join(" | "));
-    let failed = post(
-        &server,
-        "/v1/completions",
-        &json!({"prompt": "Write:", "grammar": late, "max_tokens": 4, "temperature": 0}),
-    );
-    assert_eq!(failed.status, 400, "{}", failed.body);
-    assert_eq!(failed.body["error"]["param"], "grammar", "{}", failed.body);
-    let message = failed.body["error"]["message"].as_str().unwrap_or("");
-    assert!(
-        message.contains("took") && message.contains("to check one token"),
-        "{message}"
-    );
+    assert_grammar_fails(&server, &late, "took");
     assert_eq!(
         post(&server, "/completions", &json!({"prompt": "Is the sky green? Answer:", "grammar": grammar, "max_tokens": 8, "temperature": 0})).status,
         200

@@ -24,8 +24,10 @@ use crate::engine::{EngineError, started_backend};
 /// GGUF metadata key in which a quantized file records its recipe ([`QuantizeRequest::recipe`]).
 pub const RECIPE_KEY: &str = "spechost.quantize.recipe";
 
-/// The quantization types `spechost models quantize` makes: llama.cpp's types that need no
-/// importance matrix (the `IQ*` and `Q2_K_S` types do, and spechost has none to give).
+/// The types `spechost models quantize` makes: llama.cpp's quantization types that need no
+/// importance matrix (the `IQ*` and `Q2_K_S` types do, and spechost has none to give), and the
+/// float types, which dequantize: a quantized model's higher-precision copy, verified with the
+/// quantized one as its draft (self-speculation), has the same tokenizer by construction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 #[value(rename_all = "verbatim")]
 #[allow(non_camel_case_types)] // the names are llama.cpp's, as users type them
@@ -58,6 +60,12 @@ pub enum QuantType {
     Q5_K_M,
     /// 6.6 bits per weight.
     Q6_K,
+    /// 16-bit floats (dequantized).
+    F16,
+    /// bfloat16 (dequantized).
+    BF16,
+    /// 32-bit floats, every tensor (dequantized).
+    F32,
 }
 
 impl QuantType {
@@ -78,6 +86,9 @@ impl QuantType {
             Self::Q5_K_S => "Q5_K_S",
             Self::Q5_K_M => "Q5_K_M",
             Self::Q6_K => "Q6_K",
+            Self::F16 => "F16",
+            Self::BF16 => "BF16",
+            Self::F32 => "F32",
         }
     }
 
@@ -98,6 +109,9 @@ impl QuantType {
             Self::Q5_K_S => sys::LLAMA_FTYPE_MOSTLY_Q5_K_S,
             Self::Q5_K_M => sys::LLAMA_FTYPE_MOSTLY_Q5_K_M,
             Self::Q6_K => sys::LLAMA_FTYPE_MOSTLY_Q6_K,
+            Self::F16 => sys::LLAMA_FTYPE_MOSTLY_F16,
+            Self::BF16 => sys::LLAMA_FTYPE_MOSTLY_BF16,
+            Self::F32 => sys::LLAMA_FTYPE_ALL_F32,
         }
     }
 }
