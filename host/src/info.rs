@@ -1,8 +1,10 @@
 //! `spechost info`: this machine's CPUs, NUMA nodes, caches and memory paging, the thread and
-//! pinning plan spechost would use with the flags given, advice, and the llama.cpp build.
+//! pinning plan spechost would use with the flags given, advice, the llama.cpp build, and with
+//! `--model`, what a model is (architecture, experts, metadata keys) and how speculation runs
+//! on it.
 
 use crate::config::InfoConfig;
-use crate::engine::BuildInfo;
+use crate::engine::{BuildInfo, ModelDescription};
 use crate::placement::{MemorySettings, PlacementReport};
 
 /// Prints the report on stdout, as text or (`--json`) as one JSON object with the placement
@@ -15,12 +17,23 @@ pub fn run(config: InfoConfig) -> anyhow::Result<()> {
         config.openmp_env,
     );
     let build = BuildInfo::detect();
+    let model = config
+        .model
+        .as_deref()
+        .map(ModelDescription::read)
+        .transpose()?;
     if config.json {
         let mut json = serde_json::to_value(&report)?;
         json["llama_cpp"] = serde_json::to_value(&build)?;
+        if let Some(model) = &model {
+            json["model"] = serde_json::to_value(model)?;
+        }
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
         print!("{}\nllama.cpp\n{}", report.render(), build.render());
+        if let Some(model) = &model {
+            print!("\n{}", model.render());
+        }
     }
     Ok(())
 }

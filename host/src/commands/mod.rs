@@ -17,7 +17,7 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Bench(args) => crate::bench::run(&args.into_config(&cache)?, &cache),
         Command::Serve(args) => crate::server::serve(&args.into_config(&cache)?, &cache),
         Command::Suffix(SuffixCommand::Warm(args)) => warm(&args.into_config(&cache)?, &cache),
-        Command::Info(args) => crate::info::run(args.into_config()?),
+        Command::Info(args) => crate::info::run(args.into_config(&cache)?),
         Command::Trace(args) => crate::bench::trace::run(&args.into_config(&cache)?),
         Command::Simulate(args) => crate::bench::simulate::run(&args.into_config()?, &cache),
         Command::Prompts(args) => crate::bench::prompts::run(&args.into_config(&cache)?),

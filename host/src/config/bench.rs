@@ -286,6 +286,7 @@ impl BenchArgs {
         let draft = draft_settings(
             self.target.draft_model.clone(),
             self.target.draft_threads,
+            self.target.draft_overrides()?,
             self.target.model.as_deref(),
             &session,
             &placement,
@@ -437,6 +438,10 @@ impl BenchArgs {
                 jinja: target.jinja,
                 draft_model: target.draft_model.clone(),
                 draft_threads: target.draft_threads,
+                override_kv: target.override_kv.clone(),
+                experts: target.experts,
+                draft_override_kv: target.draft_override_kv.clone(),
+                draft_experts: target.draft_experts,
                 plugin_config: target.plugin_config.clone(),
                 plugin_dirs: target.plugin_dirs.clone(),
                 // As in `bench`'s own passes: no state from earlier runs.

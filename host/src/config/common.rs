@@ -13,7 +13,7 @@ use super::file::FileRun;
 use crate::cascade::CascadeMode;
 use crate::engine::{
     self, ChatTemplateChoice, DEFAULT_MAX_DRAFT_LEN, DraftModelConfig, MAX_DRAFT_LEN_LIMIT,
-    MaxDraftLenError, SamplingParams, SessionParams, TargetParams,
+    MaxDraftLenError, ModelOverrides, OverrideError, SamplingParams, SessionParams, TargetParams,
 };
 use crate::models::{DefaultDraft, DefaultModel, target_variant};
 use crate::placement::{CpuList, NumaMode, PlacementRequest, Plan, Topology};
@@ -213,6 +213,21 @@ pub struct TargetArgs {
     /// Compute threads of the draft model (default: the target's).
     #[arg(long)]
     pub draft_threads: Option<usize>,
+    /// Override a metadata key of the target, as llama.cpp's `--override-kv` does
+    /// (repeatable): KEY=TYPE:VALUE with TYPE int, float, bool or str. The key must be in the
+    /// model, with a value of that type.
+    #[arg(long = "override-kv", value_name = "KEY=TYPE:VALUE")]
+    pub override_kv: Vec<String>,
+    /// Experts each token goes through in a mixture-of-experts target (its architecture's
+    /// `expert_used_count`, 1 to its expert count; `spechost info --model` shows both).
+    #[arg(long, value_name = "N")]
+    pub experts: Option<u32>,
+    /// `--override-kv` for the draft model (repeatable).
+    #[arg(long = "draft-override-kv", value_name = "KEY=TYPE:VALUE")]
+    pub draft_override_kv: Vec<String>,
+    /// `--experts` for the draft model.
+    #[arg(long, value_name = "N")]
+    pub draft_experts: Option<u32>,
     /// A plugin setting, `plugin.key=value` (repeatable).
     #[arg(long = "plugin-config", value_name = "PLUGIN.KEY=VALUE")]
     pub plugin_config: Vec<String>,
@@ -234,7 +249,14 @@ impl TargetArgs {
             numa: plan.numa,
             host_batch_products: !self.llama_matmul,
             chat_template: self.chat_template()?,
+            overrides: overrides(&self.override_kv, self.experts)?,
         })
+    }
+
+    /// `--draft-override-kv` and `--draft-experts`, parsed (checked against the draft model
+    /// when it loads).
+    pub(super) fn draft_overrides(&self) -> Result<ModelOverrides, ConfigError> {
+        overrides(&self.draft_override_kv, self.draft_experts)
     }
 
     /// `--chat-template` and `--jinja`: a file is read as a Jinja template, text with Jinja
@@ -279,7 +301,7 @@ impl TargetArgs {
 }
 
 /// The draft model of `run`, `bench` and `serve`: `--draft-model` resolved, with its context settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DraftSettings {
     /// The file and its context settings (the target's context size; `--draft-threads`, else
     /// one per `--draft-cpus` CPU, else the target's threads).
@@ -385,6 +407,17 @@ pub(super) fn resolve_model(
         .map_or_else(|| PathBuf::from(&model), |m| m.path(cache_dir)))
 }
 
+/// `--override-kv` values and `--experts`, parsed.
+fn overrides(kv: &[String], experts: Option<u32>) -> Result<ModelOverrides, ConfigError> {
+    Ok(ModelOverrides {
+        kv: kv
+            .iter()
+            .map(|given| given.parse())
+            .collect::<Result<_, OverrideError>>()?,
+        experts,
+    })
+}
+
 /// The draft model from `--draft-model`, `--draft-threads` and the plan's `--draft-cpus`: a
 /// default draft by name (or `auto`, the draft of the default target `model_name`), else a
 /// path. Its contexts get the target's size, and `--draft-threads` threads, else one per draft
@@ -392,12 +425,16 @@ pub(super) fn resolve_model(
 pub(super) fn draft_settings(
     draft_model: Option<String>,
     draft_threads: Option<usize>,
+    overrides: ModelOverrides,
     model_name: Option<&str>,
     session: &SessionParams,
     plan: &Plan,
     cache_dir: &Path,
 ) -> Result<Option<DraftSettings>, ConfigError> {
     let Some(name) = draft_model else {
+        if overrides != ModelOverrides::default() {
+            return Err(ConfigError::DraftOverridesWithoutModel);
+        }
         return match (draft_threads, &plan.draft_cpus) {
             (Some(_), _) => Err(ConfigError::DraftThreadsWithoutModel),
             (None, Some(_)) => Err(ConfigError::DraftCpusWithoutModel),
@@ -429,6 +466,7 @@ pub(super) fn draft_settings(
             threads: draft_threads
                 .or(plan.draft_cpus.as_ref().map(CpuList::len))
                 .unwrap_or(session.threads),
+            overrides,
         },
         default_draft,
         cpus: plan.draft_cpus.clone(),

@@ -43,6 +43,14 @@ pub enum ConfigError {
         "--draft-threads is set but there is no draft model; add --draft-model or drop --draft-threads"
     )]
     DraftThreadsWithoutModel,
+    /// `--draft-override-kv` or `--draft-experts` without a draft model.
+    #[error(
+        "--draft-override-kv or --draft-experts is set but there is no draft model; add --draft-model or drop them"
+    )]
+    DraftOverridesWithoutModel,
+    /// A bad `--override-kv` (or its draft twin).
+    #[error(transparent)]
+    Override(#[from] crate::engine::OverrideError),
     /// `--draft-cpus` without a draft model.
     #[error(
         "--draft-cpus is set but there is no draft model; add --draft-model or drop --draft-cpus"

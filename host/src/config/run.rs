@@ -123,6 +123,7 @@ impl RunArgs {
         let draft = draft_settings(
             self.target.draft_model.clone().or(run.draft_model.clone()),
             self.target.draft_threads.or(run.draft_threads),
+            self.target.draft_overrides()?,
             model_name.as_deref(),
             &session,
             &placement,

@@ -321,6 +321,7 @@ impl ServeArgs {
         let draft = draft_settings(
             self.target.draft_model.clone(),
             self.target.draft_threads,
+            self.target.draft_overrides()?,
             Some(&model_arg),
             &session,
             &placement,

@@ -135,6 +135,10 @@ pub struct InfoArgs {
     /// The placement to plan, as for `run`.
     #[command(flatten)]
     pub placement: PlacementArgs,
+    /// Also describe this model (a .gguf path or a default model name): its architecture,
+    /// its metadata keys, its experts (for `--experts`), and how speculation runs on it.
+    #[arg(long, short = 'm')]
+    pub model: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -151,17 +155,24 @@ pub struct InfoConfig {
     pub openmp_env: BTreeMap<String, String>,
     /// JSON output.
     pub json: bool,
+    /// The model to describe, if any.
+    pub model: Option<PathBuf>,
 }
 
 impl InfoArgs {
     /// Reads this machine's layout and plans the placement the flags ask for.
-    pub fn into_config(self) -> Result<InfoConfig, ConfigError> {
+    pub fn into_config(self, cache_dir: &Path) -> Result<InfoConfig, ConfigError> {
         let plan = self.placement.plan(&FileRun::default())?;
+        let model = self
+            .model
+            .map(|model| resolve_model(Some(model), cache_dir))
+            .transpose()?;
         Ok(InfoConfig {
             topology: Topology::read_host()?,
             plan,
             openmp_env: openmp_env(),
             json: self.json,
+            model,
         })
     }
 }

@@ -18,6 +18,9 @@ pub enum EngineError {
     /// The request's grammar cannot be used.
     #[error("{0}")]
     Grammar(#[from] super::grammar::GrammarError),
+    /// A metadata override (`--override-kv`, `--experts`) does not fit the model.
+    #[error(transparent)]
+    Override(#[from] super::overrides::OverrideError),
     /// A round was verified before a prompt was read (a bug in the caller of the protocol).
     #[error("a round was verified before the request's prompt was read; prefill first")]
     NoRequest,

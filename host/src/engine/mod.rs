@@ -37,6 +37,7 @@ mod grammar;
 #[cfg(target_arch = "x86_64")]
 mod kernels;
 mod model;
+mod overrides;
 mod rounds;
 mod sample;
 mod stats;
@@ -59,7 +60,8 @@ pub use self::draft::{
 pub use self::error::EngineError;
 pub use self::grammar::{GRAMMAR_SOURCE, Grammar, GrammarError, GrammarSource};
 pub(crate) use self::model::started_backend;
-pub use self::model::{MessageContents, Target, TargetParams};
+pub use self::model::{MessageContents, ModelDescription, Target, TargetParams};
+pub use self::overrides::{ArchitectureFacts, KvOverride, KvValue, ModelOverrides, OverrideError};
 pub use self::rounds::{
     Generation, Outcome, OutputPiece, Prefill, Request, RoundControl, RoundDecision, RoundDraft,
     StopReason, Verified, Verifier, VerifyBatch, generate,

@@ -13,6 +13,7 @@ use super::chat_template::{ChatRenderer, ChatTemplateChoice};
 use super::context::{ContextSettings, ModelContext};
 use super::error::EngineError;
 use super::grammar::{ByteTokens, ChoiceMemory, Grammar, GrammarError, GrammarSource};
+use super::overrides::{ArchitectureFacts, ModelOverrides, model_params};
 use super::sample::MAX_GRAMMAR_TIME_PER_TOKEN;
 use super::verify::{Session, SessionParams};
 use crate::cascade::{ModelFacts, Token};
@@ -102,8 +103,9 @@ pub enum MessageContents {
     Markup,
 }
 
-/// How the model file is mapped into memory, and llama.cpp's NUMA strategy.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How the model file is mapped into memory, llama.cpp's NUMA strategy, and what the target is
+/// loaded with besides its file.
+#[derive(Debug, Clone, PartialEq)]
 pub struct TargetParams {
     /// Map the file instead of reading it (llama.cpp's default).
     pub use_mmap: bool,
@@ -118,6 +120,9 @@ pub struct TargetParams {
     pub host_batch_products: bool,
     /// The chat template chat prompts go through.
     pub chat_template: ChatTemplateChoice,
+    /// Metadata overrides of the target (`--override-kv`, `--experts`); a draft model has its
+    /// own.
+    pub overrides: ModelOverrides,
 }
 
 impl Default for TargetParams {
@@ -128,7 +133,85 @@ impl Default for TargetParams {
             numa: NumaMode::Off,
             host_batch_products: true,
             chat_template: ChatTemplateChoice::default(),
+            overrides: ModelOverrides::default(),
         }
+    }
+}
+
+/// What `spechost info --model` says of a model.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModelDescription {
+    /// The file.
+    pub path: PathBuf,
+    /// Its architecture and experts.
+    pub architecture: ArchitectureFacts,
+    /// The architecture's metadata keys and their values (what `--override-kv` sets).
+    pub keys: Vec<(String, String)>,
+    /// Whether drafts can be verified on it (its state rolls back with `seq_rm`).
+    pub can_speculate: bool,
+}
+
+impl ModelDescription {
+    /// Reads the GGUF at `path`: its metadata, and its vocabulary to learn whether llama.cpp
+    /// runs it as a recurrent or hybrid model (no weights are loaded).
+    pub fn read(path: &Path) -> Result<Self, EngineError> {
+        check_gguf(path)?;
+        let architecture = ArchitectureFacts::read(path)?;
+        let keys = ArchitectureFacts::keys(path)?;
+        let params = LlamaModelParams::default().with_vocab_only(true);
+        let model =
+            LlamaModel::load_from_file(started_backend()?, path, &params).map_err(|_| {
+                EngineError::LoadFailed {
+                    path: path.to_owned(),
+                }
+            })?;
+        Ok(Self {
+            path: path.to_owned(),
+            architecture,
+            keys,
+            can_speculate: !model.is_recurrent() && !model.is_hybrid(),
+        })
+    }
+
+    /// The report's text.
+    pub fn render(&self) -> String {
+        let facts = &self.architecture;
+        let mut text = format!(
+            "model         {}
+architecture  {}
+",
+            self.path.display(),
+            facts.arch
+        );
+        match (facts.experts, facts.experts_used) {
+            (Some(experts), used) => text.push_str(&format!(
+                "experts       {experts}, {} per token (--experts 1-{experts} changes it)
+",
+                used.map_or_else(|| "?".to_owned(), |used| used.to_string())
+            )),
+            (None, _) => text.push_str(
+                "experts       none (dense)
+",
+            ),
+        }
+        text.push_str(if self.can_speculate {
+            "speculation   drafts verified in one batch, rejected tokens rolled back with seq_rm
+"
+        } else {
+            "speculation   none: a recurrent or hybrid model's state cannot be rolled back with seq_rm; requests decode plainly
+"
+        });
+        text.push_str(
+            "metadata keys (--override-kv KEY=TYPE:VALUE)
+",
+        );
+        for (key, value) in &self.keys {
+            text.push_str(&format!(
+                "  {key} = {value}
+"
+            ));
+        }
+        text
     }
 }
 
@@ -151,9 +234,13 @@ impl Target {
     pub fn load(path: &Path, params: &TargetParams) -> Result<Self, EngineError> {
         check_gguf(path)?;
         let backend = backend(params.numa)?;
-        let model_params = LlamaModelParams::default()
-            .with_use_mmap(params.use_mmap)
-            .with_use_mlock(params.use_mlock);
+        let overrides = params.overrides.resolve(path)?;
+        let model_params = model_params(
+            LlamaModelParams::default()
+                .with_use_mmap(params.use_mmap)
+                .with_use_mlock(params.use_mlock),
+            &overrides,
+        );
         let model = LlamaModel::load_from_file(backend, path, &model_params).map_err(|_| {
             EngineError::LoadFailed {
                 path: path.to_owned(),

@@ -13,6 +13,7 @@ use crate::cascade::{DraftModel, DraftModelFactory};
 use crate::engine::context::{ContextSettings, ModelContext};
 use crate::engine::error::EngineError;
 use crate::engine::model::{Target, TargetParams, check_gguf, started_backend};
+use crate::engine::overrides::{ModelOverrides, model_params};
 use crate::engine::verify::DEFAULT_BATCH_SIZE;
 use crate::engine::vocab::VocabFingerprint;
 
@@ -22,7 +23,7 @@ use crate::engine::vocab::VocabFingerprint;
 const DRAFT_CHECK_ROWS: usize = 3;
 
 /// Where the draft model comes from and how its contexts are sized.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DraftModelConfig {
     /// The draft GGUF.
     pub path: PathBuf,
@@ -32,6 +33,8 @@ pub struct DraftModelConfig {
     /// Compute threads of each draft context (the target's by default: the two models never
     /// run at the same time).
     pub threads: usize,
+    /// Metadata overrides of the draft model (`--draft-override-kv`, `--draft-experts`).
+    pub overrides: ModelOverrides,
 }
 
 /// The loaded draft model; opens one [`DraftModelContext`] per plugin instance that asks.
@@ -52,9 +55,13 @@ impl DraftModelHost {
             EngineError::ModelNotFound { path } => EngineError::DraftModelNotFound { path },
             other => other,
         })?;
-        let model_params = LlamaModelParams::default()
-            .with_use_mmap(loading.use_mmap)
-            .with_use_mlock(loading.use_mlock);
+        let overrides = config.overrides.resolve(path)?;
+        let model_params = model_params(
+            LlamaModelParams::default()
+                .with_use_mmap(loading.use_mmap)
+                .with_use_mlock(loading.use_mlock),
+            &overrides,
+        );
         let model = LlamaModel::load_from_file(started_backend()?, path, &model_params)
             .map_err(|_| EngineError::LoadFailed { path: path.clone() })?;
         if model.is_recurrent() || model.is_hybrid() {
