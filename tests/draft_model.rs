@@ -12,8 +12,8 @@ use common::*;
 use spechost::cascade::{Cascade, DraftModel, DraftedToken, Token};
 use spechost::config::cache_dir;
 use spechost::engine::{
-    DraftModelConfig, DraftModelContext, DraftModelHost, EngineError, SamplingParams, Target,
-    TargetParams, check_vocab_compatible,
+    DraftModelConfig, DraftModelContext, DraftModelHost, EngineError, ModelOverrides,
+    SamplingParams, Target, TargetParams, check_vocab_compatible,
 };
 use spechost::models::{DefaultDraft, DefaultModel, QuantType, QuantizeRequest, quantize};
 use spechost::plugins::SourceSpec;
@@ -40,6 +40,7 @@ fn draft_config(path: &Path) -> DraftModelConfig {
         path: path.to_owned(),
         ctx_size: session.ctx_size,
         threads: session.threads,
+        overrides: ModelOverrides::default(),
     }
 }
 

@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use spechost::cascade::{Cascade, DraftModel, Token};
 use spechost::config::cache_dir;
 use spechost::engine::{
-    DraftModelConfig, DraftModelHost, Request, SamplingParams, SessionParams, Target, TargetParams,
-    check_vocab_compatible,
+    DraftModelConfig, DraftModelHost, ModelOverrides, Request, SamplingParams, SessionParams,
+    Target, TargetParams, check_vocab_compatible,
 };
 use spechost::models::{DefaultDraft, DefaultModel};
 
@@ -210,6 +210,7 @@ fn main() {
                 path: model_path(name),
                 ctx_size: CTX_SIZE,
                 threads: options.threads,
+                overrides: ModelOverrides::default(),
             };
             let draft = DraftModelHost::load(&config, &loading).expect("draft loads");
             check_vocab_compatible(&target, &draft).expect("draft shares the target's tokenizer");
