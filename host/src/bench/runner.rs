@@ -109,7 +109,8 @@ impl Configuration {
                     max_draft_len: Some(max_draft_len),
                     policy: None,
                     mode,
-                    grammar_drafts: false,
+                    // A trace has no grammar to draft from; the label stays the cascade's.
+                    grammar_drafts: true,
                 }));
             }
         }
