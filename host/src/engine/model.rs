@@ -2,6 +2,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 
 use llama_cpp_2::llama_backend::{LlamaBackend, NumaStrategy};
@@ -125,6 +126,24 @@ pub struct TargetParams {
     pub overrides: ModelOverrides,
 }
 
+impl TargetParams {
+    /// llama.cpp's parameters for loading the model at `path` as these settings say, with
+    /// `overrides` checked against it and applied.
+    pub(super) fn model_params(
+        &self,
+        path: &Path,
+        overrides: &ModelOverrides,
+    ) -> Result<Pin<Box<LlamaModelParams>>, EngineError> {
+        let overrides = overrides.resolve(path)?;
+        Ok(model_params(
+            LlamaModelParams::default()
+                .with_use_mmap(self.use_mmap)
+                .with_use_mlock(self.use_mlock),
+            &overrides,
+        ))
+    }
+}
+
 impl Default for TargetParams {
     fn default() -> Self {
         Self {
@@ -234,13 +253,7 @@ impl Target {
     pub fn load(path: &Path, params: &TargetParams) -> Result<Self, EngineError> {
         check_gguf(path)?;
         let backend = backend(params.numa)?;
-        let overrides = params.overrides.resolve(path)?;
-        let model_params = model_params(
-            LlamaModelParams::default()
-                .with_use_mmap(params.use_mmap)
-                .with_use_mlock(params.use_mlock),
-            &overrides,
-        );
+        let model_params = params.model_params(path, &params.overrides)?;
         let model = LlamaModel::load_from_file(backend, path, &model_params).map_err(|_| {
             EngineError::LoadFailed {
                 path: path.to_owned(),

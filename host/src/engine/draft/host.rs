@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use llama_cpp_2::model::LlamaModel;
-use llama_cpp_2::model::params::LlamaModelParams;
 
 use super::batch::DraftBatch;
 use super::context::DraftModelContext;
@@ -13,7 +12,7 @@ use crate::cascade::{DraftModel, DraftModelFactory};
 use crate::engine::context::{ContextSettings, ModelContext};
 use crate::engine::error::EngineError;
 use crate::engine::model::{Target, TargetParams, check_gguf, started_backend};
-use crate::engine::overrides::{ModelOverrides, model_params};
+use crate::engine::overrides::ModelOverrides;
 use crate::engine::verify::DEFAULT_BATCH_SIZE;
 use crate::engine::vocab::VocabFingerprint;
 
@@ -55,13 +54,7 @@ impl DraftModelHost {
             EngineError::ModelNotFound { path } => EngineError::DraftModelNotFound { path },
             other => other,
         })?;
-        let overrides = config.overrides.resolve(path)?;
-        let model_params = model_params(
-            LlamaModelParams::default()
-                .with_use_mmap(loading.use_mmap)
-                .with_use_mlock(loading.use_mlock),
-            &overrides,
-        );
+        let model_params = loading.model_params(path, &config.overrides)?;
         let model = LlamaModel::load_from_file(started_backend()?, path, &model_params)
             .map_err(|_| EngineError::LoadFailed { path: path.clone() })?;
         if model.is_recurrent() || model.is_hybrid() {
