@@ -1,45 +1,19 @@
-//! `cargo package -p spechost-sdk` makes a crate a stranger can build plugins with: the WIT
-//! ships inside it, and a drafter built against the unpacked `.crate` (not the workspace's
-//! `sdk/`) loads in the host and proposes.
+//! A plugin author's path from nothing, on the packaged SDK: `cargo package -p spechost-sdk`
+//! makes a crate a stranger can build plugins with (the WIT ships inside it); `spechost plugin
+//! new` makes a Rust drafter project on the unpacked `.crate` (not the workspace's `sdk/`); its
+//! own test passes natively, it builds for `wasm32-wasip2`, passes `spechost plugin check`, and
+//! `spechost run` with it gives plain decoding's greedy output, with drafts accepted.
 //!
-//! Offline: the drafter's build uses the workspace's `Cargo.lock` and the registry cache that
+//! Offline: the project's build uses the workspace's `Cargo.lock` and the registry cache that
 //! building the workspace filled. Its build directory is kept under the target directory, so
-//! only the first run compiles `wit-bindgen` for `wasm32-wasip2` from scratch.
+//! only the first run compiles `wit-bindgen` from scratch.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::wasm_dir;
-use spechost::cascade::{DraftSource, ModelFacts};
-use spechost::plugins::{PluginHost, PluginHostConfig};
-
-/// The drafter built against the packaged SDK: it proposes its last fed token twice.
-const DRAFTER_SOURCE: &str = r#"
-use spechost_sdk::{Drafter, ModelFacts, Proposal, Token, export_drafter};
-
-struct Echo(Option<Token>);
-
-impl Drafter for Echo {
-    fn new(_config: &str, _facts: &ModelFacts) -> Result<Self, String> {
-        Ok(Echo(None))
-    }
-
-    fn feed(&mut self, tokens: &[Token]) {
-        self.0 = tokens.last().copied().or(self.0);
-    }
-
-    fn propose(&mut self, max_draft_len: usize) -> Proposal {
-        match self.0 {
-            Some(last) => Proposal::tokens(vec![last; max_draft_len.min(2)]),
-            None => Proposal::empty(),
-        }
-    }
-}
-
-export_drafter!(Echo);
-"#;
+use common::{arg, spechost, wasm_dir};
 
 /// The workspace root: `host/`'s parent.
 fn workspace_root() -> &'static Path {
@@ -70,8 +44,29 @@ fn fresh_dir(path: PathBuf) -> PathBuf {
     path
 }
 
+/// Generates from the edit prompt with `cascade`: the text and the stats on stderr.
+fn generate(cascade: &str) -> (String, String) {
+    let prompt = workspace_root().join("examples/prompts/edit.txt");
+    let output = spechost(&[
+        "run",
+        "--model",
+        "smollm2",
+        "--threads",
+        "2",
+        "--max-tokens",
+        "64",
+        "--cascade",
+        cascade,
+        "--prompt-file",
+        arg(&prompt),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "run --cascade {cascade}: {stderr}");
+    (String::from_utf8_lossy(&output.stdout).into_owned(), stderr)
+}
+
 #[test]
-fn a_drafter_built_from_the_packaged_sdk_loads_and_proposes() {
+fn plugin_new_on_the_packaged_sdk_builds_passes_check_and_runs_exactly() {
     // `<target>/wasm32-wasip2/release` -> `<target>/sdk-package`.
     let scratch = wasm_dir()
         .ancestors()
@@ -126,52 +121,68 @@ fn a_drafter_built_from_the_packaged_sdk_loads_and_proposes() {
         sdk.display()
     );
 
-    let drafter = fresh_dir(scratch.join("drafter"));
-    let manifest = format!(
-        "[package]\nname = \"packaged-drafter\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\
-         publish = false\n\n[lib]\ncrate-type = [\"cdylib\"]\n\n[dependencies]\n\
-         spechost-sdk = {{ path = {:?} }}\n\n[workspace]\n",
-        sdk.display().to_string()
+    let projects = fresh_dir(scratch.join("projects"));
+    let made = spechost(&[
+        "plugin",
+        "new",
+        "echo-drafter",
+        "--dir",
+        arg(&projects),
+        "--sdk",
+        arg(&sdk),
+    ]);
+    assert!(
+        made.status.success(),
+        "plugin new: {}",
+        String::from_utf8_lossy(&made.stderr)
     );
-    std::fs::write(drafter.join("Cargo.toml"), manifest).expect("write Cargo.toml");
-    std::fs::create_dir_all(drafter.join("src")).expect("create src/");
-    std::fs::write(drafter.join("src/lib.rs"), DRAFTER_SOURCE).expect("write src/lib.rs");
+    let project = projects.join("echo-drafter");
     std::fs::copy(
         workspace_root().join("Cargo.lock"),
-        drafter.join("Cargo.lock"),
+        project.join("Cargo.lock"),
     )
     .expect("copy the workspace's Cargo.lock");
     let build_dir = scratch.join("build");
     run(
-        "build a drafter against the packaged SDK",
+        "run the new project's own test natively",
         Command::new(env!("CARGO"))
-            .current_dir(&drafter)
+            .current_dir(&project)
+            .args(["test", "--release", "--offline", "--target-dir"])
+            .arg(&build_dir),
+    );
+    run(
+        "build the new project against the packaged SDK",
+        Command::new(env!("CARGO"))
+            .current_dir(&project)
             .args([
                 "build",
                 "--release",
                 "--offline",
                 "--target",
                 "wasm32-wasip2",
+                "--target-dir",
             ])
-            .arg("--target-dir")
             .arg(&build_dir),
     );
+    let wasm = build_dir.join("wasm32-wasip2/release/echo_drafter.wasm");
 
-    let wasm = build_dir.join("wasm32-wasip2/release/packaged_drafter.wasm");
-    let host = PluginHost::new(PluginHostConfig::default()).expect("plugin host starts");
-    let plugin = host
-        .load_file(&wasm)
-        .unwrap_or_else(|error| panic!("{error}"));
-    let mut source = plugin.source("");
-    let facts = ModelFacts {
-        vocab_size: 100,
-        bos: None,
-        eos: None,
-        eog: Vec::new(),
-        context_size: 4096,
-    };
-    source.begin(&facts, &[1, 2, 7]).expect("opens");
-    let proposal = source.propose(8).expect("proposes");
-    assert_eq!(proposal.tokens, [7, 7], "proposal: {proposal:?}");
-    assert_eq!(source.faults(), 0, "last fault: {:?}", source.last_fault());
+    let checked = spechost(&["plugin", "check", arg(&wasm)]);
+    let report = String::from_utf8_lossy(&checked.stdout);
+    assert!(checked.status.success(), "plugin check failed:\n{report}");
+    assert!(report.ends_with("result: conforms\n"), "{report}");
+
+    let (plain, _) = generate("none");
+    let (drafted, stats) = generate(arg(&wasm));
+    assert_eq!(drafted, plain, "the new drafter changed the greedy output");
+    let accepted = stats
+        .lines()
+        .find(|line| line.contains("source echo_drafter"))
+        .and_then(|line| line.split(" accepted ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|count| count.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no accepted count for echo_drafter in:\n{stats}"));
+    assert!(
+        accepted > 0,
+        "the edit prompt repeats code; stats:\n{stats}"
+    );
 }

@@ -24,7 +24,8 @@
 //!
 //! [`server`] puts this behind an OpenAI-compatible HTTP API (`spechost serve`): requests queue
 //! for slots (one context each), and the plugin registry can swap the cascade between rounds
-//! while they run. `docs/architecture.md` draws the whole path.
+//! while they run. [`authoring`] is what plugin authors run (`spechost plugin new`, `check`,
+//! `bench`). `docs/architecture.md` draws the whole path.
 //!
 //! ```no_run
 //! use spechost::engine::{Request, Target, TargetParams, SessionParams, SamplingParams};
@@ -41,6 +42,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod authoring;
 pub mod bench;
 pub mod cascade;
 pub mod commands;

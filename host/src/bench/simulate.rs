@@ -351,17 +351,22 @@ pub fn run(config: &SimulateConfig, cache_dir: &Path) -> anyhow::Result<()> {
     let report = simulate(config, cache_dir)?;
     print!("{}", report.markdown_table());
     if let Some(out) = &config.out {
-        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-        let json = serde_json::to_string_pretty(&report).context("serialising the results")?;
-        for (name, contents) in [
-            (SIMULATION_MARKDOWN, report.markdown()),
-            (SIMULATION_JSON, json + "\n"),
-        ] {
-            let path = out.join(name);
-            std::fs::write(&path, contents)
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
+        write_files(&report, out)?;
         eprintln!("results written to {}", out.display());
+    }
+    Ok(())
+}
+
+/// Writes [`SIMULATION_MARKDOWN`] and [`SIMULATION_JSON`] of `report` into `out`.
+pub fn write_files(report: &SimulationReport, out: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let json = serde_json::to_string_pretty(report).context("serialising the results")?;
+    for (name, contents) in [
+        (SIMULATION_MARKDOWN, report.markdown()),
+        (SIMULATION_JSON, json + "\n"),
+    ] {
+        let path = out.join(name);
+        std::fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

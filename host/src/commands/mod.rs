@@ -1,8 +1,9 @@
 //! The subcommands, each a thin step from its validated config to the library: `main` parses
 //! the command line and calls [`dispatch`]; every command's work lives in its own module
-//! (`run` here; `server`, `bench`, `warm`, `info`, `models` for the others).
+//! (`run`, `models` and `plugin` here; `server`, `bench`, `warm`, `info` for the others).
 
 mod models;
+mod plugin;
 mod run;
 
 use std::path::Path;
@@ -22,6 +23,7 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Simulate(args) => crate::bench::simulate::run(&args.into_config()?, &cache),
         Command::Prompts(args) => crate::bench::prompts::run(&args.into_config(&cache)?),
         Command::Models(command) => models::run(command, &cache),
+        Command::Plugin(command) => plugin::run(command, &cache),
     }
 }
 

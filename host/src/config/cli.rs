@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 use super::bench::{BenchArgs, PromptsArgs, SimulateArgs, TraceArgs};
+use super::plugin::PluginCommand;
 use super::run::RunArgs;
 use super::serve::ServeArgs;
 use super::tools::{InfoArgs, QuantizeArgs, WarmArgs};
@@ -43,6 +44,9 @@ pub enum Command {
     /// Write each workload request's prompt as the target reads it (chat template applied),
     /// for running other tools on exactly the same text.
     Prompts(Box<PromptsArgs>),
+    /// Tools for plugin authors: make a project, check a plugin, replay a trace through it.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
 }
 
 /// `spechost suffix ...`

@@ -13,6 +13,17 @@ use crate::plugins::SpecError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
+    /// `plugin new --lang rust` without `--sdk`, from a binary whose SDK source is gone.
+    #[error(
+        "this spechost binary was not built from a checkout that still has its `sdk/` folder; pass --sdk with the `sdk/` folder of a spechost checkout or an unpacked `cargo package -p spechost-sdk`"
+    )]
+    NoSdk,
+    /// `plugin check --requests 0`.
+    #[error("--requests must be at least 1 (requests of each workload to replay)")]
+    ZeroRequests,
+    /// The bundled trace cannot be written into the cache.
+    #[error("{0:#}; set SPECHOST_CACHE_DIR to a writable directory, or pass --trace")]
+    Trace(anyhow::Error),
     /// `--draft-max 0`.
     #[error(
         "--draft-max must be at least 1 (got 0); use --cascade none to decode without speculation"

@@ -15,6 +15,7 @@ mod common;
 mod env;
 mod error;
 mod file;
+mod plugin;
 mod run;
 mod serve;
 mod tools;
@@ -33,6 +34,7 @@ pub use self::common::{
 };
 pub use self::env::cache_dir;
 pub use self::error::ConfigError;
+pub use self::plugin::{CheckArgs, KindArg, LangArg, NewArgs, PluginBenchArgs, PluginCommand};
 pub use self::run::{RunArgs, RunConfig};
 pub use self::serve::{
     DEFAULT_BODY_TIMEOUT_SECS, DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_BODY_BYTES,

@@ -44,6 +44,16 @@ impl PluginPolicy {
         self.supervised.faults()
     }
 
+    /// The largest size, in bytes, a linear memory of this policy's instances has had so far.
+    pub fn peak_memory(&self) -> usize {
+        self.supervised.peak_memory()
+    }
+
+    /// The most recent fault, if any.
+    pub fn last_fault(&self) -> Option<&SourceFault> {
+        self.supervised.last_fault()
+    }
+
     /// Whether the policy is quarantined (speculation is off for the rest of the run).
     pub fn is_quarantined(&self) -> bool {
         self.supervised.is_quarantined()

@@ -170,11 +170,13 @@ impl Drop for EpochTicker {
     }
 }
 
-/// Store limits that remember a refused memory growth.
+/// Store limits that remember a refused memory growth and the largest memory allowed.
 pub(super) struct Limiter {
     limits: StoreLimits,
     /// Bytes a memory growth asked for when it was refused, since the last [`Self::take_refusal`].
     refused_memory: Option<usize>,
+    /// The largest size any linear memory of the store has been allowed to grow to.
+    peak_memory: usize,
 }
 
 impl Limiter {
@@ -188,12 +190,18 @@ impl Limiter {
                 .tables(limits.max_tables)
                 .build(),
             refused_memory: None,
+            peak_memory: 0,
         }
     }
 
     /// The size a refused memory growth asked for, if one happened since the last call.
     pub(super) fn take_refusal(&mut self) -> Option<usize> {
         self.refused_memory.take()
+    }
+
+    /// The largest size, in bytes, any linear memory of the store has had.
+    pub(super) fn peak_memory(&self) -> usize {
+        self.peak_memory
     }
 }
 
@@ -205,7 +213,9 @@ impl ResourceLimiter for Limiter {
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         let allowed = self.limits.memory_growing(current, desired, maximum)?;
-        if !allowed {
+        if allowed {
+            self.peak_memory = self.peak_memory.max(desired);
+        } else {
             self.refused_memory = Some(desired);
         }
         Ok(allowed)

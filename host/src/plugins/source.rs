@@ -68,6 +68,11 @@ impl PluginSource {
     pub fn limits(&self) -> &SandboxLimits {
         self.supervised.limits()
     }
+
+    /// The largest size, in bytes, a linear memory of this source's instances has had so far.
+    pub fn peak_memory(&self) -> usize {
+        self.supervised.peak_memory()
+    }
 }
 
 impl DraftSource for PluginSource {

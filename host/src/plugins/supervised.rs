@@ -105,6 +105,8 @@ pub(super) struct Supervised<W: World> {
     restarts: u32,
     quarantined: bool,
     last_fault: Option<SourceFault>,
+    /// The largest linear memory of the instances dropped so far.
+    dropped_peak_memory: usize,
 }
 
 impl<W: World> Supervised<W> {
@@ -123,6 +125,7 @@ impl<W: World> Supervised<W> {
             restarts: 0,
             quarantined: false,
             last_fault: None,
+            dropped_peak_memory: 0,
         }
     }
 
@@ -206,6 +209,25 @@ impl<W: World> Supervised<W> {
     /// The most recent fault, if any.
     pub(super) fn last_fault(&self) -> Option<&SourceFault> {
         self.last_fault.as_ref()
+    }
+
+    /// The largest size, in bytes, a linear memory of this plugin's instances has had so far
+    /// (those dropped after a trap included).
+    pub(super) fn peak_memory(&self) -> usize {
+        let live = self
+            .live
+            .as_ref()
+            .map_or(0, |live| live.store.data().limiter.peak_memory());
+        self.dropped_peak_memory.max(live)
+    }
+
+    /// Drops the running instance, if any, remembering its peak memory.
+    fn drop_instance(&mut self) -> Option<Live<W>> {
+        let live = self.live.take()?;
+        self.dropped_peak_memory = self
+            .dropped_peak_memory
+            .max(live.store.data().limiter.peak_memory());
+        Some(live)
     }
 
     /// The limits this instance runs under.
@@ -373,7 +395,7 @@ impl<W: World> Supervised<W> {
         );
         if self.faults >= self.limits.max_faults && !self.quarantined {
             self.quarantined = true;
-            self.live = None;
+            self.drop_instance();
             self.request = None;
             tracing::warn!(
                 plugin = %self.name(),
@@ -430,7 +452,7 @@ impl<W: World> Supervised<W> {
     fn trap(&mut self, method: Method, error: wasmtime::Error) -> SourceFault {
         self.crashed = true;
         let deadline = self.limits.call_deadline;
-        let (refused_memory, panic, host_busy) = match self.live.take() {
+        let (refused_memory, panic, host_busy) = match self.drop_instance() {
             Some(mut live) => {
                 let clock = &live.store.data().clock;
                 let host_busy = clock
