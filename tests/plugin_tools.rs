@@ -184,3 +184,49 @@ fn the_bench_replays_the_bundled_trace_alone_and_behind_lookup() {
     assert_eq!(no_plugin.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&no_plugin.stdout).contains("FAIL  loads"));
 }
+
+/// componentize-py, as `scripts/env.sh install_componentize_py` installs it.
+fn componentize_py() -> String {
+    std::env::var("SPECHOST_COMPONENTIZE_PY").unwrap_or_else(|_| {
+        panic!(
+            "SPECHOST_COMPONENTIZE_PY is not set; run `source scripts/env.sh && install_componentize_py` (scripts/test.sh does)"
+        )
+    })
+}
+
+#[test]
+fn python_projects_from_plugin_new_build_and_conform() {
+    let componentize = componentize_py();
+    let dir = common::scratch_file("plugin-new-python", "projects");
+    let _ = std::fs::remove_dir_all(&dir);
+    for kind in ["drafter", "policy"] {
+        let name = format!("py-{kind}");
+        let made = spechost(&[
+            "plugin",
+            "new",
+            &name,
+            "--lang",
+            "python",
+            "--kind",
+            kind,
+            "--dir",
+            arg(&dir),
+        ]);
+        assert!(
+            made.status.success(),
+            "plugin new: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        let built = std::process::Command::new(dir.join(&name).join("build.sh"))
+            .env("SPECHOST_COMPONENTIZE_PY", &componentize)
+            .env("SPECHOST", env!("CARGO_BIN_EXE_spechost"))
+            .output()
+            .expect("build.sh runs");
+        let stderr = String::from_utf8_lossy(&built.stderr);
+        assert!(built.status.success(), "{name}/build.sh failed:\n{stderr}");
+        assert!(stderr.contains("result: conforms"), "{name}:\n{stderr}");
+        let wasm = String::from_utf8_lossy(&built.stdout).trim().to_owned();
+        assert!(wasm.ends_with(&format!("{name}.wasm")), "printed: {wasm}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -4,9 +4,11 @@ It proposes what followed the last time the context's final `ngram` tokens appea
 the context (prompt lookup): edits, summaries and extractions repeat their prompt, so the target
 often accepts several tokens per round. Replace `propose` with your own idea.
 
-The host opens one `Session` per request and drops it when the request ends. State that must
+The host opens one `Session` per request, one at a time per plugin instance. State that must
 outlive requests belongs at module level: the module lives as long as the host keeps the plugin
-loaded (it starts again from scratch if the plugin traps).
+loaded (it starts again from scratch if the plugin traps). componentize-py 0.25 never frees a
+finished session (its resource destructor does nothing), so `open` empties the previous one:
+otherwise every request's context would stay in memory until the plugin reaches its memory cap.
 
 Config (`--plugin-config {{name}}.ngram=2`):
 
@@ -38,6 +40,10 @@ def parse_config(config: str) -> int:
     return DEFAULT_NGRAM if ngram is None else ngram
 
 
+# The session opened last (see the module's docstring).
+PREVIOUS: "Session | None" = None
+
+
 class App(exports.App):
     """The exported interface's plain functions."""
 
@@ -55,7 +61,12 @@ class Session(drafter_api.Session):
 
     @classmethod
     def open(cls, config: str, facts: ModelFacts) -> "Session":
-        return cls(parse_config(config), facts)
+        global PREVIOUS
+        session = cls(parse_config(config), facts)
+        if PREVIOUS is not None:
+            PREVIOUS.context = []
+        PREVIOUS = session
+        return session
 
     def feed(self, tokens: list[int]) -> None:
         self.context.extend(tokens)
