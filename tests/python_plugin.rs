@@ -14,8 +14,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::Mutex;
 use std::time::SystemTime;
 
 use common::server::*;
@@ -153,49 +152,11 @@ fn a_live_server_takes_the_python_drafter_in_a_hot_swap_without_changing_outputs
     ]);
     let prompts = drafting_prompts();
     let max_tokens = 64;
-    let plain: Vec<String> = prompts
-        .iter()
-        .map(|prompt| {
-            chat_text(&post(
-                &server,
-                "/v1/chat/completions",
-                &chat_body(
-                    prompt,
-                    max_tokens,
-                    json!({"speculative": {"cascade": "none"}}),
-                ),
-            ))
-        })
-        .collect();
+    let plain = plain_answers(&server, &prompts, max_tokens);
 
     // One client streams request after request with the default cascade and says when each
     // has started, so that every swap lands while a request is in flight.
-    let (started, requests_started) = mpsc::channel::<()>();
-    let stop = Arc::new(AtomicBool::new(false));
-    let client = {
-        let base = server.base.clone();
-        let prompts = prompts.clone();
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || {
-            let mut results = Vec::new();
-            for index in 0.. {
-                if stop.load(Ordering::SeqCst) {
-                    break;
-                }
-                let prompt = index % prompts.len();
-                let mut told = false;
-                let body = chat_body(&prompts[prompt], max_tokens, json!({}));
-                let streamed = stream_at(&base, "/v1/chat/completions", &body, |_| {
-                    if !told {
-                        told = true;
-                        let _ = started.send(());
-                    }
-                });
-                results.push((prompt, streamed));
-            }
-            results
-        })
-    };
+    let client = StreamingClient::start(&server, prompts.clone(), max_tokens);
 
     // The first swap loads the component from the plugin directory; the others name it.
     let cascades = [
@@ -207,9 +168,7 @@ fn a_live_server_takes_the_python_drafter_in_a_hot_swap_without_changing_outputs
         NAME.to_owned(),
     ];
     for (round, cascade) in cascades.iter().enumerate() {
-        requests_started
-            .recv_timeout(PATIENCE)
-            .expect("the client starts a request");
+        client.wait_for_request();
         let updated = admin_put(&server, "/admin/cascade", &json!({"cascade": cascade}));
         assert_eq!(
             updated.status, 200,
@@ -219,12 +178,9 @@ fn a_live_server_takes_the_python_drafter_in_a_hot_swap_without_changing_outputs
     }
     // Two more requests, all with the Python drafter alone.
     for _ in 0..2 {
-        requests_started
-            .recv_timeout(PATIENCE)
-            .expect("one more request");
+        client.wait_for_request();
     }
-    stop.store(true, Ordering::SeqCst);
-    let results = client.join().expect("client thread");
+    let results = client.stop();
 
     let (mut swaps, mut drafted, mut accepted) = (0, 0, 0);
     for (index, (prompt, streamed)) in results.iter().enumerate() {

@@ -6,9 +6,6 @@
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::mpsc;
-
 use common::exclusive;
 use common::server::*;
 use serde_json::json;
@@ -90,49 +87,11 @@ fn hot_swaps_while_streaming_keep_every_output_identical_to_plain_decoding() {
     let server = Server::start(&["--admin-token", ADMIN_TOKEN, "--cascade", &cascade]);
     let prompts = drafting_prompts();
     let max_tokens = 64;
-    let plain: Vec<String> = prompts
-        .iter()
-        .map(|prompt| {
-            chat_text(&post(
-                &server,
-                "/v1/chat/completions",
-                &chat_body(
-                    prompt,
-                    max_tokens,
-                    json!({"speculative": {"cascade": "none"}}),
-                ),
-            ))
-        })
-        .collect();
+    let plain = plain_answers(&server, &prompts, max_tokens);
 
     // The client streams one request after another with the default cascade and says when
     // each has started, so that every swap lands while a request is in flight.
-    let (started, requests_started) = mpsc::channel::<()>();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let client = {
-        let base = server.base.clone();
-        let prompts = prompts.clone();
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || {
-            let mut results = Vec::new();
-            for index in 0.. {
-                if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    break;
-                }
-                let prompt = index % prompts.len();
-                let mut told = false;
-                let body = chat_body(&prompts[prompt], max_tokens, json!({}));
-                let streamed = stream_at(&base, "/v1/chat/completions", &body, |_| {
-                    if !told {
-                        told = true;
-                        let _ = started.send(());
-                    }
-                });
-                results.push((prompt, streamed));
-            }
-            results
-        })
-    };
+    let client = StreamingClient::start(&server, prompts.clone(), max_tokens);
 
     let cascades = [
         "swapped",
@@ -141,9 +100,7 @@ fn hot_swaps_while_streaming_keep_every_output_identical_to_plain_decoding() {
         "lookup,swapped",
     ];
     for round in 0..10 {
-        requests_started
-            .recv_timeout(PATIENCE)
-            .expect("the client starts a request");
+        client.wait_for_request();
         let updated = admin_put(
             &server,
             "/admin/cascade",
@@ -187,12 +144,9 @@ fn hot_swaps_while_streaming_keep_every_output_identical_to_plain_decoding() {
         before.body["plugins"], after.body["plugins"],
         "the broken version was published"
     );
-    requests_started
-        .recv_timeout(PATIENCE)
-        .expect("one more request");
+    client.wait_for_request();
 
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let results = client.join().expect("client thread");
+    let results = client.stop();
     assert!(results.len() >= 11, "only {} requests ran", results.len());
     let mut swaps = 0;
     for (index, (prompt, streamed)) in results.iter().enumerate() {

@@ -386,3 +386,81 @@ pub fn install(from: &Path, to: &Path) {
     std::fs::copy(from, &temp).expect("copy plugin");
     std::fs::rename(&temp, to).expect("rename plugin into place");
 }
+
+/// Each of `prompts` answered by `server` with plain decoding (`speculative.cascade: none`),
+/// greedy, at most `max_tokens` tokens: what every cascade must answer too.
+#[allow(dead_code)] // Not every test binary uses every helper.
+pub fn plain_answers(server: &Server, prompts: &[String], max_tokens: usize) -> Vec<String> {
+    prompts
+        .iter()
+        .map(|prompt| {
+            chat_text(&post(
+                server,
+                "/v1/chat/completions",
+                &chat_body(
+                    prompt,
+                    max_tokens,
+                    json!({"speculative": {"cascade": "none"}}),
+                ),
+            ))
+        })
+        .collect()
+}
+
+/// A client streaming one chat request after another (the prompts in turn, the server's default
+/// cascade) until stopped, saying when each has started: a hot-swap test swaps while a request
+/// is in flight.
+#[allow(dead_code)] // Not every test binary uses every helper.
+pub struct StreamingClient {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    started: std::sync::mpsc::Receiver<()>,
+    thread: std::thread::JoinHandle<Vec<(usize, Streamed)>>,
+}
+
+#[allow(dead_code)] // Not every test binary uses every helper.
+impl StreamingClient {
+    /// Starts streaming `prompts` to `server`.
+    pub fn start(server: &Server, prompts: Vec<String>, max_tokens: usize) -> Self {
+        let (tell, started) = std::sync::mpsc::channel::<()>();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let base = server.base.clone();
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut results = Vec::new();
+            for index in 0.. {
+                if stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let prompt = index % prompts.len();
+                let mut told = false;
+                let body = chat_body(&prompts[prompt], max_tokens, json!({}));
+                let streamed = stream_at(&base, "/v1/chat/completions", &body, |_| {
+                    if !told {
+                        told = true;
+                        let _ = tell.send(());
+                    }
+                });
+                results.push((prompt, streamed));
+            }
+            results
+        });
+        Self {
+            stop,
+            started,
+            thread,
+        }
+    }
+
+    /// Waits until the next request has started streaming.
+    pub fn wait_for_request(&self) {
+        self.started
+            .recv_timeout(PATIENCE)
+            .expect("the client starts a request");
+    }
+
+    /// Stops after the request in flight; every request's prompt index and answer, in order.
+    pub fn stop(self) -> Vec<(usize, Streamed)> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().expect("client thread")
+    }
+}
