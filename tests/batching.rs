@@ -54,9 +54,7 @@ fn draft(output: &[Token], at: usize, len: usize, wrong: usize, vocab: u32) -> V
 /// sequence. With `cut`, each step's drafts are first cut as a server's are
 /// ([`Session::cut_drafts`], by a compute-bound cost curve), so the target verifies prefixes of
 /// them.
-fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout, cut: bool) {
-    let _guard = exclusive();
-    let target = load(model);
+fn batched_sequences_decode_as_alone(target: &Target, model: &str, layout: BatchLayout, cut: bool) {
     let prompts: Vec<Vec<Token>> = fixtures()
         .iter()
         .take(3)
@@ -66,7 +64,7 @@ fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout, c
                 .expect("template")
         })
         .collect();
-    let expected: Vec<Vec<Token>> = prompts.iter().map(|p| alone(&target, p)).collect();
+    let expected: Vec<Vec<Token>> = prompts.iter().map(|p| alone(target, p)).collect();
     let mut session: Session<'_> = target
         .session(&SessionParams {
             sequences: prompts.len(),
@@ -99,7 +97,7 @@ fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout, c
         let (first, _) = first.expect("the last chunk gives a token");
         assert_eq!(
             first, expected[index][0],
-            "{model:?} sequence {index}: first token"
+            "{model} sequence {index}: first token"
         );
     }
     let mut round = 0;
@@ -146,7 +144,7 @@ fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout, c
             let want = &expected[index][from..from + verified.tokens.len()];
             assert_eq!(
                 verified.tokens, want,
-                "{model:?} sequence {index}, round {round} (draft {:?}): its tokens depend on the rest of the batch",
+                "{model} sequence {index}, round {round} (draft {:?}): its tokens depend on the rest of the batch",
                 round_draft.tokens
             );
             at[index] += verified.tokens.len();
@@ -159,11 +157,38 @@ fn batched_sequences_decode_as_alone(model: DefaultModel, layout: BatchLayout, c
     assert_eq!(
         cut_rounds > 0,
         cut,
-        "{model:?}: {cut_rounds} rounds cut; cutting was {cut}"
+        "{model}: {cut_rounds} rounds cut; cutting was {cut}"
     );
     session
         .check_batch_invariance()
-        .unwrap_or_else(|difference| panic!("{model:?}: after use, a batch of several sequences differs from one-by-one decoding: {difference}"));
+        .unwrap_or_else(|difference| panic!("{model}: after use, a batch of several sequences differs from one-by-one decoding: {difference}"));
+}
+
+/// [`batched_sequences_decode_as_alone`] on a default model.
+fn on_default_model(model: DefaultModel, layout: BatchLayout, cut: bool) {
+    let _guard = exclusive();
+    batched_sequences_decode_as_alone(&load(model), &format!("{model:?}"), layout, cut);
+}
+
+/// [`batched_sequences_decode_as_alone`] on a generated recurrent (Mamba) model, whose
+/// sequences roll back by restoring the state saved before each batch and decoding the
+/// accepted tokens again (`engine/recurrent.rs`).
+fn on_recurrent_model(layout: BatchLayout) {
+    let path = generated_model("mamba", &[], "mamba.gguf");
+    let _guard = exclusive();
+    let target = Target::load(&path, &spechost::engine::TargetParams::default()).expect("loads");
+    assert!(target.is_recurrent());
+    batched_sequences_decode_as_alone(&target, "mamba", layout, false);
+}
+
+#[test]
+fn recurrent_batched_sequences_decode_as_alone() {
+    on_recurrent_model(BatchLayout::Split);
+}
+
+#[test]
+fn recurrent_padded_batches_decode_as_alone() {
+    on_recurrent_model(BatchLayout::Padded);
 }
 
 /// Requests through a batcher's sequence, one after the other, that start with what the
@@ -259,30 +284,30 @@ fn gemma3_kept_prompt_prefixes_decode_as_alone() {
 
 #[test]
 fn smollm2_batched_sequences_decode_as_alone() {
-    batched_sequences_decode_as_alone(DefaultModel::SmolLm2, BatchLayout::Split, false);
+    on_default_model(DefaultModel::SmolLm2, BatchLayout::Split, false);
 }
 
 #[test]
 fn smollm2_padded_batches_decode_as_alone() {
-    batched_sequences_decode_as_alone(DefaultModel::SmolLm2, BatchLayout::Padded, false);
+    on_default_model(DefaultModel::SmolLm2, BatchLayout::Padded, false);
 }
 
 #[test]
 fn smollm2_cut_drafts_decode_as_alone() {
-    batched_sequences_decode_as_alone(DefaultModel::SmolLm2, BatchLayout::Auto, true);
+    on_default_model(DefaultModel::SmolLm2, BatchLayout::Auto, true);
 }
 
 #[test]
 fn gemma3_batched_sequences_decode_as_alone() {
-    batched_sequences_decode_as_alone(DefaultModel::Gemma3, BatchLayout::Split, false);
+    on_default_model(DefaultModel::Gemma3, BatchLayout::Split, false);
 }
 
 #[test]
 fn gemma3_padded_batches_decode_as_alone() {
-    batched_sequences_decode_as_alone(DefaultModel::Gemma3, BatchLayout::Padded, false);
+    on_default_model(DefaultModel::Gemma3, BatchLayout::Padded, false);
 }
 
 #[test]
 fn gemma3_cut_drafts_decode_as_alone() {
-    batched_sequences_decode_as_alone(DefaultModel::Gemma3, BatchLayout::Auto, true);
+    on_default_model(DefaultModel::Gemma3, BatchLayout::Auto, true);
 }

@@ -8,36 +8,18 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Mutex;
 
 use common::*;
 use spechost::cascade::Cascade;
 use spechost::engine::{KvOverride, ModelOverrides, SamplingParams, Target, TargetParams};
-use spechost::models::DefaultModel;
 
-/// Writes the test MoE model with `experts_used` experts per token into the scratch directory
-/// (once per test process: the tests of this file share it).
+/// The test MoE model with `experts_used` experts per token.
 fn moe_model(experts_used: u32) -> PathBuf {
-    static WRITING: Mutex<()> = Mutex::new(());
-    let _writing = WRITING.lock().unwrap_or_else(|e| e.into_inner());
-    let python = std::env::var("SPECHOST_GGUF_PYTHON").unwrap_or_else(|_| {
-        panic!("SPECHOST_GGUF_PYTHON is not set: run the tests with scripts/test.sh, or `source scripts/env.sh && install_gguf_writer` first")
-    });
-    let out = scratch_file("moe", &format!("moe-{experts_used}.gguf"));
-    if out.exists() {
-        return out;
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-test-model.py");
-    let tokenizer = DefaultModel::SmolLm2.path(&spechost::config::cache_dir());
-    let status = Command::new(python)
-        .arg(script)
-        .args(["moe", arg(&tokenizer), arg(&out)])
-        .args(["--experts-used", &experts_used.to_string()])
-        .status()
-        .expect("python runs");
-    assert!(status.success(), "make-test-model.py failed");
-    out
+    generated_model(
+        "moe",
+        &["--experts-used", &experts_used.to_string()],
+        &format!("moe-{experts_used}.gguf"),
+    )
 }
 
 fn load_with(path: &Path, overrides: ModelOverrides) -> Target {
@@ -184,5 +166,5 @@ fn info_describes_the_model_its_experts_and_its_speculation() {
         json["model"]["architecture"]["experts"],
         serde_json::Value::Null
     );
-    assert_eq!(json["model"]["can_speculate"], true);
+    assert_eq!(json["model"]["recurrent"], false);
 }

@@ -269,3 +269,27 @@ pub fn vnni() -> bool {
         && std::arch::is_x86_feature_detected!("avx512vl")
         && std::arch::is_x86_feature_detected!("avx512vnni")
 }
+
+/// A model of `kind` written by scripts/make-test-model.py (with `args`) as `file` in a scratch
+/// directory, once per test process (the tests of a binary share it).
+pub fn generated_model(kind: &str, args: &[&str], file: &str) -> PathBuf {
+    static WRITING: Mutex<()> = Mutex::new(());
+    let _writing = WRITING.lock().unwrap_or_else(|e| e.into_inner());
+    let python = std::env::var("SPECHOST_GGUF_PYTHON").unwrap_or_else(|_| {
+        panic!("SPECHOST_GGUF_PYTHON is not set: run the tests with scripts/test.sh, or `source scripts/env.sh && install_gguf_writer` first")
+    });
+    let out = scratch_file("generated", file);
+    if out.exists() {
+        return out;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-test-model.py");
+    let tokenizer = DefaultModel::SmolLm2.path(&cache_dir());
+    let status = Command::new(python)
+        .arg(script)
+        .args([kind, arg(&tokenizer), arg(&out)])
+        .args(args)
+        .status()
+        .expect("python runs");
+    assert!(status.success(), "make-test-model.py {kind} failed");
+    out
+}

@@ -45,13 +45,22 @@ impl Server {
             "{} is missing; fetch it with `spechost models fetch smollm2`",
             model.display()
         );
+        Self::launch("smollm2", args)
+    }
+
+    /// [`Self::start`] on another target: `model` is a path or a default model's name.
+    pub fn start_with_model(model: &str, args: &[&str]) -> Self {
+        Self::launch(model, &[&["--public-metrics"], args].concat())
+    }
+
+    fn launch(model: &str, args: &[&str]) -> Self {
         let default_ctx: &[&str] = if args.contains(&"--ctx-size") {
             &[]
         } else {
             &["--ctx-size", CTX_SIZE]
         };
         let mut child = Command::new(env!("CARGO_BIN_EXE_spechost"))
-            .args(["serve", "--model", "smollm2", "--port", "0"])
+            .args(["serve", "--model", model, "--port", "0"])
             .args(default_ctx)
             .args(args)
             .stdin(Stdio::null())

@@ -95,10 +95,6 @@ impl Verifier for TraceVerifier<'_> {
         self.target.batch_size
     }
 
-    fn can_verify_drafts(&self) -> bool {
-        true
-    }
-
     fn is_eog(&self, token: Token) -> bool {
         self.target.eog.contains(&token)
     }

@@ -28,6 +28,7 @@ use llama_cpp_2::model::LlamaModel;
 #[cfg(target_arch = "x86_64")]
 use super::kernels::backend as batch_backend;
 use super::model::to_llama;
+use super::recurrent::{RollbackPlan, Rollbacks};
 use crate::cascade::Token;
 
 /// `LLAMA_FLASH_ATTN_TYPE_ENABLED` in llama.cpp's `llama_flash_attn_type`.
@@ -112,6 +113,11 @@ pub(super) struct ModelContext<'m> {
     batch: LlamaBatch<'static>,
     batch_capacity: usize,
     sequences: u32,
+    /// Sequences llama.cpp holds: `sequences`, and as many spares for a recurrent model.
+    streams: u32,
+    /// For a recurrent or hybrid model: the states saved to roll sequences back (see
+    /// `recurrent.rs`); each sequence `s` saves into spare sequence `s + sequences`.
+    rollbacks: Option<Rollbacks>,
     /// Rows of the check's longest sequence (see [`ContextSettings::check_rows`]).
     check_rows: usize,
     /// Matrix products of this context's decodes that the host's batched kernel computed.
@@ -164,11 +170,13 @@ impl<'m> ModelContext<'m> {
         settings: &ContextSettings,
     ) -> Result<Self, String> {
         let sequences = settings.sequences.max(1);
+        let recurrent = model.is_recurrent() || model.is_hybrid();
+        let streams = if recurrent { 2 * sequences } else { sequences };
         let params = LlamaContextParams::default()
             .with_n_ctx(std::num::NonZeroU32::new(
-                settings.ctx_size.saturating_mul(sequences),
+                settings.ctx_size.saturating_mul(streams),
             ))
-            .with_n_seq_max(sequences)
+            .with_n_seq_max(streams)
             // Each sequence in a stream of cells of its own: its positions stay in order
             // in its cells whatever the others decode and roll back, so its attention sums
             // over the same cells in the same order as in a context of its own.
@@ -195,6 +203,8 @@ impl<'m> ModelContext<'m> {
             batch: LlamaBatch::new(batch_capacity, 1),
             batch_capacity,
             sequences,
+            streams,
+            rollbacks: recurrent.then(|| Rollbacks::new(sequences as usize)),
             check_rows: settings.check_rows,
             host_products: 0,
         })
@@ -203,7 +213,7 @@ impl<'m> ModelContext<'m> {
     /// Context size of each sequence, in tokens.
     pub(super) fn n_ctx(&self) -> u32 {
         // llama.cpp rounds each sequence's share up and the total to the shares' sum.
-        self.context.n_ctx() / self.sequences
+        self.context.n_ctx() / self.streams
     }
 
     /// Sequences the context holds.
@@ -240,8 +250,80 @@ impl<'m> ModelContext<'m> {
 
     /// Decodes the rows of every entry of `rows` in one batch, in order: the logits of the
     /// `i`-th token overall (counting the entries' tokens one after another) are
-    /// [`Self::logits`]`(i)`, if it had any.
+    /// [`Self::logits`]`(i)`, if it had any. A recurrent model's context first decodes the
+    /// replays earlier rollbacks left, and saves the state of each sequence in `rows`.
     pub(super) fn decode_rows(&mut self, rows: &[Rows<'_>]) -> Result<(), String> {
+        if self.rollbacks.is_some() {
+            self.replay()?;
+            self.save_states(rows)?;
+        }
+        self.decode_batch(rows)
+    }
+
+    /// Saves the state of every sequence in `rows` into its spare and records their tokens.
+    fn save_states(&mut self, rows: &[Rows<'_>]) -> Result<(), String> {
+        let mut decoded: Vec<(SeqId, usize, Vec<Token>)> = Vec::new();
+        for entry in rows {
+            match decoded.iter_mut().find(|(seq, ..)| *seq == entry.seq) {
+                Some((_, _, tokens)) => tokens.extend_from_slice(entry.tokens),
+                None => decoded.push((entry.seq, entry.position, entry.tokens.to_vec())),
+            }
+        }
+        for (seq, base, tokens) in decoded {
+            let spare = self.spare(seq)?;
+            self.copy_sequence(seq, spare)?;
+            if let Some(rollbacks) = &mut self.rollbacks {
+                rollbacks.record(seq, base, tokens);
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes the replays recorded by rollbacks, in one batch (no logits).
+    fn replay(&mut self) -> Result<(), String> {
+        let replays = match &mut self.rollbacks {
+            Some(rollbacks) => rollbacks.take_replays(),
+            None => return Ok(()),
+        };
+        if replays.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<Rows<'_>> = replays
+            .iter()
+            .map(|replay| Rows {
+                seq: replay.seq,
+                tokens: &replay.tokens,
+                position: replay.position,
+                outputs: Outputs::None,
+            })
+            .collect();
+        self.decode_batch(&rows)
+            .map_err(|reason| format!("re-decoding the kept tokens after a rollback: {reason}"))
+    }
+
+    /// The spare sequence `seq`'s state is saved in.
+    fn spare(&self, seq: SeqId) -> Result<SeqId, String> {
+        if seq.0 >= self.sequences {
+            return Err(format!(
+                "sequence {seq} is outside this context's {} sequences",
+                self.sequences
+            ));
+        }
+        Ok(SeqId(seq.0 + self.sequences))
+    }
+
+    /// Makes `to` hold what `from` holds (its state, for a recurrent model), emptying it first.
+    fn copy_sequence(&mut self, from: SeqId, to: SeqId) -> Result<(), String> {
+        self.context
+            .clear_kv_cache_seq(Some(to.0), None, None)
+            .map_err(|e| e.to_string())?;
+        self.context
+            .copy_kv_cache_seq(from.llama(), to.llama(), None, None)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Decodes `rows` in one batch as they are.
+    fn decode_batch(&mut self, rows: &[Rows<'_>]) -> Result<(), String> {
         let n_tokens: usize = rows.iter().map(|entry| entry.tokens.len()).sum();
         if n_tokens == 0 || n_tokens > self.batch_capacity {
             return Err(format!(
@@ -284,8 +366,31 @@ impl<'m> ModelContext<'m> {
         self.remove_positions(SeqId::FIRST, from)
     }
 
-    /// Removes positions `from..` of `seq` from the KV cache.
+    /// Removes positions `from..` of `seq` from the KV cache. A recurrent model's sequence goes
+    /// back only within its last decode: its saved state is restored now, and the kept tokens
+    /// of that decode are decoded again before the next decode.
     pub(super) fn remove_positions(&mut self, seq: SeqId, from: usize) -> Result<(), String> {
+        let len = self.sequence_len(seq);
+        let plan = match &mut self.rollbacks {
+            Some(rollbacks) => rollbacks.plan(seq, from, len)?,
+            None => return self.remove_cells(seq, from),
+        };
+        match plan {
+            RollbackPlan::Nothing => Ok(()),
+            RollbackPlan::Clear => {
+                let spare = self.spare(seq)?;
+                self.remove_cells(spare, 0)?;
+                self.remove_cells(seq, 0)
+            }
+            RollbackPlan::Restore => {
+                let spare = self.spare(seq)?;
+                self.copy_sequence(spare, seq)
+            }
+        }
+    }
+
+    /// Removes positions `from..` of `seq` with llama.cpp's `seq_rm`.
+    fn remove_cells(&mut self, seq: SeqId, from: usize) -> Result<(), String> {
         let removed = u32::try_from(from)
             .map_err(|_| format!("position {from} is out of llama.cpp's range"))
             .and_then(|from| {
@@ -302,6 +407,9 @@ impl<'m> ModelContext<'m> {
 
     /// Positions `seq`'s part of the KV cache holds (`0..len`).
     pub(super) fn sequence_len(&self, seq: SeqId) -> usize {
+        if let Some(len) = self.rollbacks.as_ref().and_then(|r| r.pending_len(seq)) {
+            return len;
+        }
         // llama.cpp answers -1 for an empty sequence.
         usize::try_from(self.context.kv_cache_seq_pos_max(seq.llama()) + 1).unwrap_or(0)
     }
@@ -314,6 +422,9 @@ impl<'m> ModelContext<'m> {
     /// Empties the KV cache.
     pub(super) fn clear(&mut self) {
         self.context.clear_kv_cache();
+        if let Some(rollbacks) = &mut self.rollbacks {
+            rollbacks.forget_all();
+        }
     }
 
     /// The start-up check, again: see [`Self::check_batches`]. Empties the cache.

@@ -38,6 +38,7 @@ mod grammar;
 mod kernels;
 mod model;
 mod overrides;
+mod recurrent;
 mod rounds;
 mod sample;
 mod stats;

@@ -166,8 +166,10 @@ pub struct ModelDescription {
     pub architecture: ArchitectureFacts,
     /// The architecture's metadata keys and their values (what `--override-kv` sets).
     pub keys: Vec<(String, String)>,
-    /// Whether drafts can be verified on it (its state rolls back with `seq_rm`).
-    pub can_speculate: bool,
+    /// Whether llama.cpp runs it as a recurrent or hybrid (state-space) model: drafts are then
+    /// rolled back by restoring the state saved before the verify batch and decoding the
+    /// accepted tokens again, not with `seq_rm`.
+    pub recurrent: bool,
 }
 
 impl ModelDescription {
@@ -188,7 +190,7 @@ impl ModelDescription {
             path: path.to_owned(),
             architecture,
             keys,
-            can_speculate: !model.is_recurrent() && !model.is_hybrid(),
+            recurrent: model.is_recurrent() || model.is_hybrid(),
         })
     }
 
@@ -213,11 +215,11 @@ architecture  {}
 ",
             ),
         }
-        text.push_str(if self.can_speculate {
-            "speculation   drafts verified in one batch, rejected tokens rolled back with seq_rm
+        text.push_str(if self.recurrent {
+            "speculation   drafts verified in one batch; a recurrent state cannot be rolled back with seq_rm, so the state is saved before each batch and, when a draft is cut short, restored and the accepted tokens decoded again
 "
         } else {
-            "speculation   none: a recurrent or hybrid model's state cannot be rolled back with seq_rm; requests decode plainly
+            "speculation   drafts verified in one batch, rejected tokens rolled back with seq_rm
 "
         });
         text.push_str(
@@ -313,10 +315,10 @@ impl Target {
         self.model.n_ctx_train()
     }
 
-    /// Whether drafts can be verified: the model's state must roll back with `seq_rm`, which
-    /// recurrent and hybrid (SSM) models cannot do.
-    pub fn can_roll_back(&self) -> bool {
-        !self.model.is_recurrent() && !self.model.is_hybrid()
+    /// Whether llama.cpp runs it as a recurrent or hybrid (state-space) model, whose sequences
+    /// roll back by a saved state and a replay (`engine/recurrent.rs`) instead of `seq_rm`.
+    pub fn is_recurrent(&self) -> bool {
+        self.model.is_recurrent() || self.model.is_hybrid()
     }
 
     /// Whether `token` ends generation (EOS, end-of-turn, ...).

@@ -229,9 +229,6 @@ pub trait Verifier {
     /// Most tokens one verify batch holds.
     fn batch_size(&self) -> usize;
 
-    /// Whether drafts can be verified at all (a recurrent target cannot roll back).
-    fn can_verify_drafts(&self) -> bool;
-
     /// Whether `token` ends generation.
     fn is_eog(&self, token: Token) -> bool;
 
@@ -357,12 +354,7 @@ impl<'g> Generation<'g> {
         (first, first_logprobs): (Token, Vec<TokenLogprob>),
         on_text: &'g mut dyn FnMut(OutputPiece<'_>),
     ) -> Self {
-        let can_speculate = request.max_draft_len > 0 && verifier.can_verify_drafts();
-        if !verifier.can_verify_drafts() && !cascade.is_empty() {
-            tracing::warn!(
-                "recurrent or hybrid model: its state cannot be rolled back with seq_rm, so drafts cannot be verified; decoding without speculation"
-            );
-        }
+        let can_speculate = request.max_draft_len > 0;
         let mut verify_costs = verifier.verify_costs(request.prompt.len());
         verify_costs.truncate(request.max_draft_len + 1);
         let mut generation = Self {
@@ -685,9 +677,6 @@ mod tests {
         fn batch_size(&self) -> usize {
             64
         }
-        fn can_verify_drafts(&self) -> bool {
-            true
-        }
         fn is_eog(&self, _token: Token) -> bool {
             false
         }
@@ -737,9 +726,6 @@ mod tests {
         }
         fn batch_size(&self) -> usize {
             Counting.batch_size()
-        }
-        fn can_verify_drafts(&self) -> bool {
-            true
         }
         fn is_eog(&self, _token: Token) -> bool {
             false

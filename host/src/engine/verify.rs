@@ -703,10 +703,6 @@ impl Verifier for Session<'_> {
         self.batch_size
     }
 
-    fn can_verify_drafts(&self) -> bool {
-        self.target.can_roll_back()
-    }
-
     fn is_eog(&self, token: Token) -> bool {
         self.target.is_eog(token)
     }

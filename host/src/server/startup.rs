@@ -114,9 +114,7 @@ fn serve_with(
     let mut session = target
         .session(&config.session)
         .context("creating the server's llama.cpp context")?;
-    if target.can_roll_back() {
-        measure_verify_curve(&mut session, config.max_draft_len);
-    }
+    measure_verify_curve(&mut session, config.max_draft_len);
     let draft = draft_model
         .map(|draft| open_draft_batch(config, draft))
         .transpose()

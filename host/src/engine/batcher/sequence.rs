@@ -121,10 +121,6 @@ impl Verifier for BatchedSequence<'_> {
         self.batch_size
     }
 
-    fn can_verify_drafts(&self) -> bool {
-        self.target.can_roll_back()
-    }
-
     fn is_eog(&self, token: Token) -> bool {
         self.target.is_eog(token)
     }
@@ -152,7 +148,11 @@ impl Verifier for BatchedSequence<'_> {
             return Err(EngineError::EmptyPrompt);
         }
         // The prompt's last token is read again for its logits.
-        let keep = shared_prefix(&self.cached, &request.prompt).min(request.prompt.len() - 1);
+        let mut keep = shared_prefix(&self.cached, &request.prompt).min(request.prompt.len() - 1);
+        if self.target.is_recurrent() && keep < self.cached.len() {
+            // A recurrent state holds all of the cached context or nothing of it.
+            keep = 0;
+        }
         self.cached.truncate(keep);
         let chunks = request.prompt[keep..].chunks(self.prefill_chunk);
         let n_chunks = chunks.len();
