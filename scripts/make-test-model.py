@@ -65,6 +65,32 @@ def copy_tokenizer(reader: GGUFReader, writer: GGUFWriter) -> int:
     return vocab
 
 
+def random_weights():
+    """A generator of F32 weights from the fixed seed: `weights(rows, columns, scale=...)`."""
+    rng = np.random.default_rng(SEED)
+
+    def weights(*shape: int, scale: float = 0.2) -> np.ndarray:
+        # numpy's shape is GGUF's reversed: (rows, columns) is ne = [columns, rows].
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    return weights
+
+
+def add_embeddings(writer: GGUFWriter, weights, vocab: int) -> None:
+    """The token embeddings, the output norm and the output layer every model here has."""
+    writer.add_tensor("token_embd.weight", weights(vocab, EMBEDDING, scale=1.0))
+    writer.add_tensor("output_norm.weight", np.ones(EMBEDDING, dtype=np.float32))
+    writer.add_tensor("output.weight", weights(vocab, EMBEDDING))
+
+
+def write(writer: GGUFWriter) -> None:
+    """Writes the file."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def write_moe(tokenizer: str, out: str, experts_used: int) -> None:
     reader = GGUFReader(tokenizer)
     writer = GGUFWriter(out, "llama")
@@ -84,16 +110,10 @@ def write_moe(tokenizer: str, out: str, experts_used: int) -> None:
     writer.add_expert_used_count(experts_used)
     writer.add_file_type(0)  # all F32
 
-    rng = np.random.default_rng(SEED)
-
-    def weights(*shape: int, scale: float = 0.2) -> np.ndarray:
-        # numpy's shape is GGUF's reversed: (rows, columns) is ne = [columns, rows].
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    weights = random_weights()
 
     head = EMBEDDING // HEADS
-    writer.add_tensor("token_embd.weight", weights(vocab, EMBEDDING, scale=1.0))
-    writer.add_tensor("output_norm.weight", np.ones(EMBEDDING, dtype=np.float32))
-    writer.add_tensor("output.weight", weights(vocab, EMBEDDING))
+    add_embeddings(writer, weights, vocab)
     for layer in range(LAYERS):
         block = f"blk.{layer}"
         writer.add_tensor(f"{block}.attn_norm.weight", np.ones(EMBEDDING, dtype=np.float32))
@@ -106,10 +126,7 @@ def write_moe(tokenizer: str, out: str, experts_used: int) -> None:
         writer.add_tensor(f"{block}.ffn_gate_exps.weight", weights(EXPERTS, FEED_FORWARD, EMBEDDING))
         writer.add_tensor(f"{block}.ffn_up_exps.weight", weights(EXPERTS, FEED_FORWARD, EMBEDDING))
         writer.add_tensor(f"{block}.ffn_down_exps.weight", weights(EXPERTS, EMBEDDING, FEED_FORWARD))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write(writer)
 
 
 def write_mamba(tokenizer: str, out: str) -> None:
@@ -131,15 +148,9 @@ def write_mamba(tokenizer: str, out: str) -> None:
     writer.add_vocab_size(vocab)
     writer.add_file_type(0)  # all F32
 
-    rng = np.random.default_rng(SEED)
+    weights = random_weights()
 
-    def weights(*shape: int, scale: float = 0.2) -> np.ndarray:
-        # numpy's shape is GGUF's reversed: (rows, columns) is ne = [columns, rows].
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    writer.add_tensor("token_embd.weight", weights(vocab, EMBEDDING, scale=1.0))
-    writer.add_tensor("output_norm.weight", np.ones(EMBEDDING, dtype=np.float32))
-    writer.add_tensor("output.weight", weights(vocab, EMBEDDING))
+    add_embeddings(writer, weights, vocab)
     # A = -exp(A_log) with Mamba's initialisation A_log = log(1..state); dt's bias is the inverse
     # softplus of 0.01, so each step keeps most of the state.
     a = -np.tile(np.arange(1, state + 1, dtype=np.float32), (inner, 1))
@@ -156,10 +167,7 @@ def write_mamba(tokenizer: str, out: str) -> None:
         writer.add_tensor(f"{block}.ssm_a", a)
         writer.add_tensor(f"{block}.ssm_d", np.ones(inner, dtype=np.float32))
         writer.add_tensor(f"{block}.ssm_out.weight", weights(EMBEDDING, inner, scale=0.1))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write(writer)
 
 
 def main() -> None:
