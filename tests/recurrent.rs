@@ -72,11 +72,12 @@ impl DraftSource for Oracle {
     }
 }
 
+/// The output, and the draft tokens drafted, accepted and replayed.
 fn generate(
     target: &Target,
     sampling: SamplingParams,
     truth: Option<&[Token]>,
-) -> (Vec<Token>, usize, usize) {
+) -> (Vec<Token>, usize, usize, usize) {
     let mut cascade = match truth {
         Some(truth) => Cascade::new(
             vec![Box::new(Oracle {
@@ -95,6 +96,7 @@ fn generate(
         outcome.tokens,
         outcome.stats.drafted as usize,
         outcome.stats.accepted as usize,
+        outcome.stats.replayed_tokens as usize,
     )
 }
 
@@ -108,9 +110,10 @@ fn drafts_on_a_recurrent_target_keep_plain_decodings_output() {
         "llama.cpp runs the test model as recurrent"
     );
 
-    let (plain, _, _) = generate(&target, SamplingParams::greedy(), None);
+    let (plain, _, _, replayed) = generate(&target, SamplingParams::greedy(), None);
     assert_eq!(plain.len(), MAX_TOKENS);
-    let (drafted_output, drafted, accepted) =
+    assert_eq!(replayed, 0, "plain decoding replays nothing");
+    let (drafted_output, drafted, accepted, replayed) =
         generate(&target, SamplingParams::greedy(), Some(&plain));
     assert_eq!(
         first_difference(&drafted_output, &plain),
@@ -121,14 +124,19 @@ fn drafts_on_a_recurrent_target_keep_plain_decodings_output() {
         accepted > 0 && accepted < drafted,
         "drafted {drafted}, accepted {accepted}"
     );
+    // Every cut round decodes its kept tokens (the accepted ones and the round's `last`) again.
+    assert!(
+        replayed > accepted,
+        "replayed {replayed} tokens for {accepted} accepted in cut rounds"
+    );
 
     let seeded = SamplingParams {
         temperature: 0.8,
         seed: 42,
         ..SamplingParams::greedy()
     };
-    let (plain_seeded, _, _) = generate(&target, seeded.clone(), None);
-    let (drafted_seeded, _, accepted) = generate(&target, seeded, Some(&plain_seeded));
+    let (plain_seeded, ..) = generate(&target, seeded.clone(), None);
+    let (drafted_seeded, _, accepted, _) = generate(&target, seeded, Some(&plain_seeded));
     assert_eq!(
         first_difference(&drafted_seeded, &plain_seeded),
         None,

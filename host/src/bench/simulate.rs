@@ -146,6 +146,7 @@ impl Verifier for TraceVerifier<'_> {
             tokens: target.to_vec(),
             logprobs: Vec::new(),
             batch: VerifyBatch::alone(round, target.len(), time),
+            replayed: 0,
         })
     }
 }

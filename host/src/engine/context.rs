@@ -260,6 +260,12 @@ impl<'m> ModelContext<'m> {
         self.decode_batch(rows)
     }
 
+    /// Whether this is a recurrent or hybrid model's context, whose sequences roll back by
+    /// restoring a saved state and decoding the kept tokens again.
+    pub(super) fn is_recurrent(&self) -> bool {
+        self.rollbacks.is_some()
+    }
+
     /// Saves the state of every sequence in `rows` into its spare and records their tokens.
     fn save_states(&mut self, rows: &[Rows<'_>]) -> Result<(), String> {
         let mut decoded: Vec<(SeqId, usize, Vec<Token>)> = Vec::new();

@@ -193,6 +193,9 @@ pub struct Verified {
     pub logprobs: Vec<TokenLogprob>,
     /// The verify batch the round was decoded in (with other requests' rounds, in a server).
     pub batch: VerifyBatch,
+    /// Tokens the target decodes again for this round: a recurrent target's kept tokens after
+    /// its draft was cut short (`engine/recurrent.rs`); 0 otherwise.
+    pub replayed: usize,
 }
 
 /// One verify batch as a whole: every round decoded in it, of one request or of several.
@@ -489,6 +492,7 @@ impl<'g> Generation<'g> {
         } else {
             proposed
         };
+        self.stats.replayed_tokens += verified.replayed as u64;
         self.stats.verify_time += verify_time;
         self.stats.rounds += 1;
         self.stats.count_verify_batch(drafted + 1);
@@ -709,6 +713,7 @@ mod tests {
                 tokens,
                 logprobs: Vec::new(),
                 batch,
+                replayed: 0,
             })
         }
     }

@@ -34,6 +34,9 @@ pub struct GenerationStats {
     /// Draft tokens proposed but not verified: a server's verify step cut them, their rows
     /// beside the other requests' rounds being worth less than they cost.
     pub cut_draft_tokens: u64,
+    /// Tokens decoded again after a recurrent target's draft was cut short: its state was
+    /// restored to before the verify batch and the accepted tokens replayed (`engine/recurrent.rs`).
+    pub replayed_tokens: u64,
     /// `verify_batches[n - 1]`: rounds that verified a batch of `n` tokens (`[last, d1..]`).
     pub verify_batches: Vec<u64>,
     /// Requests verified in the batch of each round, summed over rounds (`rounds` when every

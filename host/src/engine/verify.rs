@@ -385,7 +385,7 @@ impl<'a> Session<'a> {
                 .iter()
                 .flatten()
                 .filter_map(|result| result.as_ref().ok())
-                .map(|(tokens, _)| tokens.len())
+                .map(|(tokens, ..)| tokens.len())
                 .sum(),
             time: started.elapsed(),
         };
@@ -395,11 +395,12 @@ impl<'a> Session<'a> {
             .map(|(result, (_, round))| {
                 result
                     .unwrap_or(Err(EngineError::NoRequest))
-                    .map(|(tokens, logprobs)| Verified {
+                    .map(|(tokens, logprobs, replayed)| Verified {
                         drafted: round.tokens.len(),
                         tokens,
                         logprobs,
                         batch,
+                        replayed,
                     })
             })
             .collect()
@@ -635,13 +636,17 @@ impl<'a> Session<'a> {
             }
         }
         let n_accepted = target.len() - 1;
+        let mut replayed = 0;
         if n_accepted + 1 < decoded {
             let first_rejected = round.n_past + n_accepted + 1;
             self.context
                 .remove_positions(seq, first_rejected)
                 .map_err(|e| decode_error(decoded, e))?;
+            if self.context.is_recurrent() {
+                replayed = n_accepted + 1;
+            }
         }
-        Ok((target, sampler.take_logprobs()))
+        Ok((target, sampler.take_logprobs(), replayed))
     }
 
     /// Checks again what was checked when the session was made: the rows of a largest verify
@@ -748,8 +753,9 @@ impl Verifier for Session<'_> {
     }
 }
 
-/// A round's target tokens and, if its request asked, their log-probabilities.
-type Sampled = (Vec<Token>, Vec<TokenLogprob>);
+/// A round's target tokens, their log-probabilities if its request asked, and the tokens a
+/// recurrent target decodes again for it ([`Verified::replayed`]).
+type Sampled = (Vec<Token>, Vec<TokenLogprob>, usize);
 
 /// One sequence's rows in a verify batch: its round's (with padding after them, if padded), or
 /// only padding.
