@@ -148,23 +148,7 @@ fn hot_swaps_while_streaming_keep_every_output_identical_to_plain_decoding() {
 
     let results = client.stop();
     assert!(results.len() >= 11, "only {} requests ran", results.len());
-    let mut swaps = 0;
-    for (index, (prompt, streamed)) in results.iter().enumerate() {
-        assert_eq!(streamed.status, 200, "request {index} failed");
-        assert!(
-            streamed.done && streamed.errors().is_empty(),
-            "request {index}: {:?}",
-            streamed.chunks
-        );
-        assert_eq!(
-            streamed.text(),
-            plain[*prompt],
-            "request {index} (prompt {prompt}) differs from plain decoding"
-        );
-        swaps += streamed.last()["speculative"]["swaps"]
-            .as_u64()
-            .unwrap_or(0);
-    }
+    let swaps = assert_plain_answers(&results, &plain);
     assert!(
         swaps >= 1,
         "no request was swapped mid-flight; the test proved nothing"

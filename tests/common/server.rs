@@ -473,3 +473,26 @@ impl StreamingClient {
         self.thread.join().expect("client thread")
     }
 }
+
+/// Asserts that every streamed answer succeeded whole and equals plain decoding's answer to its
+/// prompt (`plain[prompt]`); returns the swaps the answers report, summed.
+pub fn assert_plain_answers(results: &[(usize, Streamed)], plain: &[String]) -> u64 {
+    let mut swaps = 0;
+    for (index, (prompt, streamed)) in results.iter().enumerate() {
+        assert_eq!(streamed.status, 200, "request {index} failed");
+        assert!(
+            streamed.done && streamed.errors().is_empty(),
+            "request {index}: {:?}",
+            streamed.chunks
+        );
+        assert_eq!(
+            streamed.text(),
+            plain[*prompt],
+            "request {index} (prompt {prompt}) differs from plain decoding"
+        );
+        swaps += streamed.last()["speculative"]["swaps"]
+            .as_u64()
+            .unwrap_or(0);
+    }
+    swaps
+}
