@@ -10,14 +10,17 @@
 mod common;
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::server::{Server, chat_body, chat_text, post};
+use common::server::{Server, chat_body, chat_text, metrics, post};
 use common::*;
 use serde_json::json;
 use spechost::cascade::{
-    Cascade, CascadeSettings, DraftSource, ModelFacts, Proposal, SourceFault, Token,
+    Cascade, CascadeSettings, DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token,
 };
 use spechost::engine::{SamplingParams, Target, TargetParams};
+use spechost::plugins::SourceSpec;
 
 const PROMPT: &str = "Tell me about the sea.";
 const MAX_TOKENS: usize = 64;
@@ -157,6 +160,11 @@ fn a_server_on_a_recurrent_target_answers_as_plain_decoding() {
             let body = chat_body(prompt, 48, json!({"speculative": {"cascade": cascade}}));
             let answer = post(&server, "/v1/chat/completions", &body);
             let drafted = answer.body["speculative"]["drafted"].as_u64().unwrap_or(0);
+            assert!(
+                answer.body["speculative"]["replayed_tokens"].is_u64(),
+                "{}",
+                answer.body
+            );
             (chat_text(&answer), drafted)
         };
         let (plain, _) = ask("none");
@@ -174,8 +182,200 @@ fn a_server_on_a_recurrent_target_answers_as_plain_decoding() {
         drafted > 0,
         "suffix drafted nothing from the answers it saw"
     );
+    let page = metrics(&server);
+    assert!(page.contains("spechost_replayed_tokens_total"), "{page}");
     let info = spechost(&["info", "--model", arg(&path)]);
     let text = String::from_utf8_lossy(&info.stdout);
     assert!(text.contains("architecture  mamba"), "{text}");
     assert!(text.contains("state is saved before each batch"), "{text}");
+}
+
+/// Prompts that end alike and start differently: the generated model's answer depends most on
+/// the last tokens, so answers to later prompts start as earlier ones did and then part, and
+/// `suffix` (which learns every answer) drafts them, accepted up to where they part.
+fn prompts() -> Vec<String> {
+    let openings = [
+        "",
+        "Please answer. ",
+        "Briefly: ",
+        "One more question. ",
+        "In a few words, ",
+        "Thanks! ",
+    ];
+    let questions = [
+        PROMPT,
+        "Write a list of colours.",
+        "What is the capital of France?",
+    ];
+    openings
+        .iter()
+        .flat_map(|opening| questions.iter().map(move |q| format!("{opening}{q}")))
+        .collect()
+}
+
+/// A source that counts the rounds in which the target accepted part of its draft, not all.
+struct CountingPartial {
+    inner: Box<dyn DraftSource>,
+    proposed: usize,
+    partial: Arc<AtomicUsize>,
+}
+
+impl DraftSource for CountingPartial {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn begin(&mut self, facts: &ModelFacts, prompt: &[Token]) -> Result<(), SourceFault> {
+        self.inner.begin(facts, prompt)
+    }
+
+    fn propose(&mut self, max_draft_len: usize) -> Result<Proposal, SourceFault> {
+        let proposal = self.inner.propose(max_draft_len)?;
+        self.proposed = proposal.tokens.len();
+        Ok(proposal)
+    }
+
+    fn feedback(&mut self, feedback: Feedback) -> Result<(), SourceFault> {
+        if feedback.won && feedback.n_accepted > 0 && (feedback.n_accepted as usize) < self.proposed
+        {
+            self.partial.fetch_add(1, Ordering::Relaxed);
+        }
+        self.inner.feedback(feedback)
+    }
+
+    fn feed(&mut self, tokens: &[Token]) -> Result<(), SourceFault> {
+        self.inner.feed(tokens)
+    }
+
+    fn end(&mut self) {
+        self.inner.end();
+    }
+}
+
+#[test]
+fn lookup_and_suffix_on_a_recurrent_target_keep_plain_decodings_output() {
+    let path = mamba();
+    let _guard = exclusive();
+    let target = Target::load(&path, &TargetParams::default()).expect("the Mamba model loads");
+    let host = plugin_host();
+    let builtin = |name: &str| SourceSpec::Builtin(name.into());
+    // One cascade for every prompt: `suffix` keeps what it learned across requests.
+    let partial = Arc::new(AtomicUsize::new(0));
+    let sources = ["lookup", "suffix"].map(|name| {
+        let plugin = host.load(&builtin(name)).expect("built-in plugin loads");
+        Box::new(CountingPartial {
+            inner: Box::new(plugin.source(String::new())),
+            proposed: 0,
+            partial: Arc::clone(&partial),
+        }) as Box<dyn DraftSource>
+    });
+    let mut speculating = Cascade::new(sources.into(), CascadeSettings::default());
+    let (mut drafted, mut accepted, mut replayed) = (0, 0, 0);
+    for prompt in prompts() {
+        let plain = common::generate(
+            &target,
+            &prompt,
+            MAX_TOKENS,
+            SamplingParams::greedy(),
+            8,
+            &mut Cascade::empty(),
+        );
+        let outcome = common::generate(
+            &target,
+            &prompt,
+            MAX_TOKENS,
+            SamplingParams::greedy(),
+            8,
+            &mut speculating,
+        );
+        assert_eq!(
+            first_difference(&outcome.tokens, &plain.tokens),
+            None,
+            "lookup,suffix changed the greedy output of {prompt:?}"
+        );
+        drafted += outcome.stats.drafted;
+        accepted += outcome.stats.accepted;
+        replayed += outcome.stats.replayed_tokens;
+    }
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "drafted {drafted}, accepted {accepted}"
+    );
+    let partial = partial.load(Ordering::Relaxed);
+    assert!(
+        partial > 0 && replayed > 0,
+        "{partial} rounds accepted part of their draft, {replayed} tokens replayed"
+    );
+}
+
+#[test]
+fn a_recurrent_draft_model_keeps_plain_decodings_output() {
+    let target = mamba();
+    let draft = scratch_file("generated", "mamba-q4_0.gguf");
+    if !draft.exists() {
+        let out = spechost(&[
+            "models",
+            "quantize",
+            "--model",
+            arg(&target),
+            "--type",
+            "Q4_0",
+            "--out",
+            arg(&draft),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _guard = exclusive();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            arg(&target),
+            "--max-tokens",
+            "64",
+            "--prompt",
+            PROMPT,
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = spechost(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "spechost run failed: {stderr}");
+        let report: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap_or(""))
+            .unwrap_or_else(|e| panic!("last stderr line is the JSON report ({e}): {stderr}"));
+        (String::from_utf8_lossy(&out.stdout).into_owned(), report)
+    };
+    let (plain, _) = run(&["--cascade", "none"]);
+    // The Q4_0 copy agrees with its original on some tokens only: drafts are cut at every
+    // place, and the draft model's own state goes back to before its drafting each round.
+    let (drafted, report) = run(&[
+        "--draft-model",
+        arg(&draft),
+        "--cascade",
+        "draft",
+        "--plugin-config",
+        "draft.p_min=0",
+        "--policy",
+        "fixed",
+        "--draft-max",
+        "4",
+    ]);
+    assert_eq!(drafted, plain, "a recurrent draft model changed the output");
+    let stats = &report["stats"];
+    let (n_drafted, n_accepted) = (
+        stats["drafted"].as_u64().unwrap_or(0),
+        stats["accepted"].as_u64().unwrap_or(0),
+    );
+    assert!(
+        n_accepted > 0 && n_accepted < n_drafted,
+        "drafted {n_drafted}, accepted {n_accepted}: {report}"
+    );
+    assert!(
+        stats["replayed_tokens"].as_u64().unwrap_or(0) > 0,
+        "{report}"
+    );
 }

@@ -254,8 +254,25 @@ impl<'m> ModelContext<'m> {
     /// replays earlier rollbacks left, and saves the state of each sequence in `rows`.
     pub(super) fn decode_rows(&mut self, rows: &[Rows<'_>]) -> Result<(), String> {
         if self.rollbacks.is_some() {
-            self.replay()?;
+            self.decode_replays()?;
             self.save_states(rows)?;
+        }
+        self.decode_batch(rows)
+    }
+
+    /// Decodes `rows` as [`Self::decode_rows`] does, except that a recurrent model's sequence
+    /// whose rows continue its last decode keeps the state saved before that decode, so it can
+    /// go back to anywhere since (`Rollbacks::extend`): a draft model's drafting steps after
+    /// the first.
+    pub(super) fn decode_rows_continuing(&mut self, rows: &[Rows<'_>]) -> Result<(), String> {
+        if let Some(rollbacks) = &mut self.rollbacks {
+            let fresh: Vec<Rows<'_>> = rows
+                .iter()
+                .filter(|entry| !rollbacks.extend(entry.seq, entry.position, entry.tokens))
+                .copied()
+                .collect();
+            self.decode_replays()?;
+            self.save_states(&fresh)?;
         }
         self.decode_batch(rows)
     }
@@ -285,8 +302,10 @@ impl<'m> ModelContext<'m> {
         Ok(())
     }
 
-    /// Decodes the replays recorded by rollbacks, in one batch (no logits).
-    fn replay(&mut self) -> Result<(), String> {
+    /// Decodes the replays recorded by rollbacks, in one batch (no logits); the next decode
+    /// does it anyway, so a caller does it early only to settle its cost where it belongs (the
+    /// verifier, in the round that cut a draft).
+    pub(super) fn decode_replays(&mut self) -> Result<(), String> {
         let replays = match &mut self.rollbacks {
             Some(rollbacks) => rollbacks.take_replays(),
             None => return Ok(()),

@@ -63,14 +63,6 @@ pub enum EngineError {
         /// The path that was tried.
         path: PathBuf,
     },
-    /// The draft model's state cannot be rolled back.
-    #[error(
-        "draft model {path} is a recurrent or hybrid model, whose state cannot be rolled back to drop rejected drafts; use a transformer draft model"
-    )]
-    DraftModelCannotRollBack {
-        /// The draft model's file.
-        path: PathBuf,
-    },
     /// The draft model does not share the target's tokenizer.
     #[error(
         "draft model {draft} does not use the tokenizer of the target {target}: {difference}; use a draft model with the target's tokenizer, e.g. the target requantized with `spechost models quantize --model TARGET --type Q4_0`"

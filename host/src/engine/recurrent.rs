@@ -7,9 +7,11 @@
 //! copies it when the sequence next writes, so the copy costs one state, not a decode), and
 //! remembers the tokens it decodes. Rolling the sequence back to a position inside that decode
 //! restores the saved state and re-decodes the kept tokens (the round's accepted prefix); a
-//! draft accepted whole needs nothing. The re-decode waits for the context's next decode, so the
-//! logits of the decode being settled stay readable, and replays of several sequences go in one
-//! batch. Exactness: the state after the replayed tokens is the state after decoding them in
+//! draft accepted whole needs nothing. The re-decode waits until the decode being settled is
+//! read (its logits stay readable), and replays of several sequences go in one batch: the
+//! verifier decodes them once it has settled a verify batch, so each round's verify time holds
+//! its replay and a policy prices it; others' (a recurrent draft model's) wait for the next
+//! decode. Exactness: the state after the replayed tokens is the state after decoding them in
 //! the verify batch, which the start-up check proves equal to decoding them one by one.
 //!
 //! This file is the bookkeeping; the llama.cpp calls are `context.rs`'s.
@@ -72,6 +74,24 @@ impl Rollbacks {
                 tokens,
                 replay: None,
             });
+        }
+    }
+
+    /// Records that `tokens` are being decoded into `seq` from `position` on without saving its
+    /// state again, when they continue its last decode with no rollback since: a rollback can
+    /// then go back to anywhere since the state saved before that decode (a draft model's
+    /// drafting steps, undone together once the target has verified them). `false` when they
+    /// do not continue it; the caller saves the state then.
+    pub(super) fn extend(&mut self, seq: SeqId, position: usize, tokens: &[Token]) -> bool {
+        match self.snapshots.get_mut(seq.0 as usize) {
+            Some(Some(snapshot))
+                if snapshot.replay.is_none()
+                    && snapshot.base + snapshot.tokens.len() == position =>
+            {
+                snapshot.tokens.extend_from_slice(tokens);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -181,6 +201,21 @@ mod tests {
             "no snapshot after a clear"
         );
         assert!(rollbacks.plan(SeqId(7), 1, 12).is_err(), "unknown sequence");
+    }
+
+    #[test]
+    fn decodes_that_continue_the_last_one_go_back_to_the_state_before_it() {
+        let mut rollbacks = Rollbacks::new(2);
+        // A draft model's drafting: the state saved before d1 at 10, then d2 and d3 appended.
+        rollbacks.record(SEQ, 10, vec![5]);
+        assert!(rollbacks.extend(SEQ, 11, &[6]));
+        assert!(rollbacks.extend(SEQ, 12, &[7]));
+        assert!(!rollbacks.extend(SEQ, 14, &[9]), "not contiguous");
+        assert!(!rollbacks.extend(SeqId(0), 0, &[1]), "nothing saved");
+        // The target accepted d1 only.
+        assert_eq!(rollbacks.plan(SEQ, 11, 13), Ok(RollbackPlan::Restore));
+        assert!(!rollbacks.extend(SEQ, 11, &[8]), "a replay is pending");
+        assert_eq!(rollbacks.take_replays()[0].tokens, [5]);
     }
 
     #[test]

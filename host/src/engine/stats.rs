@@ -138,6 +138,13 @@ impl GenerationStats {
             100.0 * self.acceptance(),
             self.mean_accepted_per_draft_round()
         );
+        if self.replayed_tokens > 0 {
+            let _ = writeln!(
+                out,
+                "replayed    {:>6} tokens (the recurrent target's state restored after drafts cut short)",
+                self.replayed_tokens
+            );
+        }
         let _ = writeln!(
             out,
             "time        verify {:.3} s  draft {:.3} s  outside verify {:.2}%",

@@ -378,6 +378,7 @@ impl<'a> Session<'a> {
             group_tokens += tokens.len();
         }
         self.verify_group(&group, rounds, &rows, &mut results);
+        self.decode_replays(&mut results);
         let batch = VerifyBatch {
             sequences: rounds.len(),
             rows: rows.iter().map(Vec::len).sum(),
@@ -404,6 +405,22 @@ impl<'a> Session<'a> {
                     })
             })
             .collect()
+    }
+
+    /// Decodes now what a recurrent target replays for the rounds it cut short (see
+    /// `engine/recurrent.rs`), so the verify time of their batch includes it; a failure fails
+    /// those rounds.
+    fn decode_replays(&mut self, results: &mut [Option<Result<Sampled, EngineError>>]) {
+        let Err(reason) = self.context.decode_replays() else {
+            return;
+        };
+        for result in results.iter_mut() {
+            if let Some(Ok((_, _, replayed))) = result
+                && *replayed > 0
+            {
+                *result = Some(Err(decode_error(*replayed, &reason)));
+            }
+        }
     }
 
     /// `round` with its draft cut before the first token the request's grammar forbids there;

@@ -603,6 +603,7 @@ pub fn speculative_report(finished: &Finished) -> SpeculativeReport {
         drafted: stats.drafted,
         accepted: stats.accepted,
         cut_draft_tokens: stats.cut_draft_tokens,
+        replayed_tokens: stats.replayed_tokens,
         acceptance_percent: 100.0 * stats.acceptance(),
         mean_accepted_length: stats.mean_accepted_per_draft_round(),
         tokens_per_second: stats.generation_tokens_per_second(),

@@ -10,7 +10,7 @@
 //! - `prompt_tokens_total`, `generated_tokens_total`, `prompt_seconds_total`,
 //!   `generation_seconds_total`, and `generation_tokens_per_second` (since start);
 //! - `draft_rounds_total`, `drafted_tokens_total`, `accepted_tokens_total`,
-//!   `cut_draft_tokens_total`, `cascade_swaps_total`;
+//!   `cut_draft_tokens_total`, `replayed_tokens_total`, `cascade_swaps_total`;
 //! - per source: `source_rounds_won_total`, `source_drafted_tokens_total`,
 //!   `source_accepted_tokens_total`, `source_accepted_at_position_total{position}` (winning
 //!   rounds whose draft position was accepted; divide by rounds won for acceptance by position);
@@ -137,6 +137,7 @@ struct Counters {
     drafted: u64,
     accepted: u64,
     cut_draft_tokens: u64,
+    replayed_tokens: u64,
     swaps: u64,
     sources: BTreeMap<String, SourceStats>,
     plugins: BTreeMap<String, PluginCounters>,
@@ -192,6 +193,7 @@ impl Metrics {
         counters.drafted += stats.drafted;
         counters.accepted += stats.accepted;
         counters.cut_draft_tokens += stats.cut_draft_tokens;
+        counters.replayed_tokens += stats.replayed_tokens;
         counters.swaps += u64::from(swaps);
         if counters.recent.len() == RECENT_REQUESTS {
             counters.recent.pop_front();
@@ -287,6 +289,11 @@ impl Metrics {
                 "cut_draft_tokens_total",
                 "Draft tokens proposed but cut by a verify step: not worth their rows beside the other requests' rounds.",
                 counters.cut_draft_tokens,
+            ),
+            (
+                "replayed_tokens_total",
+                "Tokens a recurrent target decoded again after drafts cut short.",
+                counters.replayed_tokens,
             ),
             (
                 "cascade_swaps_total",

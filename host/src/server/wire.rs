@@ -313,6 +313,9 @@ pub struct SpeculativeReport {
     /// Draft tokens proposed but cut by the server's verify steps (not worth their rows
     /// beside the other requests' rounds), so never verified.
     pub cut_draft_tokens: u64,
+    /// Tokens a recurrent target decoded again after drafts cut short (its state restored to
+    /// before the verify batch, the accepted tokens replayed); 0 on an attention model.
+    pub replayed_tokens: u64,
     /// `100 * accepted / drafted`.
     pub acceptance_percent: f64,
     /// Accepted tokens per round that verified a draft.

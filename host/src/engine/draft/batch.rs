@@ -148,15 +148,17 @@ impl DraftBatch {
             return state;
         }
         // The last context token is decoded again even when cached, for its logits.
-        let keep = common_prefix(cached, ask.context).min(ask.context.len() - 1);
+        let mut keep = common_prefix(cached, ask.context).min(ask.context.len() - 1);
         if keep < cached.len() {
             let removed = self
                 .context
                 .with_dependent_mut(|_, context| context.remove_positions(ask.seq, keep));
             if let Err(reason) = removed {
-                tracing::warn!(seq = %ask.seq, %reason, "cannot roll the draft cache back; its next proposal starts over");
+                // A recurrent draft model goes back only to where its last drafting started
+                // (a new request sharing part of the last one's context cannot keep it).
+                tracing::debug!(seq = %ask.seq, %reason, "the draft cache starts over");
                 self.clear(ask.seq);
-                return state;
+                keep = 0;
             }
             self.cached[ask.seq.0 as usize].truncate(keep);
         }
@@ -227,13 +229,16 @@ impl DraftBatch {
     }
 
     /// Decodes the last drafted token of every ask that wants more, one decode per drafted
-    /// position, until every ask is done.
+    /// position, until every ask is done. A recurrent draft model saves each sequence's state
+    /// before the first of these decodes only, so the next ask goes back to it whatever the
+    /// target accepted (an ask that waits for a later step, past the batch size, goes back to
+    /// before its catch-up's last decode: more to replay, as exact).
     fn draft(
         &mut self,
         drafting: &mut [Drafting],
         answer: &mut impl FnMut(usize, Vec<DraftedToken>),
     ) {
-        loop {
+        for step in 0.. {
             let active: Vec<usize> = (0..drafting.len())
                 .filter(|&index| !drafting[index].done)
                 .take(self.batch_size)
@@ -261,9 +266,13 @@ impl DraftBatch {
                     }
                 })
                 .collect();
-            let decoded = self
-                .context
-                .with_dependent_mut(|_, context| context.decode_rows(&rows));
+            let decoded = self.context.with_dependent_mut(|_, context| {
+                if step == 0 {
+                    context.decode_rows(&rows)
+                } else {
+                    context.decode_rows_continuing(&rows)
+                }
+            });
             let taken: Vec<(usize, usize)> = active.iter().map(|&index| (index, 1)).collect();
             if let Err(reason) = decoded {
                 self.fail(drafting, &taken, &reason, answer);

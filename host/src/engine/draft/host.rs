@@ -57,9 +57,6 @@ impl DraftModelHost {
         let model_params = loading.model_params(path, &config.overrides)?;
         let model = LlamaModel::load_from_file(started_backend()?, path, &model_params)
             .map_err(|_| EngineError::LoadFailed { path: path.clone() })?;
-        if model.is_recurrent() || model.is_hybrid() {
-            return Err(EngineError::DraftModelCannotRollBack { path: path.clone() });
-        }
         tracing::info!(path = %path.display(), vocab = model.n_vocab(), params = model.n_params(), "loaded draft model");
         Ok(Self {
             model: Arc::new(model),
