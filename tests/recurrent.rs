@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::server::{Server, chat_body, chat_text, metrics, post};
+use common::server::{Server, chat_body, chat_text, metrics, plain_answers, post};
 use common::*;
 use serde_json::json;
 use spechost::cascade::{
@@ -378,4 +378,46 @@ fn a_recurrent_draft_model_keeps_plain_decodings_output() {
         stats["replayed_tokens"].as_u64().unwrap_or(0) > 0,
         "{report}"
     );
+
+    // A server drafts for both slots in one draft context (a sequence each, drafted together).
+    let server = Server::start_with_model(
+        arg(&target),
+        &[
+            "--parallel",
+            "2",
+            "--accept-any-model",
+            "--draft-model",
+            arg(&draft),
+            "--plugin-config",
+            "draft.p_min=0",
+        ],
+    );
+    let prompts: Vec<String> = prompts().into_iter().take(4).collect();
+    let plain = plain_answers(&server, &prompts, 48);
+    let speculative =
+        json!({"speculative": {"cascade": "draft", "policy": "fixed", "draft_max": 4}});
+    let drafted: u64 = std::thread::scope(|scope| {
+        let clients: Vec<_> = [0, 1]
+            .into_iter()
+            .map(|client| {
+                let (server, prompts, plain, speculative) =
+                    (&server, &prompts, &plain, &speculative);
+                scope.spawn(move || {
+                    let mut drafted = 0;
+                    for index in (client..prompts.len()).step_by(2) {
+                        let body = chat_body(&prompts[index], 48, speculative.clone());
+                        let answer = post(server, "/v1/chat/completions", &body);
+                        assert_eq!(chat_text(&answer), plain[index], "prompt {index}");
+                        drafted += answer.body["speculative"]["drafted"].as_u64().unwrap_or(0);
+                    }
+                    drafted
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .map(|client| client.join().expect("client"))
+            .sum()
+    });
+    assert!(drafted > 0, "the draft model drafted nothing in the server");
 }
