@@ -173,30 +173,8 @@ fn a_base_model_gets_raw_prompts_and_an_echo_of_a_chat_prompt_is_flagged() {
 #[test]
 fn serve_bench_drives_concurrent_clients_and_every_answer_matches_plain_decoding() {
     let _guard = common::exclusive();
-    let model = common::smollm2_path();
-    let workload = scratch("serve.jsonl");
-    std::fs::write(&workload, WORKLOAD).expect("write workload");
     let out_dir = scratch("serve-results");
-    let out = quick_bench(&[
-        "--model",
-        common::arg(&model),
-        "--workload",
-        common::arg(&workload),
-        "--cascade",
-        "lookup",
-        "--draft-max",
-        "4",
-        "--clients",
-        "1,2",
-        "--requests-per-client",
-        "1",
-        "--max-tokens",
-        "16",
-        "--ctx-size",
-        "1024",
-        "--out",
-        common::arg(&out_dir),
-    ]);
+    let out = tiny_serve_bench(&out_dir, &["--max-tokens", "16"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -261,6 +239,59 @@ fn serve_bench_drives_concurrent_clients_and_every_answer_matches_plain_decoding
     );
     assert!(out_dir.join("serve-results.md").exists());
     let _ = std::fs::remove_dir_all(out_dir);
+}
+
+/// At a temperature every request samples at its own seed (`--seed` plus its index), in the
+/// engine and over HTTP, so every output still equals plain decoding's and every answer its
+/// reference; the reports say how requests were sampled.
+#[test]
+fn a_sampled_bench_matches_plain_decoding_at_each_requests_seed() {
+    let _guard = common::exclusive();
+    let out_dir = scratch("sampled-results");
+    let out = tiny_serve_bench(
+        &out_dir,
+        &[
+            "--max-tokens",
+            "24",
+            "--temp",
+            "0.9",
+            "--top-k",
+            "40",
+            "--seed",
+            "3",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "sampled bench failed:\n{stdout}\n{stderr}"
+    );
+    let json =
+        std::fs::read_to_string(out_dir.join("serve-results.json")).expect("serve-results.json");
+    let report: serde_json::Value = serde_json::from_str(&json).expect("serve-results.json parses");
+    assert_eq!(report["outputs_match"], true, "{json}");
+    assert_eq!(
+        report["sampling"], "temperature 0.9, top-k 40, seeds from 3",
+        "{json}"
+    );
+    assert!(
+        stdout.contains("temperature 0.9, top-k 40, seeds from 3"),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(out_dir);
+
+    let bad = common::spechost(&[
+        "bench",
+        "--model",
+        common::arg(&common::smollm2_path()),
+        "--workload",
+        common::arg(&scratch("serve.jsonl")),
+        "--cascade",
+        "lookup",
+        "--temp=-1",
+    ]);
+    common::assert_fails_with(&bad, &["--temp", "-1"]);
 }
 
 #[test]
@@ -347,6 +378,33 @@ fn the_full_cascade_matches_plain_decoding_on_every_sample_workload() {
         2 * files.len(),
         "both modes on every workload matched plain decoding:\n{stdout}"
     );
+}
+
+/// `bench --clients 1,2` on SmolLM2 and [`WORKLOAD`] with `lookup` at K≤4, one request per
+/// client, results in `out_dir`, and `extra` flags.
+fn tiny_serve_bench(out_dir: &Path, extra: &[&str]) -> std::process::Output {
+    let model = common::smollm2_path();
+    let workload = scratch("serve.jsonl");
+    std::fs::write(&workload, WORKLOAD).expect("write workload");
+    let args = [
+        "--model",
+        common::arg(&model),
+        "--workload",
+        common::arg(&workload),
+        "--cascade",
+        "lookup",
+        "--draft-max",
+        "4",
+        "--clients",
+        "1,2",
+        "--requests-per-client",
+        "1",
+        "--ctx-size",
+        "1024",
+        "--out",
+        common::arg(out_dir),
+    ];
+    quick_bench(&[&args[..], extra].concat())
 }
 
 /// `spechost bench` with `args`, one measured pass, no warm-up, and a one-point verify cost curve

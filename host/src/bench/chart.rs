@@ -311,7 +311,7 @@ mod tests {
             warmup: 0,
             cost_repeat: 1,
             max_tokens_cap: None,
-            sampling: "greedy",
+            sampling: "greedy".into(),
             outputs_match: true,
             mismatches: vec![],
             requests: vec![],

@@ -1,5 +1,6 @@
 //! `spechost bench`: plain decoding and cascade configurations on the same workload requests,
-//! in one process with one loaded target, greedy.
+//! in one process with one loaded target, greedy or at a temperature (each request at its own
+//! seed, so every output still equals plain decoding's).
 //!
 //! In order:
 //! 1. [`Workload::read`] parses each JSONL file into typed requests (a bad line is an error
@@ -98,7 +99,7 @@ pub fn run(config: &BenchConfig, cache_dir: &Path) -> anyhow::Result<()> {
     }
     if !report.outputs_match {
         anyhow::bail!(
-            "{} greedy output(s) differ from plain decoding (listed above{}); speculation must never change greedy output",
+            "{} output(s) differ from plain decoding (listed above{}); speculation must never change the output of a request (greedy, or sampled at its seed)",
             report.mismatches.len(),
             if config.out.is_some() {
                 " and in results.md"

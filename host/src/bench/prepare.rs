@@ -26,7 +26,7 @@ impl TokenLimits {
     }
 }
 
-/// A workload request ready to decode, greedy.
+/// A workload request ready to decode.
 #[derive(Debug, Clone)]
 pub struct Prepared {
     /// The request's id.
@@ -37,7 +37,7 @@ pub struct Prepared {
     /// What the prompt opens with, for the echo check: the first user message, or the raw
     /// prompt.
     pub opening: String,
-    /// Prompt tokens, `max_tokens`, greedy sampling, the request's stop strings;
+    /// Prompt tokens, `max_tokens`, sampling (at the request's seed), the request's stop strings;
     /// `max_draft_len` is 0, to be set per configuration.
     pub request: Request,
 }
@@ -75,12 +75,14 @@ pub fn choose_prompt(
 }
 
 /// Prompts every request of `workload` as `style` says ([`choose_prompt`]), tokenizes it and
-/// checks that it fits in a context of `ctx_size` tokens.
+/// checks that it fits in a context of `ctx_size` tokens; each request samples with
+/// `sampling` at its own seed ([`SamplingParams::for_request`], by its index in the workload).
 pub fn prepare(
     target: &Target,
     workload: &Workload,
     style: PromptStyle,
     limits: &TokenLimits,
+    sampling: &SamplingParams,
     ctx_size: u32,
 ) -> anyhow::Result<Vec<Prepared>> {
     let preferred = resolve_prompt_style(style, target);
@@ -92,7 +94,8 @@ pub fn prepare(
     workload
         .requests
         .iter()
-        .map(|request| {
+        .enumerate()
+        .map(|(index, request)| {
             let where_ = || {
                 format!(
                     "{}:{} (request `{}`)",
@@ -145,7 +148,7 @@ pub fn prepare(
                     max_tokens,
                     sampling: SamplingParams {
                         grammar: request.grammar.clone(),
-                        ..SamplingParams::greedy()
+                        ..sampling.for_request(index)
                     },
                     stop,
                     max_draft_len: 0,

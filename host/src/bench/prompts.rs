@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::prepare::{TokenLimits, prepare};
 use super::workload::Workload;
 use crate::config::PromptsConfig;
-use crate::engine::Target;
+use crate::engine::{SamplingParams, Target};
 
 /// The index file of the output directory.
 pub const PROMPTS_INDEX: &str = "index.jsonl";
@@ -55,6 +55,7 @@ pub fn run(config: &PromptsConfig) -> anyhow::Result<()> {
             workload,
             inputs.prompt_style,
             &limits,
+            &SamplingParams::greedy(),
             inputs.session.ctx_size,
         )?
         .into_iter()

@@ -168,7 +168,7 @@ impl Configuration {
     }
 }
 
-/// A greedy output that differs from plain decoding of the same request.
+/// An output that differs from plain decoding of the same request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Mismatch {
     /// The workload's name.
@@ -330,7 +330,16 @@ pub fn measure_workloads(
     };
     let prepared = workloads
         .iter()
-        .map(|w| prepare(target, w, config.prompt_style, &limits, session.ctx_size()))
+        .map(|w| {
+            prepare(
+                target,
+                w,
+                config.prompt_style,
+                &limits,
+                &config.sampling,
+                session.ctx_size(),
+            )
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let largest_draft = config.max_draft_lens.iter().max().copied().unwrap_or(0);
     let largest_batch = config.cost_max_tokens.max(largest_draft + 1);
@@ -604,7 +613,7 @@ pub(super) fn first_difference(a: &[Token], b: &[Token]) -> Option<usize> {
 
 fn report_mismatch(mismatch: &Mismatch) {
     eprintln!(
-        "MISMATCH: {} · {} · request `{}` (pass {}): greedy output differs from plain decoding at token {} ({} tokens, plain gave {})",
+        "MISMATCH: {} · {} · request `{}` (pass {}): output differs from plain decoding at token {} ({} tokens, plain gave {})",
         mismatch.workload,
         mismatch.configuration,
         mismatch.request,

@@ -23,7 +23,7 @@ use super::runner::{measure_verify_costs, progress_bar};
 use super::workload::Workload;
 use crate::cascade::{Cascade, ModelFacts, Token};
 use crate::config::TraceConfig;
-use crate::engine::{StopReason, Target};
+use crate::engine::{SamplingParams, StopReason, Target};
 use crate::models::sha256_file;
 
 /// Version of the trace format this build reads and writes.
@@ -322,7 +322,17 @@ pub fn record(config: &TraceConfig) -> anyhow::Result<Trace> {
     };
     let prepared = workloads
         .iter()
-        .map(|w| prepare(&target, w, inputs.prompt_style, &limits, session.ctx_size()))
+        .map(|w| {
+            prepare(
+                &target,
+                w,
+                inputs.prompt_style,
+                &limits,
+                // A trace is plain decoding's greedy output: what `simulate` replays.
+                &SamplingParams::greedy(),
+                session.ctx_size(),
+            )
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
 
     let all: Vec<Prepared> = prepared.iter().flatten().cloned().collect();

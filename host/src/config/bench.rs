@@ -6,16 +6,16 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use super::common::{
-    DEFAULT_MAX_TOKENS, DEFAULT_POLICY, StackSettings, TargetArgs, check_max_draft_len,
-    check_plugin_settings_target_cascade, draft_settings, merge_plugin_settings,
-    parse_cascade_modes, resolve_model, session_params,
+    DEFAULT_MAX_TOKENS, DEFAULT_POLICY, SamplingArgs, StackSettings, TargetArgs,
+    check_max_draft_len, check_plugin_settings_target_cascade, draft_settings,
+    merge_plugin_settings, parse_cascade_modes, resolve_model, sampling_params, session_params,
 };
 use super::env::env_plugin_dirs;
 use super::error::ConfigError;
 use super::file::FileRun;
 use super::serve::{DEFAULT_MAX_QUEUE, ServeArgs, ServeConfig};
 use crate::cascade::CascadeMode;
-use crate::engine::{DEFAULT_MAX_DRAFT_LEN, SessionParams, TargetParams};
+use crate::engine::{DEFAULT_MAX_DRAFT_LEN, SamplingParams, SessionParams, TargetParams};
 use crate::plugins::{PolicySpec, SourceSpec, parse_cascade, parse_policy};
 
 /// How a model is prompted: chat template or raw continuation.
@@ -91,6 +91,15 @@ pub struct BenchArgs {
     /// Cap on each request's max_tokens.
     #[arg(long, short = 'n')]
     pub max_tokens: Option<usize>,
+    /// Sampling of every request, plain decoding's included (default: greedy). With a
+    /// temperature, outputs still match plain decoding token for token: each request samples
+    /// with its own seed (--seed plus its index in its workload), the same in every pass and
+    /// configuration.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Seed of the first request of each workload, with a temperature.
+    #[arg(long, default_value_t = DEFAULT_BENCH_SEED)]
+    pub seed: u32,
     /// Largest verify batch of each workload's verify cost curve; the curve always reaches the
     /// largest --draft-max + 1, which the ideal speedup needs.
     #[arg(long, default_value_t = DEFAULT_COST_MAX_TOKENS)]
@@ -204,8 +213,11 @@ pub const DEFAULT_BENCH_REPEAT: usize = 3;
 /// Default `--warmup` of `spechost bench`.
 pub const DEFAULT_BENCH_WARMUP: usize = 1;
 
-/// Everything `spechost bench` needs, validated. Sampling is always greedy: only then must every
-/// output equal plain decoding token for token.
+/// Default `--seed` of `spechost bench`: a fixed one, so a run can be repeated.
+pub const DEFAULT_BENCH_SEED: u32 = 1;
+
+/// Everything `spechost bench` needs, validated. Every output must equal plain decoding token
+/// for token, greedy or sampled (with a temperature, at each request's seed).
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
     /// The target, its threads and pinning, the draft model and where plugins come from.
@@ -237,6 +249,9 @@ pub struct BenchConfig {
     pub max_tokens_cap: Option<usize>,
     /// `max_tokens` of requests that do not give one.
     pub default_max_tokens: usize,
+    /// Sampling of every request; each request's seed is this one's plus its index in its
+    /// workload.
+    pub sampling: SamplingParams,
     /// Per-plugin configuration strings, by source name.
     pub plugin_configs: BTreeMap<String, String>,
     /// llama.cpp context settings; `threads` is the plan's.
@@ -313,6 +328,13 @@ impl BenchArgs {
             cost_repeat: self.cost_repeat,
             max_tokens_cap: self.max_tokens,
             default_max_tokens: DEFAULT_MAX_TOKENS,
+            sampling: sampling_params(
+                self.sampling.temp,
+                self.sampling.top_k,
+                self.sampling.top_p,
+                self.sampling.min_p,
+                Some(self.seed),
+            )?,
             plugin_configs,
             session,
             out: self.out,

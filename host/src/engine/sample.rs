@@ -71,6 +71,16 @@ impl SamplingParams {
         }
     }
 
+    /// These settings for the `index`-th request of a set sampled from one seed: its seed is
+    /// this seed plus `index` (wrapping), so requests differ from each other and a set is
+    /// sampled the same way every time (`spechost bench`).
+    pub fn for_request(&self, index: usize) -> Self {
+        Self {
+            seed: self.seed.wrapping_add(index as u32),
+            ..self.clone()
+        }
+    }
+
     /// Whether this is greedy decoding: a temperature below [`MIN_TEMPERATURE`].
     pub fn is_greedy(&self) -> bool {
         self.temperature < MIN_TEMPERATURE
@@ -364,6 +374,18 @@ fn exp_non_positive(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_request_of_a_set_takes_the_next_seed() {
+        let base = SamplingParams {
+            temperature: 0.5,
+            seed: u32::MAX,
+            ..SamplingParams::greedy()
+        };
+        assert_eq!(base.for_request(0).seed, u32::MAX);
+        assert_eq!(base.for_request(2).seed, 1, "wraps");
+        assert_eq!(base.for_request(2).temperature, 0.5);
+    }
 
     #[test]
     fn temperatures_too_small_to_divide_by_are_greedy() {

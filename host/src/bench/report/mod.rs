@@ -15,6 +15,7 @@ use super::runner::{
 use super::stats::{Summary, Totals, acceptance_by_position, speedup};
 use crate::cascade::SourceStats;
 use crate::config::{BenchConfig, PromptStyle};
+use crate::engine::SamplingParams;
 
 /// Everything a benchmark found; `results.json` is this value.
 #[derive(Debug, Clone, Serialize)]
@@ -35,8 +36,9 @@ pub struct Report {
     pub cost_repeat: usize,
     /// Cap on each request's `max_tokens`, if one was given.
     pub max_tokens_cap: Option<usize>,
-    /// Sampling of every request (always greedy, so outputs must match plain decoding).
-    pub sampling: &'static str,
+    /// Sampling of every request ([`sampling_label`]); outputs must match plain decoding's
+    /// either way.
+    pub sampling: String,
     /// Whether every output of every configuration equalled plain decoding.
     pub outputs_match: bool,
     /// The outputs that did not.
@@ -170,6 +172,26 @@ impl SourceReport {
     }
 }
 
+/// How a benchmark's requests were sampled: `greedy`, or the temperature, the filters that are
+/// on and the seed of each workload's first request (the next requests take the next seeds).
+pub fn sampling_label(sampling: &SamplingParams) -> String {
+    if sampling.is_greedy() {
+        return "greedy".to_owned();
+    }
+    let mut label = format!("temperature {}", sampling.temperature);
+    if sampling.top_k > 0 {
+        label.push_str(&format!(", top-k {}", sampling.top_k));
+    }
+    if sampling.top_p < 1.0 {
+        label.push_str(&format!(", top-p {}", sampling.top_p));
+    }
+    if sampling.min_p > 0.0 {
+        label.push_str(&format!(", min-p {}", sampling.min_p));
+    }
+    label.push_str(&format!(", seeds from {}", sampling.seed));
+    label
+}
+
 impl Report {
     /// Summarises `measurements` of a benchmark run with `config`.
     pub fn new(config: &BenchConfig, measurements: Measurements) -> Self {
@@ -279,7 +301,7 @@ impl Report {
             warmup: config.warmup,
             cost_repeat: config.cost_repeat,
             max_tokens_cap: config.max_tokens_cap,
-            sampling: "greedy",
+            sampling: sampling_label(&config.sampling),
             outputs_match: mismatches.is_empty(),
             mismatches,
             requests,
@@ -586,7 +608,7 @@ mod tests {
         assert!(!report.outputs_match);
         assert!(report.markdown_table().contains("| **DIFFERS** |"));
         let markdown = report.markdown(&[("speedup", "speedup.svg")]);
-        assert!(markdown.contains("1 greedy output(s) differ"), "{markdown}");
+        assert!(markdown.contains("1 output(s) differ"), "{markdown}");
         assert!(
             markdown.contains("request `line-1` (pass 2): first difference at token 7"),
             "{markdown}"

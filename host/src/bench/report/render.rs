@@ -100,7 +100,7 @@ impl Report {
         let mut out = String::from("# spechost bench\n\n");
         let _ = writeln!(
             out,
-            "Model `{}` ({}), {} threads, context {} tokens, greedy; {} measured pass(es) after {} warm-up pass(es){}.",
+            "Model `{}` ({}), {} threads, context {} tokens, {}; {} measured pass(es) after {} warm-up pass(es){}.",
             self.model.display(),
             match self.prompt_style {
                 "raw" => "raw prompts, continued",
@@ -108,6 +108,7 @@ impl Report {
             },
             self.threads,
             self.ctx_size,
+            self.sampling,
             self.repeat,
             self.warmup,
             self.max_tokens_cap
@@ -135,11 +136,11 @@ impl Report {
             out.push('\n');
         }
         if self.outputs_match {
-            out.push_str("Every greedy output matched plain decoding token for token.\n");
+            out.push_str("Every output matched plain decoding token for token.\n");
         } else {
             let _ = writeln!(
                 out,
-                "**{} greedy output(s) differ from plain decoding:**\n",
+                "**{} output(s) differ from plain decoding:**\n",
                 self.mismatches.len()
             );
             for m in &self.mismatches {

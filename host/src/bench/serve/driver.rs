@@ -14,6 +14,7 @@ use anyhow::Context as _;
 use tokio::sync::Notify;
 
 use super::super::prepare::TokenLimits;
+use super::super::report::sampling_label;
 use super::super::runner::{Configuration, measure_workloads};
 use super::super::workload::Workload;
 use super::levels::{Driven, Levels, drive};
@@ -55,6 +56,7 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
                 config.prompt_style,
                 measurements.prompt_style,
                 &limits,
+                &config.sampling,
             )?;
             let rows: Vec<Row> = Configuration::all(config).iter().map(Row::of).collect();
             let levels = Levels {
@@ -69,7 +71,13 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
             settings.threads = Some(serve_config.session.threads);
             settings.prompt_style = style_name(measurements.prompt_style);
             let run_rates = share.run_rates(&workloads, &measurements);
-            ServeReport::new(settings, driven, &run_rates, measurements.mismatches)
+            ServeReport::new(
+                settings,
+                driven,
+                &run_rates,
+                measurements.mismatches,
+                sampling_label(&config.sampling),
+            )
         }
         BenchServer::Running { address, label } => {
             let requests = plan_requests(
@@ -77,6 +85,7 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
                 config.prompt_style,
                 config.prompt_style,
                 &limits,
+                &config.sampling,
             )?;
             let rows = [Row::running(label)];
             let driven = drive(
@@ -89,7 +98,13 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
                 },
             )?;
             settings.server.clone_from(&address.authority);
-            ServeReport::new(settings, driven, &[], Vec::new())
+            ServeReport::new(
+                settings,
+                driven,
+                &[],
+                Vec::new(),
+                sampling_label(&config.sampling),
+            )
         }
     };
     print!("{}", report.markdown());
@@ -99,7 +114,7 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
     }
     if !report.outputs_match {
         anyhow::bail!(
-            "{} answer(s) differ from their reference (listed above); greedy output must not depend on concurrency or speculation",
+            "{} answer(s) differ from their reference (listed above); a request's output (greedy, or sampled at its seed) must not depend on concurrency or speculation",
             report.differences.len() + report.run_mismatches.len()
         );
     }

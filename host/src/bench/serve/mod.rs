@@ -4,7 +4,7 @@
 //! In order:
 //! 1. [`plan_requests`] turns each workload request into an HTTP body in the form `bench`
 //!    prompts it (`messages` to `/v1/chat/completions`, a raw `prompt` with its stop strings
-//!    to `/v1/completions`), greedy; each [`Row`] (plain decoding, then every bench
+//!    to `/v1/completions`), sampled as the bench is (greedy by default); each [`Row`] (plain decoding, then every bench
 //!    configuration) adds its `speculative` block, or none for a server at `--url`;
 //! 2. in-process, the one-client level's requests are first decoded through the engine as
 //!    `spechost bench` does ([`OneClientShare`]), for the single-stream comparison;

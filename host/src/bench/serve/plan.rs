@@ -11,6 +11,7 @@ use super::super::prepare::{TokenLimits, choose_prompt};
 use super::super::runner::Configuration;
 use super::super::workload::{Prompt, Workload};
 use crate::config::PromptStyle;
+use crate::engine::SamplingParams;
 
 /// Where a request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +32,7 @@ impl Endpoint {
     }
 }
 
-/// One workload request, ready to send (greedy, streamed, usage in the last chunk), without
+/// One workload request, ready to send (sampled as the bench's, streamed, usage in the last chunk), without
 /// speculation settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlannedRequest {
@@ -60,16 +61,18 @@ impl PlannedRequest {
 
 /// Every request of `workloads`, in order, in the form `style` (resolved to `preferred` for
 /// the model) chooses, as `bench` prompts it ([`choose_prompt`]), with `max_tokens` after
-/// `limits`.
+/// `limits` and `sampling` (with a temperature, each request's seed is `sampling`'s plus its
+/// index in its workload, as in `bench`'s own decoding).
 pub fn plan_requests(
     workloads: &[Workload],
     style: PromptStyle,
     preferred: PromptStyle,
     limits: &TokenLimits,
+    sampling: &SamplingParams,
 ) -> anyhow::Result<Vec<PlannedRequest>> {
     let mut planned = Vec::new();
     for workload in workloads {
-        for request in &workload.requests {
+        for (index, request) in workload.requests.iter().enumerate() {
             let prompt = choose_prompt(request, style, preferred).map_err(|problem| {
                 anyhow::anyhow!(
                     "{}:{} (request `{}`): {problem}",
@@ -84,6 +87,14 @@ pub fn plan_requests(
                 "stream": true,
                 "stream_options": {"include_usage": true},
             });
+            if !sampling.is_greedy() {
+                let seeded = sampling.for_request(index);
+                body["temperature"] = json!(seeded.temperature);
+                body["top_k"] = json!(seeded.top_k);
+                body["top_p"] = json!(seeded.top_p);
+                body["min_p"] = json!(seeded.min_p);
+                body["seed"] = json!(seeded.seed);
+            }
             let (endpoint, fields) = match prompt {
                 Prompt::Chat(messages) => (
                     Endpoint::Chat,
@@ -185,13 +196,57 @@ mod tests {
     }
 
     #[test]
+    fn sampled_requests_carry_the_sampling_and_their_own_seeds() {
+        let limits = TokenLimits {
+            default_max_tokens: 16,
+            max_tokens_cap: None,
+        };
+        let sampling = SamplingParams {
+            temperature: 0.7,
+            top_k: 40,
+            seed: 10,
+            ..SamplingParams::greedy()
+        };
+        let planned = plan_requests(
+            &[workload()],
+            PromptStyle::Auto,
+            PromptStyle::Chat,
+            &limits,
+            &sampling,
+        )
+        .expect("planned");
+        for (index, request) in planned.iter().enumerate() {
+            let body = &request.body;
+            assert_eq!(body["seed"], 10 + index, "{body}");
+            assert_eq!((&body["top_k"], &body["top_p"]), (&json!(40), &json!(1.0)));
+            assert!((body["temperature"].as_f64().unwrap_or(0.0) - 0.7).abs() < 1e-6);
+        }
+        let greedy = plan_requests(
+            &[workload()],
+            PromptStyle::Auto,
+            PromptStyle::Chat,
+            &limits,
+            &SamplingParams::greedy(),
+        )
+        .expect("planned");
+        assert_eq!(greedy[0].body["temperature"], 0);
+        assert!(greedy[0].body.get("seed").is_none(), "{:?}", greedy[0].body);
+    }
+
+    #[test]
     fn requests_take_the_preferred_form_and_auto_falls_back_to_the_other() {
         let limits = TokenLimits {
             default_max_tokens: 256,
             max_tokens_cap: Some(32),
         };
-        let planned = plan_requests(&[workload()], PromptStyle::Auto, PromptStyle::Raw, &limits)
-            .expect("auto falls back to chat");
+        let planned = plan_requests(
+            &[workload()],
+            PromptStyle::Auto,
+            PromptStyle::Raw,
+            &limits,
+            &SamplingParams::greedy(),
+        )
+        .expect("auto falls back to chat");
         assert_eq!(planned[0].endpoint, Endpoint::Completion, "{planned:?}");
         assert_eq!(planned[0].body["prompt"], "Q: hi\nA:", "{planned:?}");
         assert_eq!(planned[0].body["stop"], json!(["\n"]), "{planned:?}");
@@ -200,16 +255,28 @@ mod tests {
         assert_eq!(planned[1].body["messages"][0]["content"], "yo");
         assert_eq!(planned[1].body["stream"], true);
         assert_eq!(planned[1].body["temperature"], 0);
-        let chat = plan_requests(&[workload()], PromptStyle::Chat, PromptStyle::Chat, &limits)
-            .expect("both lines have messages");
+        let chat = plan_requests(
+            &[workload()],
+            PromptStyle::Chat,
+            PromptStyle::Chat,
+            &limits,
+            &SamplingParams::greedy(),
+        )
+        .expect("both lines have messages");
         assert_eq!(chat[0].endpoint, Endpoint::Chat, "{chat:?}");
         assert!(
             chat[0].body.get("stop").is_none(),
             "the raw form's stop strings would cut a chat answer short: {chat:?}"
         );
-        let error = plan_requests(&[workload()], PromptStyle::Raw, PromptStyle::Raw, &limits)
-            .expect_err("raw is required")
-            .to_string();
+        let error = plan_requests(
+            &[workload()],
+            PromptStyle::Raw,
+            PromptStyle::Raw,
+            &limits,
+            &SamplingParams::greedy(),
+        )
+        .expect_err("raw is required")
+        .to_string();
         assert!(
             error.contains("w/mixed.jsonl:2 (request `chat-only`)") && error.contains("raw"),
             "seen {error}"
@@ -236,6 +303,7 @@ mod tests {
                 default_max_tokens: 16,
                 max_tokens_cap: None,
             },
+            &SamplingParams::greedy(),
         )
         .expect("chat forms")[0];
         assert_eq!(request.body_for(&plain)["speculative"]["cascade"], "none");

@@ -72,8 +72,9 @@ pub struct ServeRow {
 pub struct ServeReport {
     /// What was driven, and how.
     pub settings: ServerSettings,
-    /// Sampling of every request (greedy, so every answer must equal plain decoding's).
-    pub sampling: &'static str,
+    /// Sampling of every request (`report::sampling_label`); every answer must equal plain
+    /// decoding's either way.
+    pub sampling: String,
     /// Whether every answer equalled its reference, and every single-stream output equalled
     /// plain decoding.
     pub outputs_match: bool,
@@ -99,6 +100,7 @@ impl ServeReport {
         driven: Driven,
         run_rates: &[(String, f64)],
         run_mismatches: Vec<Mismatch>,
+        sampling: String,
     ) -> Self {
         let find = |configuration: &str, clients: usize| {
             driven
@@ -141,7 +143,7 @@ impl ServeReport {
             .collect();
         Self {
             settings,
-            sampling: "greedy",
+            sampling,
             outputs_match: driven.differences.is_empty() && run_mismatches.is_empty(),
             rows,
             single_stream,
@@ -162,9 +164,9 @@ impl ServeReport {
         };
         let _ = writeln!(
             out,
-            "{} prompts, greedy, {} requests per client per level (after one warm-up request), streamed; \
+            "{} prompts, {}, {} requests per client per level (after one warm-up request), streamed; \
              tok/s is all clients' completion tokens over the level's wall time, times are measured by the clients.\n",
-            settings.prompt_style, settings.requests_per_client
+            settings.prompt_style, self.sampling, settings.requests_per_client
         );
         out.push_str(
             "| configuration | clients | requests | tok/s | vs plain | vs 1 client | TTFT p50 ms | TTFT p95 ms | per-token p50 ms | per-token p95 ms | identical |\n",
@@ -348,7 +350,13 @@ mod tests {
             ("plain".to_owned(), 110.0),
             ("lookup cost K≤24".to_owned(), 200.0),
         ];
-        let report = ServeReport::new(settings(IN_PROCESS), driven, &runs, Vec::new());
+        let report = ServeReport::new(
+            settings(IN_PROCESS),
+            driven,
+            &runs,
+            Vec::new(),
+            "greedy".into(),
+        );
         let ratios: Vec<(Option<f64>, Option<f64>)> = report
             .rows
             .iter()
@@ -405,7 +413,13 @@ mod tests {
             differences: vec![difference],
             references: Vec::new(),
         };
-        let report = ServeReport::new(settings("127.0.0.1:8080"), driven, &[], Vec::new());
+        let report = ServeReport::new(
+            settings("127.0.0.1:8080"),
+            driven,
+            &[],
+            Vec::new(),
+            "greedy".into(),
+        );
         assert_eq!(report.rows[1].over_plain, None);
         assert_eq!(report.rows[1].over_one_client, Some(1.8));
         assert!(!report.outputs_match);
