@@ -207,28 +207,23 @@ mod tests {
             seed: 10,
             ..SamplingParams::greedy()
         };
-        let planned = plan_requests(
-            &[workload()],
-            PromptStyle::Auto,
-            PromptStyle::Chat,
-            &limits,
-            &sampling,
-        )
-        .expect("planned");
-        for (index, request) in planned.iter().enumerate() {
+        let plan = |sampling: &SamplingParams| {
+            plan_requests(
+                &[workload()],
+                PromptStyle::Auto,
+                PromptStyle::Chat,
+                &limits,
+                sampling,
+            )
+            .expect("planned")
+        };
+        for (index, request) in plan(&sampling).iter().enumerate() {
             let body = &request.body;
             assert_eq!(body["seed"], 10 + index, "{body}");
             assert_eq!((&body["top_k"], &body["top_p"]), (&json!(40), &json!(1.0)));
             assert!((body["temperature"].as_f64().unwrap_or(0.0) - 0.7).abs() < 1e-6);
         }
-        let greedy = plan_requests(
-            &[workload()],
-            PromptStyle::Auto,
-            PromptStyle::Chat,
-            &limits,
-            &SamplingParams::greedy(),
-        )
-        .expect("planned");
+        let greedy = plan(&SamplingParams::greedy());
         assert_eq!(greedy[0].body["temperature"], 0);
         assert!(greedy[0].body.get("seed").is_none(), "{:?}", greedy[0].body);
     }
