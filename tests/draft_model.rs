@@ -6,14 +6,18 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::*;
-use spechost::cascade::{Cascade, DraftModel, DraftedToken, Token};
+use spechost::cascade::{
+    Cascade, Decision, DraftModel, DraftModelSetup, DraftedToken, ModelFacts, PolicySetup,
+    RoundPolicy, RoundRecord, SourceFault, SourceRound, Token,
+};
 use spechost::config::cache_dir;
 use spechost::engine::{
     DraftModelConfig, DraftModelContext, DraftModelHost, EngineError, ModelOverrides,
-    SamplingParams, Target, TargetParams, check_vocab_compatible,
+    SamplingParams, Target, TargetParams, check_vocab_compatible, measure_draft_model,
 };
 use spechost::models::{DefaultDraft, DefaultModel, QuantType, QuantizeRequest, quantize};
 use spechost::plugins::SourceSpec;
@@ -54,6 +58,18 @@ fn small_draft(ctx_size: u32) -> DraftModelHost {
         &TargetParams::default(),
     )
     .expect("draft loads")
+}
+
+/// SmolLM2 and its default draft, checked against it.
+fn smollm2_with_its_default_draft() -> (Target, DraftModelHost) {
+    let target = load(DefaultModel::SmolLm2);
+    let draft = DraftModelHost::load_for(
+        &target,
+        &draft_config(&smollm2_draft_path()),
+        &TargetParams::default(),
+    )
+    .expect("the default draft loads");
+    (target, draft)
 }
 
 fn load_draft(path: &Path) -> DraftModelHost {
@@ -132,7 +148,7 @@ fn greedy_proposals_equal_the_draft_models_plain_decoding() {
         let plain = generate_tokens(&reference, &prompt, DRAFT_LEN);
         let mut context = fresh(&draft, &prompt);
         let checked = context.host_batch_products();
-        let proposed = context.propose(DRAFT_LEN, 0.0);
+        let proposed = context.propose(DRAFT_LEN, 0.0).tokens;
         // The Q4_0 default draft's prompt catch-up is a batch whose products the host computes
         // on such a CPU (unless llama.cpp's AMX buffers hold the weights): the proposals below
         // then compare them with llama.cpp's.
@@ -177,9 +193,9 @@ fn proposals_stop_after_the_first_token_below_p_min() {
     let mut stopped_early = 0;
     for index in 0..fixtures().len() {
         let prompt = prompt(&target, index);
-        let full = fresh(&draft, &prompt).propose(DRAFT_LEN, 0.0);
+        let full = fresh(&draft, &prompt).propose(DRAFT_LEN, 0.0).tokens;
         for p_min in [0.3, 0.5, 0.9] {
-            let cut = fresh(&draft, &prompt).propose(DRAFT_LEN, p_min);
+            let cut = fresh(&draft, &prompt).propose(DRAFT_LEN, p_min).tokens;
             let expected = full
                 .iter()
                 .position(|d| d.prob < p_min)
@@ -209,7 +225,7 @@ fn accepted_drafts_fed_back_propose_as_a_fresh_context_would() {
     let draft = load_draft(&smollm2_draft_path());
     let prompt = prompt(&target, 1);
     let mut reused = fresh(&draft, &prompt);
-    let first = tokens(&reused.propose(DRAFT_LEN, 0.0));
+    let first = tokens(&reused.propose(DRAFT_LEN, 0.0).tokens);
     // Rounds as the engine plays them: some drafted tokens accepted, then the target's token
     // (here a token the draft did not propose, or the next proposal when all were accepted).
     let mut context = prompt.clone();
@@ -223,8 +239,8 @@ fn accepted_drafts_fed_back_propose_as_a_fresh_context_would() {
         committed.push(target_token);
         reused.feed(&committed);
         context.extend_from_slice(&committed);
-        let proposed = reused.propose(DRAFT_LEN, 0.0);
-        let expected = fresh(&draft, &context).propose(DRAFT_LEN, 0.0);
+        let proposed = reused.propose(DRAFT_LEN, 0.0).tokens;
+        let expected = fresh(&draft, &context).propose(DRAFT_LEN, 0.0).tokens;
         assert_eq!(
             tokens(&proposed),
             tokens(&expected),
@@ -254,22 +270,22 @@ fn reset_forgets_the_context_and_invalid_tokens() {
     context.reset();
     assert!(context.context_tokens().is_empty());
     assert!(
-        context.propose(DRAFT_LEN, 0.0).is_empty(),
+        context.propose(DRAFT_LEN, 0.0).tokens.is_empty(),
         "an empty context drafts nothing"
     );
     context.feed(&second);
-    let after_reset = tokens(&context.propose(DRAFT_LEN, 0.0));
-    let expected = tokens(&fresh(&draft, &second).propose(DRAFT_LEN, 0.0));
+    let after_reset = tokens(&context.propose(DRAFT_LEN, 0.0).tokens);
+    let expected = tokens(&fresh(&draft, &second).propose(DRAFT_LEN, 0.0).tokens);
     assert_eq!(after_reset, expected);
 
     context.feed(&[target.vocab_size()]);
     assert!(
-        context.propose(DRAFT_LEN, 0.0).is_empty(),
+        context.propose(DRAFT_LEN, 0.0).tokens.is_empty(),
         "a token outside the vocabulary stops proposals"
     );
     context.reset();
     context.feed(&second);
-    assert_eq!(tokens(&context.propose(DRAFT_LEN, 0.0)), expected);
+    assert_eq!(tokens(&context.propose(DRAFT_LEN, 0.0).tokens), expected);
 }
 
 #[test]
@@ -285,15 +301,18 @@ fn a_full_context_proposes_nothing_and_a_nearly_full_one_stops_at_its_end() {
         .take(ctx_size)
         .collect();
     context.feed(&text[..ctx_size - 2]);
-    let near_end = context.propose(DRAFT_LEN, 0.0);
+    let near_end = context.propose(DRAFT_LEN, 0.0).tokens;
     assert_eq!(near_end.len(), 2, "two positions left: {near_end:?}");
     context.feed(&text[ctx_size - 2..]);
     assert!(
-        context.propose(DRAFT_LEN, 0.0).is_empty(),
+        context.propose(DRAFT_LEN, 0.0).tokens.is_empty(),
         "the context is full"
     );
     context.feed(&text[..1]);
-    assert!(context.propose(DRAFT_LEN, 0.0).is_empty(), "past full");
+    assert!(
+        context.propose(DRAFT_LEN, 0.0).tokens.is_empty(),
+        "past full"
+    );
 }
 
 #[test]
@@ -313,11 +332,14 @@ fn feeding_past_the_context_keeps_no_more_than_a_context_until_reset() {
         ctx_size,
         "the host kept more than a context's worth of fed tokens"
     );
-    assert!(context.propose(DRAFT_LEN, 0.0).is_empty(), "overflowed");
+    assert!(
+        context.propose(DRAFT_LEN, 0.0).tokens.is_empty(),
+        "overflowed"
+    );
     context.reset();
     context.feed(&text[..ctx_size / 2]);
     assert!(
-        !context.propose(DRAFT_LEN, 0.0).is_empty(),
+        !context.propose(DRAFT_LEN, 0.0).tokens.is_empty(),
         "a reset starts over"
     );
 }
@@ -325,16 +347,10 @@ fn feeding_past_the_context_keeps_no_more_than_a_context_until_reset() {
 #[test]
 fn the_draft_plugin_over_the_default_draft_keeps_greedy_output_identical() {
     let _guard = exclusive();
-    let target = load(DefaultModel::SmolLm2);
-    let draft = DraftModelHost::load_for(
-        &target,
-        &draft_config(&smollm2_draft_path()),
-        &TargetParams::default(),
-    )
-    .expect("the default draft loads");
+    let (target, draft) = smollm2_with_its_default_draft();
     let host = plugin_host();
     assert!(
-        host.attach_draft_model(Arc::new(draft)),
+        host.attach_draft_model(Arc::new(draft), None),
         "a fresh host takes a draft model"
     );
     let mut accepted = 0;
@@ -373,6 +389,126 @@ fn the_draft_plugin_over_the_default_draft_keeps_greedy_output_identical() {
 
 /// Tokens generated per request in the end-to-end test.
 const MAX_TOKENS: usize = 48;
+
+/// A policy that drafts [`RECORDED_DRAFT_LEN`] tokens every round and keeps what it is told.
+struct Recorder {
+    told: Arc<Mutex<(Vec<PolicySetup>, Vec<RoundRecord>)>>,
+}
+
+/// Draft length of every round under [`Recorder`].
+const RECORDED_DRAFT_LEN: usize = 4;
+
+impl RoundPolicy for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+
+    fn begin(&mut self, _facts: &ModelFacts, setup: &PolicySetup) -> Result<(), SourceFault> {
+        self.told
+            .lock()
+            .expect("not poisoned")
+            .0
+            .push(setup.clone());
+        Ok(())
+    }
+
+    fn observe(&mut self, round: &RoundRecord) -> Result<(), SourceFault> {
+        self.told
+            .lock()
+            .expect("not poisoned")
+            .1
+            .push(round.clone());
+        Ok(())
+    }
+
+    fn decide(&mut self) -> Result<Decision, SourceFault> {
+        Ok(Decision {
+            max_draft_len: RECORDED_DRAFT_LEN,
+            shadow_len: 0,
+            order: None,
+            exclude: Vec::new(),
+        })
+    }
+}
+
+/// The host measures the draft model on a context like the plugins', and the policy is told
+/// the measurement at the start of a request and, each round, how much of the draft source's
+/// time went to catching up with the context: the whole prompt at the first ask, no more than
+/// the round's committed tokens after it.
+#[test]
+fn the_policy_is_told_what_the_draft_model_costs_and_how_long_it_caught_up() {
+    let _guard = exclusive();
+    let (target, draft) = smollm2_with_its_default_draft();
+    let mut context = draft.open_context().expect("draft context");
+    let costs = measure_draft_model(&mut context, draft.vocab_size(), draft.ctx_size() as usize)
+        .expect("the default draft is measured");
+    drop(context);
+    assert!(
+        costs.per_token > Duration::ZERO && costs.catch_up_per_token > Duration::ZERO,
+        "{costs:?}"
+    );
+    assert!(
+        costs.catch_up_per_token < costs.per_token,
+        "a batch of context tokens costs less per token than drafting one at a time: {costs:?}"
+    );
+    let host = plugin_host();
+    host.attach_draft_model(Arc::new(draft), Some(costs));
+    let told = Arc::new(Mutex::new((Vec::new(), Vec::new())));
+    let mut cascade = cascade(
+        &host,
+        &[
+            SourceSpec::Builtin("lookup".into()),
+            SourceSpec::Builtin("draft".into()),
+        ],
+    )
+    .with_policy(Box::new(Recorder {
+        told: Arc::clone(&told),
+    }));
+    let fixture = &fixtures()[0];
+    generate(
+        &target,
+        &fixture.user_message,
+        MAX_TOKENS,
+        SamplingParams::greedy(),
+        RECORDED_DRAFT_LEN,
+        &mut cascade,
+    );
+    let (setups, rounds) = &*told.lock().expect("not poisoned");
+    assert_eq!(
+        setups[0].draft_model,
+        Some(DraftModelSetup {
+            sources: vec!["draft".to_owned()],
+            costs,
+        }),
+        "only the source that drafts with the draft model is named"
+    );
+    let asks: Vec<&SourceRound> = rounds
+        .iter()
+        .flat_map(|round| &round.sources)
+        .filter(|source| source.source == "draft" && !source.shadow)
+        .collect();
+    assert!(asks.len() > 1, "the draft model was asked: {rounds:?}");
+    let prompt_catch_up = asks[0].catch_up_time;
+    assert!(
+        prompt_catch_up > Duration::ZERO && prompt_catch_up <= asks[0].draft_time,
+        "the first ask caught up with the prompt, within its time: {:?}",
+        asks[0]
+    );
+    for ask in &asks[1..] {
+        assert!(
+            ask.catch_up_time <= ask.draft_time && ask.catch_up_time < prompt_catch_up,
+            "later asks catch up with a round's tokens, not a prompt: {ask:?}"
+        );
+    }
+    assert!(
+        rounds
+            .iter()
+            .flat_map(|round| &round.sources)
+            .filter(|source| source.source == "lookup")
+            .all(|source| source.catch_up_time == Duration::ZERO),
+        "lookup has no draft model to catch up"
+    );
+}
 
 #[test]
 fn cli_missing_draft_model_names_the_flag() {
@@ -532,7 +668,7 @@ fn a_dequantized_target_verifies_its_own_quantized_copy_exactly_and_accepts_most
         DraftModelHost::load_for(&target, &draft_config(&quantized), &TargetParams::default())
             .expect("the quantized file shares the F16 copy's tokenizer");
     let host = plugin_host();
-    assert!(host.attach_draft_model(Arc::new(draft)));
+    assert!(host.attach_draft_model(Arc::new(draft), None));
     let (mut drafted, mut accepted) = (0, 0);
     for fixture in fixtures().iter().take(3) {
         let plain = generate(

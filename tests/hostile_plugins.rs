@@ -290,7 +290,7 @@ mod without_a_model {
     use std::time::Duration;
 
     use spechost::cascade::{
-        DraftModel, DraftModelFactory, DraftSource, DraftedToken, ModelFacts, Token,
+        DraftModel, DraftModelFactory, DraftSource, Drafted, DraftedToken, ModelFacts, Token,
     };
     use spechost::plugins::{DEFAULT_CALL_DEADLINE, DEFAULT_MAX_FAULTS, LoadError};
 
@@ -409,7 +409,7 @@ mod without_a_model {
 
         fn feed(&mut self, _tokens: &[Token]) {}
 
-        fn propose(&mut self, max_draft_len: usize, _p_min: f32) -> Vec<DraftedToken> {
+        fn propose(&mut self, max_draft_len: usize, _p_min: f32) -> Drafted {
             std::thread::sleep(self.delay);
             let calls = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
             assert!(
@@ -417,12 +417,16 @@ mod without_a_model {
                 "the host ran the draft model {calls} times, {:?} of native work, inside guest calls with a {DEFAULT_CALL_DEADLINE:?} deadline: work the host does on a plugin's behalf is unbounded",
                 self.delay * calls
             );
-            (0..max_draft_len.min(64) as Token)
+            let tokens = (0..max_draft_len.min(64) as Token)
                 .map(|i| DraftedToken {
                     token: 10 + i,
                     prob: 0.9,
                 })
-                .collect()
+                .collect();
+            Drafted {
+                tokens,
+                ..Drafted::default()
+            }
         }
     }
 
@@ -431,11 +435,14 @@ mod without_a_model {
         // One bridge call outlasts the deadline three times over; the plugin's own code takes
         // microseconds. The deadline bounds the plugin, not the native model it asked to run.
         let host = plugin_host();
-        host.attach_draft_model(Arc::new(SlowDraftModel {
-            delay: 3 * DEFAULT_CALL_DEADLINE,
-            calls: Arc::default(),
-            tripwire: u32::MAX,
-        }));
+        host.attach_draft_model(
+            Arc::new(SlowDraftModel {
+                delay: 3 * DEFAULT_CALL_DEADLINE,
+                calls: Arc::default(),
+                tripwire: u32::MAX,
+            }),
+            None,
+        );
         let plugin = host
             .load(&SourceSpec::Builtin("draft".into()))
             .unwrap_or_else(|e| panic!("{e}; build the plugins with scripts/build-plugins.sh"));
@@ -453,11 +460,14 @@ mod without_a_model {
         let delay = Duration::from_millis(1);
         let tripwire = 20 * DEFAULT_CALL_DEADLINE.as_millis() as u32;
         let host = plugin_host();
-        host.attach_draft_model(Arc::new(SlowDraftModel {
-            delay,
-            calls: Arc::default(),
-            tripwire,
-        }));
+        host.attach_draft_model(
+            Arc::new(SlowDraftModel {
+                delay,
+                calls: Arc::default(),
+                tripwire,
+            }),
+            None,
+        );
         let plugin = host
             .load(&wasm("hostile_bridge_loop"))
             .unwrap_or_else(|e| panic!("{e}"));

@@ -9,7 +9,8 @@
 //!    CPUs, so llama.cpp's OpenMP workers, started at its first decode, inherit them.
 //! 5. The target loads; then the draft model, if any (a default draft is made from its base
 //!    model on first use), is checked against the target's tokenizer and, for
-//!    [`DraftContexts::PerInstance`], offered to the plugins.
+//!    [`DraftContexts::PerInstance`], measured on a context of the plugins' kind and offered to
+//!    them with its costs.
 //!
 //! Also here: building a cascade of loaded plugins with their configs and policy
 //! ([`build_cascade`]), which checks every config before anything decodes.
@@ -21,10 +22,11 @@ use std::sync::Arc;
 use anyhow::Context as _;
 
 use crate::cascade::{
-    Cascade, CascadeSettings, DraftModelFactory, DraftSource, ModelFacts, PolicySetup,
+    Cascade, CascadeSettings, DraftModelCosts, DraftModelFactory, DraftSource, ModelFacts,
+    PolicySetup,
 };
 use crate::config::{DraftSettings, StackSettings};
-use crate::engine::{DraftModelHost, Target};
+use crate::engine::{DraftModelHost, Target, measure_draft_model};
 use crate::placement::PinnedDraftFactory;
 use crate::plugins::{LoadError, LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
 
@@ -96,7 +98,9 @@ impl<P> Stack<P> {
         let target = Arc::new(Target::load(&settings.model, &settings.target)?);
         let draft_model = load_draft_model(config, &target)?;
         if let (Some(draft_model), DraftContexts::PerInstance) = (&draft_model, draft_contexts) {
-            host.attach_draft_model(per_instance_factory(config, Arc::clone(draft_model)));
+            let factory = per_instance_factory(config, Arc::clone(draft_model));
+            let costs = measure_draft_model_costs(factory.as_ref(), draft_model);
+            host.attach_draft_model(factory, costs);
         }
         Ok(Self {
             host,
@@ -155,6 +159,26 @@ fn per_instance_factory(
     }
 }
 
+/// What drafting with `draft_model` costs on a context of `factory` (one of its own, or one on
+/// the draft CPUs), opened for the measurement and dropped; `None`, with a warning, when it
+/// cannot be measured (policies then learn it from the asks).
+pub fn measure_draft_model_costs(
+    factory: &dyn DraftModelFactory,
+    draft_model: &DraftModelHost,
+) -> Option<DraftModelCosts> {
+    match factory.open() {
+        Ok(mut model) => measure_draft_model(
+            model.as_mut(),
+            draft_model.vocab_size(),
+            draft_model.ctx_size() as usize,
+        ),
+        Err(reason) => {
+            tracing::warn!(%reason, "cannot open a draft context to measure the draft model; policies learn its cost from their asks");
+            None
+        }
+    }
+}
+
 /// Makes one source per loaded plugin, in cascade order, configured from `plugin_configs` (by
 /// plugin name), with `policy` (a loaded policy and its settings) choosing each round's draft
 /// length up to `max_draft_len`. Checks first that each plugin and the policy accept their
@@ -187,6 +211,8 @@ pub fn build_cascade(
         sources: cascade.source_names(),
         max_draft_len,
         verify_costs: Vec::new(),
+        draft_model: None,
+        prompt_len: 0,
     };
     if let Err(error @ LoadError::Config { .. }) = policy.check_config(policy_config, facts, &setup)
     {

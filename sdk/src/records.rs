@@ -19,7 +19,7 @@ pub use crate::bindings::drafter_world::spechost::drafter::types::{
     Feedback, ModelFacts, Proposal, Token,
 };
 pub use crate::bindings::policy_world::exports::spechost::drafter::policy_api::{
-    Decision, PolicySetup, RoundRecord, SourceRound,
+    Decision, DraftModelCosts, PolicySetup, RoundRecord, SourceRound,
 };
 
 impl ModelFacts {

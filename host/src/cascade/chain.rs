@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use super::estimate::{AcceptanceHistory, matching_prefix};
 use super::mode::{CascadeMode, CascadeSettings, MAX_SHADOW_LEN};
-use super::policy::{Decision, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound};
+use super::policy::{
+    Decision, DraftModelSetup, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound,
+};
 use super::scored::best_scored;
 use super::slot::Slot;
 use super::source::{DraftSource, Feedback, ModelFacts, Token};
@@ -113,6 +115,23 @@ impl Cascade {
         self.slots.iter().map(|s| s.stats.name.clone()).collect()
     }
 
+    /// The draft model as the policy's setup tells it: the sources that draft with it and what
+    /// it costs (every such source drafts with the process's one draft model).
+    fn draft_model_setup(&self) -> Option<DraftModelSetup> {
+        let mut costs = None;
+        let mut sources = Vec::new();
+        for slot in &self.slots {
+            if let Some(measured) = slot.source.draft_model_costs() {
+                costs.get_or_insert(measured);
+                sources.push(slot.stats.name.clone());
+            }
+        }
+        Some(DraftModelSetup {
+            sources,
+            costs: costs?,
+        })
+    }
+
     /// The policy's name.
     pub fn policy_name(&self) -> &str {
         self.policy.name()
@@ -148,6 +167,8 @@ impl Cascade {
             sources: self.source_names(),
             max_draft_len,
             verify_costs: verify_costs.to_vec(),
+            draft_model: self.draft_model_setup(),
+            prompt_len: prompt.len(),
         };
         let _plugin = policy_span(self.policy.as_ref(), "open");
         if let Err(fault) = self.policy.begin(facts, &setup) {
@@ -325,6 +346,7 @@ impl Cascade {
                     shadow: false,
                     censored: matched == known && drafted > known,
                     draft_time: slot.proposal_time,
+                    catch_up_time: slot.proposal_catch_up_time,
                 });
             }
             if std::mem::take(&mut slot.shadow_asked) {

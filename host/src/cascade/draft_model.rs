@@ -5,6 +5,8 @@
 //! plugin decides how to use the model while the tensor work stays native. Nothing here names
 //! llama.cpp or wasmtime.
 
+use std::time::Duration;
+
 use super::source::Token;
 
 /// One token a draft model proposes, with the probability it gave it.
@@ -14,6 +16,27 @@ pub struct DraftedToken {
     pub token: Token,
     /// Its probability under the draft model (softmax over the whole vocabulary), in [0, 1].
     pub prob: f32,
+}
+
+/// What a draft model answers to one ask.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Drafted {
+    /// The drafted tokens, in order.
+    pub tokens: Vec<DraftedToken>,
+    /// Time spent decoding context tokens the cache lacked before drafting (a request's prompt
+    /// at its first ask; the committed tokens since the last ask), counted whole for each ask
+    /// that shared those decodes with others.
+    pub catch_up_time: Duration,
+}
+
+/// What the draft model costs, measured on the contexts sources draft with (see
+/// `engine::measure_draft_model_costs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraftModelCosts {
+    /// Time to draft one token: a one-token decode and the choice of the next token.
+    pub per_token: Duration,
+    /// Time to catch up with one context token, decoded in batches.
+    pub catch_up_per_token: Duration,
 }
 
 /// A draft model's context for one source: the tokens it has been fed, and its cache.
@@ -31,9 +54,9 @@ pub trait DraftModel: Send {
 
     /// Greedily drafts up to `max_draft_len` tokens after the context, stopping after the first
     /// token whose probability is below `p_min` (that token is included). The drafted tokens are
-    /// not added to the context. Returns nothing when the model fails (the failure is logged) or
+    /// not added to the context. Drafts nothing when the model fails (the failure is logged) or
     /// the context is full.
-    fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Vec<DraftedToken>;
+    fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Drafted;
 }
 
 /// Makes one [`DraftModel`] context per source that asks for one. Shared by every plugin

@@ -30,12 +30,16 @@ mod source;
 mod stats;
 
 pub use self::chain::{Cascade, Draft, RoundTiming};
-pub use self::draft_model::{DraftModel, DraftModelFactory, DraftedToken};
+pub use self::draft_model::{
+    DraftModel, DraftModelCosts, DraftModelFactory, Drafted, DraftedToken,
+};
 pub use self::estimate::{AcceptanceHistory, matching_prefix};
 pub use self::mode::{
     CascadeMode, CascadeSettings, DEFAULT_EXPENSIVE_THRESHOLD, DEFAULT_MIN_LEN, MAX_SHADOW_LEN,
 };
-pub use self::policy::{Decision, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound};
+pub use self::policy::{
+    Decision, DraftModelSetup, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound,
+};
 pub use self::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 pub use self::stats::SourceStats;
 pub(crate) use self::stats::ratio;

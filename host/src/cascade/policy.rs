@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use super::draft_model::DraftModelCosts;
 use super::source::{ModelFacts, SourceFault};
 
 /// What a policy is told when a request starts.
@@ -18,6 +19,19 @@ pub struct PolicySetup {
     /// Measured time for the target to verify `n` tokens in one batch, at index `n - 1`; empty
     /// when not measured.
     pub verify_costs: Vec<Duration>,
+    /// What the draft model costs, when a source drafts with one and the host measured it.
+    pub draft_model: Option<DraftModelSetup>,
+    /// Tokens of the request's prompt.
+    pub prompt_len: usize,
+}
+
+/// The draft model as a policy sees it when a request starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftModelSetup {
+    /// Names of the cascade's sources that draft with the draft model.
+    pub sources: Vec<String>,
+    /// What the host measured of it at start-up.
+    pub costs: DraftModelCosts,
 }
 
 /// What one source did in one round (see `source-round` in the WIT for each field's meaning).
@@ -37,6 +51,8 @@ pub struct SourceRound {
     pub censored: bool,
     /// Time spent in the source's `propose` call for this proposal.
     pub draft_time: Duration,
+    /// The part of `draft_time` a draft model spent catching up with the context.
+    pub catch_up_time: Duration,
 }
 
 /// A finished round, as a policy sees it.

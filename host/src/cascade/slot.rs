@@ -16,6 +16,8 @@ struct Shadow {
     matched: usize,
     /// Time the `propose` call that made it took.
     draft_time: Duration,
+    /// The part of `draft_time` a draft model spent catching up with the context.
+    catch_up_time: Duration,
 }
 
 /// A source and what the cascade knows of it.
@@ -28,6 +30,8 @@ pub(super) struct Slot {
     pub(super) proposal: Option<Proposal>,
     /// Time the `propose` call for this round's proposal took.
     pub(super) proposal_time: Duration,
+    /// The part of `proposal_time` a draft model spent catching up with the context.
+    pub(super) proposal_catch_up_time: Duration,
     /// Time the last call to the source took.
     last_call_time: Duration,
     /// Left out of this round by the policy: not asked for a draft or a shadow draft.
@@ -46,6 +50,7 @@ impl Slot {
             history: AcceptanceHistory::default(),
             proposal: None,
             proposal_time: Duration::ZERO,
+            proposal_catch_up_time: Duration::ZERO,
             last_call_time: Duration::ZERO,
             excluded: false,
             shadow: None,
@@ -86,6 +91,7 @@ impl Slot {
             .call("propose", |s| s.propose(max_len))
             .unwrap_or_default();
         self.proposal_time = self.last_call_time;
+        self.proposal_catch_up_time = self.source.take_catch_up_time();
         proposal.truncate(max_len);
         if !proposal.tokens.is_empty() {
             self.stats.proposed += 1;
@@ -113,6 +119,7 @@ impl Slot {
     pub(super) fn ask_shadow(&mut self, len: usize) {
         self.shadow_asked = true;
         let mut proposal = self.call("propose", |s| s.propose(len)).unwrap_or_default();
+        let catch_up_time = self.source.take_catch_up_time();
         proposal.truncate(len);
         if !proposal.tokens.is_empty() {
             self.stats.shadow_proposed += 1;
@@ -120,6 +127,7 @@ impl Slot {
                 proposal,
                 matched: 0,
                 draft_time: self.last_call_time,
+                catch_up_time,
             });
         }
     }
@@ -148,6 +156,7 @@ impl Slot {
             shadow: true,
             censored: false,
             draft_time: shadow.draft_time,
+            catch_up_time: shadow.catch_up_time,
         })
     }
 }

@@ -1,6 +1,9 @@
 //! The interface every draft source implements, native or WebAssembly.
 
 use std::fmt;
+use std::time::Duration;
+
+use super::draft_model::DraftModelCosts;
 
 /// A token id in the target model's vocabulary.
 pub type Token = u32;
@@ -112,6 +115,19 @@ pub trait DraftSource: Send {
     /// only when the cheap ones fall short, and shadow drafts never ask them. Default: cheap.
     fn is_expensive(&self) -> bool {
         false
+    }
+
+    /// What drafting with the source's draft model costs, for a source that drafts with one
+    /// and whose host measured it. Default: none.
+    fn draft_model_costs(&self) -> Option<DraftModelCosts> {
+        None
+    }
+
+    /// Time the source's draft model spent catching up with the context during its calls since
+    /// this was last asked (part of those calls' time), and starts counting again. Default:
+    /// zero.
+    fn take_catch_up_time(&mut self) -> Duration {
+        Duration::ZERO
     }
 
     /// Asks the source to hand its cross-request state to the host for persisting (between

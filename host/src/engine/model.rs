@@ -142,6 +142,32 @@ impl TargetParams {
             &overrides,
         ))
     }
+
+    /// Loads the GGUF at `path` as these settings say, with `overrides`. A recurrent or hybrid
+    /// model is loaded again with every weight in plain CPU buffers: on CPUs with AMX,
+    /// llama.cpp's AMX buffers (an extra buffer type, see docs/exactness.md) compute a matrix
+    /// product whose input holds several sequences (a 3-D input, as such models' layers have
+    /// when a ubatch holds several sequences) from past the end of the weights, which crashed a
+    /// server's draft context of several sequences.
+    pub(super) fn load_model(
+        &self,
+        backend: &LlamaBackend,
+        path: &Path,
+        overrides: &ModelOverrides,
+    ) -> Result<LlamaModel, EngineError> {
+        let failed = |_| EngineError::LoadFailed {
+            path: path.to_owned(),
+        };
+        let params = self.model_params(path, overrides)?;
+        let model = LlamaModel::load_from_file(backend, path, &params).map_err(failed)?;
+        if !(model.is_recurrent() || model.is_hybrid()) {
+            return Ok(model);
+        }
+        drop(model);
+        let mut params = self.model_params(path, overrides)?;
+        params.as_mut().add_cpu_buft_override(c".*");
+        LlamaModel::load_from_file(backend, path, &params).map_err(failed)
+    }
 }
 
 impl Default for TargetParams {
@@ -255,12 +281,7 @@ impl Target {
     pub fn load(path: &Path, params: &TargetParams) -> Result<Self, EngineError> {
         check_gguf(path)?;
         let backend = backend(params.numa)?;
-        let model_params = params.model_params(path, &params.overrides)?;
-        let model = LlamaModel::load_from_file(backend, path, &model_params).map_err(|_| {
-            EngineError::LoadFailed {
-                path: path.to_owned(),
-            }
-        })?;
+        let model = params.load_model(backend, path, &params.overrides)?;
         tracing::info!(path = %path.display(), vocab = model.n_vocab(), params = model.n_params(), "loaded target");
         use_batch_products(params.host_batch_products);
         let chat = ChatRenderer::new(&model, &params.chat_template)?;

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 
 use super::affinity::pin_current_thread;
 use super::cpulist::CpuList;
-use crate::cascade::{DraftModel, DraftModelFactory, DraftedToken, Token};
+use crate::cascade::{DraftModel, DraftModelFactory, Drafted, Token};
 use crate::engine::{BatchDrafter, DraftAsk, DraftBatch, SeqId};
 
 /// Name of every draft worker thread, as `/proc` and `spechost run --json` show it.
@@ -98,7 +98,7 @@ enum BatchJob {
     /// Draft for these asks (sequence, context, length, `p_min`), answering `(index, draft)`.
     Propose {
         asks: Vec<(SeqId, Vec<Token>, usize, f32)>,
-        answers: mpsc::Sender<(usize, Vec<DraftedToken>)>,
+        answers: mpsc::Sender<(usize, Drafted)>,
     },
     Clear(SeqId),
 }
@@ -171,7 +171,7 @@ impl BatchDrafter for PinnedDraftBatch {
         self.ctx_size
     }
 
-    fn propose(&mut self, asks: &[DraftAsk<'_>], answer: &mut dyn FnMut(usize, Vec<DraftedToken>)) {
+    fn propose(&mut self, asks: &[DraftAsk<'_>], answer: &mut dyn FnMut(usize, Drafted)) {
         let (answers, answered) = mpsc::channel();
         let job = BatchJob::Propose {
             asks: asks
@@ -194,7 +194,7 @@ impl BatchDrafter for PinnedDraftBatch {
         }
         // Every ask is answered: with nothing when the worker is gone.
         for (index, _) in unanswered.iter().enumerate().filter(|(_, open)| **open) {
-            answer(index, Vec::new());
+            answer(index, Drafted::default());
         }
     }
 
@@ -221,7 +221,7 @@ enum Call {
     Propose {
         max_draft_len: usize,
         p_min: f32,
-        reply: mpsc::Sender<Vec<DraftedToken>>,
+        reply: mpsc::Sender<Drafted>,
     },
 }
 
@@ -250,7 +250,7 @@ impl DraftModel for PinnedDraftModel {
         self.send(Call::Feed(tokens.to_vec()));
     }
 
-    fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Vec<DraftedToken> {
+    fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Drafted {
         let (reply, answer) = mpsc::channel();
         self.send(Call::Propose {
             max_draft_len,
@@ -275,6 +275,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::cascade::DraftedToken;
     use crate::placement::current_thread_cpus;
 
     /// A draft model that records the calls it gets, with the CPUs of the thread that made them.
@@ -311,15 +312,18 @@ mod tests {
             self.record(format!("feed {tokens:?}"));
         }
 
-        fn propose(&mut self, max_draft_len: usize, _p_min: f32) -> Vec<DraftedToken> {
+        fn propose(&mut self, max_draft_len: usize, _p_min: f32) -> Drafted {
             self.record(format!("propose {max_draft_len}"));
-            vec![
-                DraftedToken {
-                    token: 7,
-                    prob: 0.9
-                };
-                max_draft_len
-            ]
+            Drafted {
+                tokens: vec![
+                    DraftedToken {
+                        token: 7,
+                        prob: 0.9
+                    };
+                    max_draft_len
+                ],
+                ..Drafted::default()
+            }
         }
     }
 
@@ -334,7 +338,7 @@ mod tests {
         model.reset();
         model.feed(&[1, 2, 3]);
         let drafted = model.propose(2, 0.5);
-        assert_eq!(drafted.len(), 2);
+        assert_eq!(drafted.tokens.len(), 2);
         drop(model);
         let calls = calls.lock().expect("not poisoned");
         let names: Vec<&str> = calls.iter().map(|(name, _)| name.as_str()).collect();

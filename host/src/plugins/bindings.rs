@@ -46,7 +46,7 @@ pub(super) use self::generated::spechost::drafter::types::{
 };
 pub(super) use self::generated::{Drafter, DrafterPre};
 pub(super) use self::policy_world::exports::spechost::drafter::policy_api::{
-    Decision, PolicySetup, RoundRecord, SourceRound,
+    Decision, DraftModelCosts, PolicySetup, RoundRecord, SourceRound,
 };
 pub(super) use self::policy_world::{Policy, PolicyPre};
 
@@ -117,6 +117,7 @@ impl From<&CascadeSourceRound> for SourceRound {
             shadow: round.shadow,
             censored: round.censored,
             draft_us: micros(round.draft_time),
+            catch_up_us: micros(round.catch_up_time),
         }
     }
 }
@@ -145,8 +146,17 @@ impl From<&CascadeSetup> for PolicySetup {
             verify_us: setup
                 .verify_costs
                 .iter()
-                .map(|cost| cost.as_secs_f32() * 1e6)
+                .map(|&cost| micros_f32(cost))
                 .collect(),
+            draft_model: setup
+                .draft_model
+                .as_ref()
+                .map(|draft_model| DraftModelCosts {
+                    sources: draft_model.sources.clone(),
+                    per_token_us: micros_f32(draft_model.costs.per_token),
+                    catch_up_per_token_us: micros_f32(draft_model.costs.catch_up_per_token),
+                }),
+            prompt_len: saturating_u32(setup.prompt_len),
         }
     }
 }
@@ -174,6 +184,10 @@ fn saturating_u32(value: usize) -> u32 {
 
 fn micros(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn micros_f32(duration: std::time::Duration) -> f32 {
+    duration.as_secs_f32() * 1e6
 }
 
 #[cfg(test)]

@@ -1,27 +1,38 @@
 //! The WIT `draft-model` import: a plugin instance's handle on the host's draft model.
 //!
 //! Each instance gets its own [`DraftModel`] context, opened from the process's
-//! [`DraftModelFactory`] at the instance's first call that needs one (plugins that never touch
-//! the bridge never cost a context). The time the host spends in these calls is credited back to
-//! the guest call's deadline (see `sandbox::CallClock`): the deadline bounds the plugin's own
-//! code, not the native model it asked to run.
+//! [`DraftModelFactory`] at the instance's first proposal: until then the tokens it feeds wait
+//! here (a few, or [`MAX_WAITING_TOKENS`] at most, which opens the context), so a plugin whose
+//! policy never asks it to draft never costs a context (opening one takes tens of
+//! milliseconds). The time the host spends in these calls is credited back to the guest call's
+//! deadline (see `sandbox::CallClock`): the deadline bounds the plugin's own code, not the
+//! native model it asked to run.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::bindings::{DraftModelHost, DraftedToken};
 use super::sandbox::HostState;
-use crate::cascade::{DraftModel, DraftModelFactory, Token};
+use crate::cascade::{DraftModel, DraftModelFactory, Drafted, Token};
 
 /// Longest draft a plugin may ask the draft model for in one call; a larger `max-draft-len` is cut.
 pub const MAX_BRIDGE_DRAFT_LEN: usize = 256;
+
+/// Most tokens fed before the first proposal that wait for the context to open; feeding more
+/// opens it.
+pub const MAX_WAITING_TOKENS: usize = 1 << 16;
 
 /// The draft model as one instance sees it.
 pub(super) struct DraftBridge {
     factory: Option<Arc<dyn DraftModelFactory>>,
     model: Option<Box<dyn DraftModel>>,
+    /// Tokens fed since the last reset while no context is open; the context gets them when it
+    /// opens.
+    waiting: Vec<Token>,
     /// Opening a context failed once for this instance: do not retry on every call.
     failed: bool,
+    /// Time the context spent catching up with the context since the source last took it.
+    catch_up_time: Duration,
 }
 
 impl DraftBridge {
@@ -29,18 +40,31 @@ impl DraftBridge {
         Self {
             factory,
             model: None,
+            waiting: Vec::new(),
             failed: false,
+            catch_up_time: Duration::ZERO,
         }
     }
 
-    /// The instance's context, opened on first use; `None` without a draft model.
+    /// Time the draft model spent catching up with the context in this instance's proposals
+    /// since the last call, which starts counting again.
+    pub(super) fn take_catch_up_time(&mut self) -> Duration {
+        std::mem::take(&mut self.catch_up_time)
+    }
+
+    /// The instance's context, opened on first use with the tokens waiting for it; `None`
+    /// without a draft model.
     fn model(&mut self, plugin: &str) -> Option<&mut Box<dyn DraftModel>> {
         if self.model.is_none() && !self.failed {
             let factory = self.factory.as_ref()?;
             match factory.open() {
-                Ok(model) => self.model = Some(model),
+                Ok(mut model) => {
+                    model.feed(&std::mem::take(&mut self.waiting));
+                    self.model = Some(model);
+                }
                 Err(reason) => {
                     self.failed = true;
+                    self.waiting = Vec::new();
                     tracing::warn!(
                         plugin,
                         "cannot open a draft-model context: {reason}; the plugin gets no draft tokens"
@@ -49,6 +73,11 @@ impl DraftBridge {
             }
         }
         self.model.as_mut()
+    }
+
+    /// Whether calls that only change the context can wait for the context to open.
+    fn can_wait(&self) -> bool {
+        self.model.is_none() && !self.failed && self.factory.is_some()
     }
 }
 
@@ -75,22 +104,117 @@ impl DraftModelHost for HostState {
     }
 
     fn reset(&mut self) {
+        if self.draft.can_wait() {
+            self.draft.waiting.clear();
+            return;
+        }
         self.with_draft_model((), |model| model.reset());
     }
 
     fn feed(&mut self, tokens: Vec<Token>) {
+        if self.draft.can_wait() && self.draft.waiting.len() + tokens.len() <= MAX_WAITING_TOKENS {
+            self.draft.waiting.extend_from_slice(&tokens);
+            return;
+        }
         self.with_draft_model((), |model| model.feed(&tokens));
     }
 
     fn propose(&mut self, max_draft_len: u32, p_min: f32) -> Vec<DraftedToken> {
         let max_draft_len = (max_draft_len as usize).min(MAX_BRIDGE_DRAFT_LEN);
         let p_min = if p_min.is_finite() { p_min } else { 0.0 };
-        self.with_draft_model(Vec::new(), |model| {
-            model
-                .propose(max_draft_len, p_min)
-                .into_iter()
-                .map(DraftedToken::from)
-                .collect()
-        })
+        let drafted = self.with_draft_model(Drafted::default(), |model| {
+            model.propose(max_draft_len, p_min)
+        });
+        self.draft.catch_up_time += drafted.catch_up_time;
+        drafted.tokens.into_iter().map(DraftedToken::from).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::plugins::sandbox::{SandboxLimits, Services};
+
+    /// A factory whose contexts record what they are fed, counting the contexts opened.
+    #[derive(Default)]
+    struct Recording {
+        opened: Arc<Mutex<usize>>,
+        fed: Arc<Mutex<Vec<Token>>>,
+    }
+
+    struct RecordingModel {
+        fed: Arc<Mutex<Vec<Token>>>,
+    }
+
+    impl DraftModelFactory for Recording {
+        fn open(&self) -> Result<Box<dyn DraftModel>, String> {
+            *self.opened.lock().expect("not poisoned") += 1;
+            Ok(Box::new(RecordingModel {
+                fed: Arc::clone(&self.fed),
+            }))
+        }
+    }
+
+    impl DraftModel for RecordingModel {
+        fn reset(&mut self) {
+            self.fed.lock().expect("not poisoned").clear();
+        }
+
+        fn feed(&mut self, tokens: &[Token]) {
+            self.fed
+                .lock()
+                .expect("not poisoned")
+                .extend_from_slice(tokens);
+        }
+
+        fn propose(&mut self, _max_draft_len: usize, _p_min: f32) -> Drafted {
+            Drafted::default()
+        }
+    }
+
+    fn host_state(factory: &Recording) -> HostState {
+        let factory = Recording {
+            opened: Arc::clone(&factory.opened),
+            fed: Arc::clone(&factory.fed),
+        };
+        HostState::new(
+            Arc::from("test"),
+            &SandboxLimits::default(),
+            Services {
+                state: None,
+                draft_model: Some(Arc::new(factory)),
+            },
+        )
+    }
+
+    #[test]
+    fn the_context_opens_at_the_first_proposal_with_what_was_fed_since_the_last_reset() {
+        let factory = Recording::default();
+        let mut state = host_state(&factory);
+        DraftModelHost::feed(&mut state, vec![1, 2]);
+        DraftModelHost::reset(&mut state);
+        DraftModelHost::feed(&mut state, vec![3, 4]);
+        DraftModelHost::feed(&mut state, vec![5]);
+        assert_eq!(*factory.opened.lock().expect("not poisoned"), 0);
+        DraftModelHost::propose(&mut state, 4, 0.0);
+        assert_eq!(*factory.opened.lock().expect("not poisoned"), 1);
+        assert_eq!(*factory.fed.lock().expect("not poisoned"), [3, 4, 5]);
+        DraftModelHost::feed(&mut state, vec![6]);
+        assert_eq!(*factory.fed.lock().expect("not poisoned"), [3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn feeding_more_than_can_wait_opens_the_context() {
+        let factory = Recording::default();
+        let mut state = host_state(&factory);
+        DraftModelHost::feed(&mut state, vec![7; MAX_WAITING_TOKENS]);
+        assert_eq!(*factory.opened.lock().expect("not poisoned"), 0);
+        DraftModelHost::feed(&mut state, vec![8]);
+        assert_eq!(*factory.opened.lock().expect("not poisoned"), 1);
+        let fed = factory.fed.lock().expect("not poisoned");
+        assert_eq!(fed.len(), MAX_WAITING_TOKENS + 1);
+        assert_eq!(fed.last(), Some(&8));
     }
 }

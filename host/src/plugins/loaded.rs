@@ -14,7 +14,7 @@ use super::source::PluginSource;
 use super::state::StateSlot;
 use super::supervised::Supervised;
 use super::world::{DrafterRequest, DrafterWorld, PolicyRequest, PolicyWorld, World};
-use crate::cascade::{ModelFacts, PolicySetup};
+use crate::cascade::{DraftModelCosts, ModelFacts, PolicySetup};
 
 /// A checked, compiled and linked drafter component. Make sources with
 /// [`LoadedPlugin::source`].
@@ -112,6 +112,16 @@ impl Loaded<DrafterWorld> {
     /// source is expensive, and the scored cascade asks it only when cheap sources fall short.
     pub fn uses_draft_model(&self) -> bool {
         self.inner.extras.uses_draft_model
+    }
+
+    /// What drafting with the host's draft model costs, for a plugin that drives it, once the
+    /// draft model is attached and was measured.
+    pub fn draft_model_costs(&self) -> Option<DraftModelCosts> {
+        let extras = &self.inner.extras;
+        if !extras.uses_draft_model {
+            return None;
+        }
+        extras.draft_model.get()?.costs
     }
 
     /// The plugin's cross-request state; [`StateSlot::persist`] writes it to its file.

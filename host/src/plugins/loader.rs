@@ -17,8 +17,8 @@ use super::sandbox::{self, EpochTicker, HostState, SandboxLimits};
 use super::spec::SourceSpec;
 use super::state::{DEFAULT_MAX_STATE_BYTES, StateSlot};
 use super::supervised::Supervised;
-use super::world::{DraftModelCell, DrafterExtras, World};
-use crate::cascade::DraftModelFactory;
+use super::world::{AttachedDraftModel, DraftModelCell, DrafterExtras, World};
+use crate::cascade::{DraftModelCosts, DraftModelFactory};
 
 /// The first 8 bytes of a WebAssembly binary: magic then version/layer.
 const WASM_MAGIC: &[u8; 4] = b"\0asm";
@@ -108,10 +108,17 @@ impl PluginHost {
     }
 
     /// Gives every drafter loaded from this host (before or after) access to `factory` through
-    /// the WIT `draft-model` import. A host has at most one draft model: a second call is
-    /// ignored and returns `false`.
-    pub fn attach_draft_model(&self, factory: Arc<dyn DraftModelFactory>) -> bool {
-        self.draft_model.set(factory).is_ok()
+    /// the WIT `draft-model` import, and tells their policies what drafting with it `costs`
+    /// (when measured). A host has at most one draft model: a second call is ignored and
+    /// returns `false`.
+    pub fn attach_draft_model(
+        &self,
+        factory: Arc<dyn DraftModelFactory>,
+        costs: Option<DraftModelCosts>,
+    ) -> bool {
+        self.draft_model
+            .set(AttachedDraftModel { factory, costs })
+            .is_ok()
     }
 
     /// Whether a draft model is attached.

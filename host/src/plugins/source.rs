@@ -9,6 +9,8 @@
 //! is a fault too, but leaves the instance running. Once quarantined, `propose` returns an
 //! empty proposal and `feed`/`feedback` do nothing.
 
+use std::time::Duration;
+
 use spechost_sdk::check_proposal;
 
 use super::bindings;
@@ -16,7 +18,9 @@ use super::loaded::LoadedPlugin;
 use super::sandbox::SandboxLimits;
 use super::supervised::{Method, Supervised};
 use super::world::{DrafterRequest, DrafterWorld};
-use crate::cascade::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
+use crate::cascade::{
+    DraftModelCosts, DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token,
+};
 
 /// A drafter plugin as one slot of a cascade. Made by [`LoadedPlugin::source`].
 pub struct PluginSource {
@@ -155,6 +159,16 @@ impl DraftSource for PluginSource {
 
     fn is_expensive(&self) -> bool {
         self.supervised.plugin().uses_draft_model()
+    }
+
+    fn draft_model_costs(&self) -> Option<DraftModelCosts> {
+        self.supervised.plugin().draft_model_costs()
+    }
+
+    fn take_catch_up_time(&mut self) -> Duration {
+        self.supervised
+            .store_mut()
+            .map_or(Duration::ZERO, |state| state.draft.take_catch_up_time())
     }
 
     fn checkpoint(&mut self) -> Result<(), SourceFault> {

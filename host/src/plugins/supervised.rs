@@ -231,6 +231,11 @@ impl<W: World> Supervised<W> {
     }
 
     /// The limits this instance runs under.
+    /// The running instance's store data, if an instance is running.
+    pub(super) fn store_mut(&mut self) -> Option<&mut HostState> {
+        self.live.as_mut().map(|live| live.store.data_mut())
+    }
+
     pub(super) fn limits(&self) -> &SandboxLimits {
         &self.limits
     }

@@ -18,7 +18,7 @@ use super::registry::PluginKind;
 use super::sandbox::{HostState, Services};
 use super::state::StateSlot;
 use super::supervised::Method;
-use crate::cascade::{DraftModelFactory, ModelFacts, PolicySetup, Token};
+use crate::cascade::{DraftModelCosts, DraftModelFactory, ModelFacts, PolicySetup, Token};
 
 /// A kind of plugin: one world of the WIT. Sealed: [`DrafterWorld`] and [`PolicyWorld`] are the
 /// only two.
@@ -39,7 +39,15 @@ impl World for PolicyWorld {}
 
 /// The draft model, attached to the host once it is loaded (after the plugins, so that a
 /// misspelt cascade fails before any model loads) and seen by every drafter loaded from it.
-pub(super) type DraftModelCell = Arc<OnceLock<Arc<dyn DraftModelFactory>>>;
+pub(super) type DraftModelCell = Arc<OnceLock<AttachedDraftModel>>;
+
+/// The draft model as the plugin host holds it.
+pub(super) struct AttachedDraftModel {
+    /// Opens a context per plugin instance.
+    pub(super) factory: Arc<dyn DraftModelFactory>,
+    /// What drafting with it costs, if it was measured.
+    pub(super) costs: Option<DraftModelCosts>,
+}
 
 /// What a loaded drafter holds besides its component.
 pub struct DrafterExtras {
@@ -171,7 +179,10 @@ impl sealed::WorldBindings for DrafterWorld {
     fn services(extras: &DrafterExtras) -> Services {
         Services {
             state: Some(extras.state.clone()),
-            draft_model: extras.draft_model.get().cloned(),
+            draft_model: extras
+                .draft_model
+                .get()
+                .map(|attached| Arc::clone(&attached.factory)),
         }
     }
 

@@ -18,12 +18,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use super::metrics::{Metrics, PluginHealthDelta, PluginInstances};
 use super::registry::{ResolvedPolicy, ResolvedSource, Snapshot, SourceKey};
 use crate::cascade::{
-    AcceptanceHistory, Cascade, CascadeSettings, Decision, DraftSource, Feedback, ModelFacts,
-    PolicySetup, Proposal, RoundPolicy, RoundRecord, SourceFault, Token,
+    AcceptanceHistory, Cascade, CascadeSettings, Decision, DraftModelCosts, DraftSource, Feedback,
+    ModelFacts, PolicySetup, Proposal, RoundPolicy, RoundRecord, SourceFault, Token,
 };
 use crate::plugins::{PluginPolicy, PluginSource};
 
@@ -272,6 +273,18 @@ impl DraftSource for Shared {
 
     fn end(&mut self) {
         lock(&self.source).end();
+    }
+
+    fn is_expensive(&self) -> bool {
+        lock(&self.source).is_expensive()
+    }
+
+    fn draft_model_costs(&self) -> Option<DraftModelCosts> {
+        lock(&self.source).draft_model_costs()
+    }
+
+    fn take_catch_up_time(&mut self) -> Duration {
+        lock(&self.source).take_catch_up_time()
     }
 
     fn checkpoint(&mut self) -> Result<(), SourceFault> {

@@ -44,7 +44,7 @@ use crate::engine::{
 use crate::placement::PinnedDraftBatch;
 use crate::plugins::PluginHost;
 use crate::plugins::SourceSpec;
-use crate::stack::{DraftContexts, Stack, StackConfig};
+use crate::stack::{DraftContexts, Stack, StackConfig, measure_draft_model_costs};
 
 /// Time the server may spend measuring its verify cost curve at start-up beyond one warm-up
 /// and one measured sweep per context length (which always run).
@@ -116,9 +116,15 @@ fn serve_with(
         .context("creating the server's llama.cpp context")?;
     measure_verify_curve(&mut session, config.max_draft_len);
     let draft = draft_model
+        .clone()
         .map(|draft| open_draft_batch(config, draft))
         .transpose()
         .context("creating the draft model's context")?;
+    // Measured on a one-sequence context of its own, as `run`'s plugins draft, before the
+    // batcher owns the shared one.
+    let draft_costs = draft_model
+        .as_deref()
+        .and_then(|draft| measure_draft_model_costs(draft, draft));
     let (batcher, sequences) = Batcher::new(
         session,
         draft,
@@ -127,7 +133,7 @@ fn serve_with(
         },
     );
     if let Some(factory) = batcher.draft_factory() {
-        host.attach_draft_model(Arc::new(factory));
+        host.attach_draft_model(Arc::new(factory), draft_costs);
     }
     let shared = start_shared(config, &target, host, plugins, policies, batcher.ctx_size())?;
     std::thread::scope(|scope| {

@@ -53,25 +53,43 @@
 //! yet is interpolated linearly between the nearest measured sizes, or, beyond them, scaled from
 //! the nearest one by the linear model `verify(n) ∝ 1 + 0.3 (n - 1)`, which also stands in (with
 //! a unit cost for `n = 1`) before anything is measured. `draft_per_token` is learned per source:
-//! the moving average (weight 0.2) of its `draft_us / drafted` over the proposals it made (a
-//! draft model's time to catch up with the context included); the cost model uses the sources'
-//! average weighted by the rounds each won lately (decayed like the counts).
+//! the moving average (weight 0.2) of its `(draft_us - catch_up_us) / drafted` over the proposals
+//! it made; the cost model uses the sources' average weighted by the rounds each won lately
+//! (decayed like the counts). A draft model's time to catch up with the context
+//! (`catch_up_us`: the prompt at its first ask in a request, the tokens committed while it was
+//! left out) is paid once for those tokens, so it is not counted as a cost per drafted token.
 //!
 //! **Costly sources.** A source whose asks take at least 5% of verifying one token (a draft
 //! model; `lookup` and `suffix` answer in microseconds) is *costly*. For each source the policy
 //! also keeps its own acceptance counts (from all its proposals, verified or compared with the
-//! committed tokens), the moving averages of its ask time (proposing or not; a draft model's
-//! time to catch up with the context included) and of the share of its asks that proposed
-//! anything. A round that asks it commits `p · E_s[tokens | K] + (1 - p)` tokens on average in
-//! `p · verify(K + 1) + (1 - p) · verify(1) + max(ask, K · draft_per_token)` time; when no K makes that beat plain
-//! decoding, a costly source is left out of the rounds (`Decision::exclude`): on a machine
-//! where the draft model costs about as much per token as the target, every token it drafts
-//! loses time, however often it is accepted. An excluded source is asked again, to measure it
-//! afresh, once the rounds since its last ask took 20 times as long as that ask did, so
-//! re-measuring a source that does not pay costs at most 5% of the time. Its very first ask,
-//! which finds the cost, is the price of not knowing it in advance: on a long prompt it is the
-//! draft model's prompt processing. Cheap sources are never left out: when their drafts do not
-//! pay, K = 0 with shadow drafts (below) handles it.
+//! committed tokens), the moving averages of its ask time (proposing or not; catching up not
+//! counted) and of the share of its asks that proposed anything. A round that asks it commits
+//! `p · E_s[tokens | K] + (1 - p)` tokens on average in
+//! `p · verify(K + 1) + (1 - p) · verify(1) + max(ask, K · draft_per_token)` time; when no K
+//! makes that beat plain decoding, a costly source is left out of the rounds
+//! (`Decision::exclude`): on a machine where the draft model costs about as much per token as
+//! the target, every token it drafts loses time, however often it is accepted. An excluded
+//! source is asked again, to measure its acceptance afresh, once the rounds since its last ask
+//! took 50 times as long as the next ask is expected to (its last ask's time; for a draft
+//! model the host measured, an ask's time plus catching up with every token committed since,
+//! the prompt's at the start of a request), so re-measuring a source that does not pay costs
+//! at most 2% of the time; but never when it could not pay even if every token it drafted were
+//! accepted: measuring its acceptance cannot change the verdict. A draft model left out falls
+//! further behind the context with every round, and its catch-up grows as fast as the rounds'
+//! time when catching up with a token costs more than 2% of committing it: such a draft model
+//! is measured again only at the start of a request, where it is behind by the prompt alone.
+//! Cheap sources are never left out: when their drafts do not pay, K = 0 with shadow drafts
+//! (below) handles it.
+//!
+//! **The draft model before its first ask.** The host measures its draft model at start-up
+//! ([`PolicySetup::draft_model`]: the time to draft a token and to catch up with a context
+//! token, and the sources that draft with it); the time per token stands for the learned one
+//! of those sources until they are asked. So a draft model that could not pay at full
+//! acceptance is never asked, and its prompt processing never paid. One whose drafts would
+//! pay at the acceptance the policy expects is asked from the first round. One that could pay
+//! only at a better acceptance than expected is measured as an excluded source is, its first
+//! ask expected to catch up with the prompt (`prompt_len` tokens): a short request on a long
+//! prompt never pays that catch-up for a measurement that would not pay back.
 //!
 //! **Choice.** Each round the policy drafts `argmax_{K = 0..=max} E[tokens | K] / time(K)`
 //! (ties go to the smaller K), with `max` the host's `--draft-max`. With `a_j` at the prior
@@ -127,7 +145,8 @@ use std::cell::RefCell;
 
 use spechost_sdk::config::Config;
 use spechost_sdk::{
-    Decision, ModelFacts, Policy, PolicySetup, RoundRecord, SourceRound, export_policy,
+    Decision, DraftModelCosts, ModelFacts, Policy, PolicySetup, RoundRecord, SourceRound,
+    export_policy,
 };
 
 /// Default weight of the prior, in proposals.
@@ -148,7 +167,7 @@ const VERIFY_SLOPE: f64 = 0.3;
 /// costly (see "Costly sources" in the crate docs).
 const COSTLY_SHARE: f64 = 0.05;
 /// Most of the time spent asking a costly source that does not pay, to measure it again.
-const PROBE_SHARE: f64 = 0.05;
+const PROBE_SHARE: f64 = 0.02;
 
 thread_local! {
     /// What the last session of this instance learned, for the next one (see "Across
@@ -367,6 +386,12 @@ struct SourceModel {
     last_ask_us: u64,
     /// Time the rounds took since that ask (verifying and drafting), in microseconds.
     since_ask_us: u64,
+    /// For a draft model the host measured: its time to catch up with one context token, in
+    /// microseconds.
+    catch_up_per_token_us: Option<f64>,
+    /// Tokens committed since its last ask (the prompt, at the start of a request): what a
+    /// draft model catches up with at its next ask.
+    behind: u64,
 }
 
 impl SourceModel {
@@ -380,16 +405,40 @@ impl SourceModel {
             wins: 0.0,
             last_ask_us: 0,
             since_ask_us: 0,
+            catch_up_per_token_us: None,
+            behind: 0,
+        }
+    }
+
+    /// Starts from the host's measurement of its draft model (time per drafted token, until
+    /// the source is asked, and per context token caught up).
+    fn priced(mut self, costs: &DraftModelCosts) -> Self {
+        let per_token_us = f64::from(costs.per_token_us);
+        self.draft_per_token_us = Some(per_token_us);
+        self.ask_us = Some(per_token_us);
+        self.catch_up_per_token_us = Some(f64::from(costs.catch_up_per_token_us));
+        self
+    }
+
+    /// What its next ask is expected to take, in microseconds: for a measured draft model, an
+    /// ask's time and its catch-up with the tokens committed since the last; else the last
+    /// ask's time.
+    fn next_ask_us(&self) -> f64 {
+        match self.catch_up_per_token_us {
+            Some(catch_up_us) => self.ask_us.unwrap_or(0.0) + self.behind as f64 * catch_up_us,
+            None => self.last_ask_us as f64,
         }
     }
 
     /// Learns from what the source did in a round.
     fn observe(&mut self, round: &SourceRound) {
         // Microsecond counts stay far below 2^53, where f64 loses integer precision.
-        let time = round.draft_us as f64;
+        let time = round.draft_us.saturating_sub(round.catch_up_us) as f64;
         if !round.shadow {
             self.last_ask_us = round.draft_us;
             self.since_ask_us = 0;
+            // It drafted the round's accepted tokens; only the target's own token is new to it.
+            self.behind = 1;
             self.ask_us = Some(moving_average(self.ask_us, time));
             let proposed = if round.drafted > 0 { 1.0 } else { 0.0 };
             self.proposal_rate += EMA_WEIGHT * (proposed - self.proposal_rate);
@@ -415,10 +464,28 @@ impl SourceModel {
     /// else the round decodes one token plainly; the ask takes its average time, or K times its
     /// time per drafted token if that is longer.
     fn rates(&self, verify: &[f64], others: f64) -> Vec<f64> {
+        self.rates_at(
+            verify,
+            others,
+            &self.positions.acceptance(),
+            self.proposal_rate,
+        )
+    }
+
+    /// Whether some K would beat `plain` (committed tokens per microsecond) if the source
+    /// always proposed and the target accepted every token it drafted.
+    fn could_pay(&self, verify: &[f64], others: f64, plain: f64) -> bool {
+        let all_accepted = vec![1.0; verify.len()];
+        self.rates_at(verify, others, &all_accepted, 1.0)
+            .into_iter()
+            .any(|rate| rate > plain)
+    }
+
+    /// [`Self::rates`] for the acceptance per position `acceptance` and the proposal rate `p`.
+    fn rates_at(&self, verify: &[f64], others: f64, acceptance: &[f64], p: f64) -> Vec<f64> {
         let ask = self.ask_us.unwrap_or(0.0);
         let per_token = self.draft_per_token_us.unwrap_or(0.0);
-        let p = self.proposal_rate;
-        let expected = expected_tokens(&self.positions.acceptance(), verify.len());
+        let expected = expected_tokens(acceptance, verify.len());
         (1..verify.len())
             .map(|k| {
                 let tokens = others + p * expected[k] + (1.0 - p);
@@ -431,7 +498,7 @@ impl SourceModel {
     /// Whether enough time has passed since its last ask to measure it again at no more than
     /// [`PROBE_SHARE`] of the time.
     fn is_due_for_a_probe(&self) -> bool {
-        self.since_ask_us as f64 * PROBE_SHARE >= self.last_ask_us as f64
+        self.since_ask_us as f64 * PROBE_SHARE >= self.next_ask_us()
     }
 }
 
@@ -496,12 +563,22 @@ impl Policy for Cost {
         }
         let cap = setup.max_draft_len;
         let counts = PositionCounts::new(cap as usize, f64::from(decay), f64::from(prior));
+        let priced = |name: &String| {
+            let draft_model = setup.draft_model.as_ref()?;
+            draft_model.sources.contains(name).then_some(draft_model)
+        };
         let mut cost = Cost {
             cap,
             sources: setup
                 .sources
                 .iter()
-                .map(|name| SourceModel::new(name, counts.clone()))
+                .map(|name| {
+                    let model = SourceModel::new(name, counts.clone());
+                    match priced(name) {
+                        Some(costs) => model.priced(costs),
+                        None => model,
+                    }
+                })
                 .collect(),
             positions: counts,
             verify: VerifyCosts::new(cap as usize + 1, &setup.verify_us),
@@ -513,6 +590,10 @@ impl Policy for Cost {
         };
         if let Some(learned) = CARRIED.with_borrow_mut(Option::take).filter(|_| carry) {
             cost.resume(learned);
+        }
+        for model in &mut cost.sources {
+            // A new request: its draft model catches up with the prompt at its first ask.
+            model.behind = u64::from(setup.prompt_len);
         }
         Ok(cost)
     }
@@ -529,8 +610,10 @@ impl Policy for Cost {
             committed: f64::from(round.others_committed()),
         };
         let round_us = round.verify_us.saturating_add(round.draft_us);
+        let committed = u64::from(round.n_accepted) + 1;
         for model in &mut self.sources {
             model.since_ask_us = model.since_ask_us.saturating_add(round_us);
+            model.behind = model.behind.saturating_add(committed);
         }
         let drafted = round.n_drafted();
         if drafted > 0 {
@@ -566,7 +649,8 @@ impl Policy for Cost {
             self.verify.table(sizes)
         };
         let verify = &table[self.others.verified..];
-        let unprofitable = self.unprofitable_sources(verify, table[0]);
+        let plain = (self.others.committed + 1.0) / verify[0];
+        let unprofitable = self.unprofitable_sources(verify, table[0], plain);
         // K is chosen for the sources that pay: a probe of one that does not is not a reason
         // to draft less (it would keep K at 0, where the probe never happens).
         let (best, best_above_zero) = self.best_draft_lengths(verify, &unprofitable);
@@ -584,7 +668,10 @@ impl Policy for Cost {
         let excluded = unprofitable
             .iter()
             .map(|&index| &self.sources[index])
-            .filter(|model| !model.is_due_for_a_probe())
+            .filter(|model| {
+                !model.is_due_for_a_probe()
+                    || !model.could_pay(verify, self.others.committed, plain)
+            })
             .map(|model| model.name.clone())
             .collect();
         Decision::draft(length).excluding(excluded)
@@ -622,13 +709,9 @@ impl Cost {
     }
 
     /// Indices of the costly sources whose drafts, at their best K, commit fewer tokens per
-    /// unit of time than plain decoding in the same batch (`verify[k]`: the batch with k
+    /// unit of time than `plain` decoding in the same batch (`verify[k]`: the batch with k
     /// drafted; `verify_alone_us`: one token alone, against which a source's cost counts).
-    fn unprofitable_sources(&self, verify: &[f64], verify_alone_us: f64) -> Vec<usize> {
-        let Some(&plain_batch) = verify.first() else {
-            return Vec::new();
-        };
-        let plain = (self.others.committed + 1.0) / plain_batch;
+    fn unprofitable_sources(&self, verify: &[f64], verify_alone_us: f64, plain: f64) -> Vec<usize> {
         let mut unprofitable = Vec::new();
         for (index, model) in self.sources.iter().enumerate() {
             if !model.is_costly(verify_alone_us) {
@@ -1105,11 +1188,11 @@ mod tests {
     }
 
     #[test]
-    fn leaves_out_a_costly_source_that_does_not_pay_and_measures_it_at_most_5_percent() {
-        // The model drafts well (all accepted) but each of its tokens costs 80% of a target
-        // step: with verification at 30% more per token, no K pays.
-        let mut harness = cost("", two_sources(0.3));
-        let ask = model_round(4, 4, ONE_TOKEN_US * 0.8);
+    fn leaves_out_a_costly_source_that_does_not_pay_and_measures_it_at_most_2_percent() {
+        // The model's tokens cost 30% of a target step: it would pay if its drafts were
+        // accepted, but the target rejects them all.
+        let mut harness = cost("", two_sources(0.05));
+        let ask = model_round(4, 0, ONE_TOKEN_US * 0.3);
         let ask_us = ask.sources[1].draft_us;
         harness.observe(&ask);
         let (mut asked_at, mut elapsed) = (Vec::new(), 0);
@@ -1134,15 +1217,132 @@ mod tests {
             harness.observe(&round);
         }
         assert!(
-            (2..=4).contains(&asked_at.len()),
+            asked_at.len() >= 2,
             "measured again now and then: {asked_at:?} µs"
         );
-        // Each ask waits until 20 times its own cost has passed since the previous one.
+        // Each ask waits until 50 times its own cost has passed since the previous one.
         let mut previous = 0;
         for &at in &asked_at {
-            assert!(at - previous >= 20 * ask_us, "asks at {asked_at:?} µs");
+            assert!(at - previous >= 50 * ask_us, "asks at {asked_at:?} µs");
             previous = at + ask_us + ONE_TOKEN_US as u64;
         }
+    }
+
+    /// [`two_sources`] whose host measured `model` as a draft model taking `per_token_us` for
+    /// each drafted token.
+    fn two_sources_with_a_draft_model(slope: f32, per_token_us: f32) -> PolicySetup {
+        PolicySetup {
+            draft_model: Some(DraftModelCosts {
+                sources: vec!["model".to_owned()],
+                per_token_us,
+                catch_up_per_token_us: per_token_us / 4.0,
+            }),
+            ..two_sources(slope)
+        }
+    }
+
+    /// Runs `rounds` rounds in which `lookup` drafts what it is asked and the target accepts it
+    /// all, and `model`, when asked, makes `ask`; returns how many rounds asked `model`.
+    fn rounds_asking_the_model(
+        harness: &mut PolicyHarness<Cost>,
+        ask: &RoundRecord,
+        rounds: usize,
+    ) -> usize {
+        let mut asks = 0;
+        for _ in 0..rounds {
+            let decision = harness.decide();
+            let round = if decision.exclude.is_empty() {
+                asks += 1;
+                ask.clone()
+            } else {
+                lookup_round(decision.max_draft_len, decision.max_draft_len)
+            };
+            harness.observe(&RoundRecord {
+                verify_us: ONE_TOKEN_US as u64,
+                ..round
+            });
+        }
+        asks
+    }
+
+    #[test]
+    fn never_asks_a_source_that_could_not_pay_even_if_all_its_drafts_were_accepted() {
+        // Each token costs 80% of a target step: with verification at 30% more per token, no K
+        // pays even when every drafted token is accepted.
+        let ask = model_round(4, 4, ONE_TOKEN_US * 0.8);
+        let mut priced = cost(
+            "carry=false",
+            two_sources_with_a_draft_model(0.3, ONE_TOKEN_US * 0.8),
+        );
+        assert_eq!(
+            rounds_asking_the_model(&mut priced, &ask, 200),
+            0,
+            "priced by the host: never asked, its prompt processing never paid"
+        );
+        let mut learned = cost("carry=false", two_sources(0.3));
+        assert_eq!(
+            rounds_asking_the_model(&mut learned, &ask, 200),
+            1,
+            "unpriced: asked once, to learn what it costs"
+        );
+    }
+
+    #[test]
+    fn measures_a_draft_model_that_might_pay_at_the_start_of_a_request_within_2_percent() {
+        // 30% of a step per token: it pays only if its drafts are accepted more often than the
+        // prior expects. Catching up with a prompt of 100 tokens takes 75 ms, with the 17 tokens
+        // a round of `lookup` commits 12.75 ms: more than 2% of the round's 10 ms.
+        let setup = PolicySetup {
+            prompt_len: 100,
+            ..two_sources_with_a_draft_model(0.3, ONE_TOKEN_US * 0.3)
+        };
+        let ask = model_round(4, 4, ONE_TOKEN_US * 0.3);
+        let mut first = cost("", setup.clone());
+        assert_eq!(
+            rounds_asking_the_model(&mut first, &ask, 400),
+            0,
+            "within a request it falls behind faster than 2% of the time would catch it up"
+        );
+        drop(first);
+        // 400 rounds of 10 ms: 2% of them is 80 ms, more than an ask after a 100-token prompt.
+        let mut second = cost("", setup);
+        assert_eq!(
+            rounds_asking_the_model(&mut second, &ask, 1),
+            1,
+            "measured at the start of the next request"
+        );
+    }
+
+    #[test]
+    fn asks_a_draft_model_priced_to_pay_from_the_first_round() {
+        let mut harness = cost("", two_sources_with_a_draft_model(0.05, ONE_TOKEN_US * 0.1));
+        let decision = harness.decide();
+        assert_eq!(decision.exclude, Vec::<String>::new(), "{decision:?}");
+    }
+
+    #[test]
+    fn catching_up_with_the_prompt_is_not_a_cost_per_drafted_token() {
+        // Each drafted token costs 10% of a target step, but the first ask also caught up with
+        // a prompt that took as long as 100 target steps.
+        let mut harness = cost("", two_sources_with_a_draft_model(0.05, ONE_TOKEN_US * 0.1));
+        let mut first = model_round(4, 4, ONE_TOKEN_US * 0.1);
+        let catch_up_us = 100 * ONE_TOKEN_US as u64;
+        first.sources[1].draft_us += catch_up_us;
+        first.sources[1].catch_up_us = catch_up_us;
+        first.draft_us += catch_up_us;
+        harness.observe(&first);
+        let ask = model_round(8, 8, ONE_TOKEN_US * 0.1);
+        assert_eq!(
+            rounds_asking_the_model(&mut harness, &ask, 20),
+            20,
+            "asked every round"
+        );
+        let model = &harness.policy().sources[1];
+        assert_eq!(
+            model.draft_per_token_us,
+            Some(f64::from(ONE_TOKEN_US) * 0.1),
+            "{model:?}"
+        );
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub(super) fn check(
         sources: vec![CASCADE_SOURCE.to_owned()],
         max_draft_len: options.max_draft_len,
         verify_costs: trace.target.verify_costs().per_batch,
+        draft_model: None,
+        prompt_len: 0,
     };
     config_checks(|config| plugin.check_config(config, &facts, &setup), report);
     if let Err(error) = plugin.check_config(&options.config, &facts, &setup) {

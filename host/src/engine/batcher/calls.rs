@@ -3,7 +3,7 @@
 
 use std::sync::mpsc::Sender;
 
-use crate::cascade::{DraftedToken, Token};
+use crate::cascade::{Drafted, Token};
 use crate::engine::context::SeqId;
 use crate::engine::error::EngineError;
 use crate::engine::rounds::{RoundDraft, Verified};
@@ -31,7 +31,7 @@ pub(super) enum Call {
         context: Vec<Token>,
         max_draft_len: usize,
         p_min: f32,
-        reply: Sender<Vec<DraftedToken>>,
+        reply: Sender<Drafted>,
     },
     /// The plugin instance holding draft sequence `seq` is gone.
     CloseDraft { seq: SeqId },

@@ -16,7 +16,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use super::calls::Call;
-use crate::cascade::{DraftModel, DraftModelFactory, DraftedToken, Token};
+use crate::cascade::{DraftModel, DraftModelFactory, Drafted, Token};
 use crate::engine::context::SeqId;
 use crate::engine::draft::{BatchDrafter, DraftAsk, FedTokens};
 
@@ -40,7 +40,7 @@ struct Waiting {
     context: Vec<Token>,
     max_draft_len: usize,
     p_min: f32,
-    reply: Sender<Vec<DraftedToken>>,
+    reply: Sender<Drafted>,
 }
 
 impl<'t> DraftSide<'t> {
@@ -69,7 +69,7 @@ impl<'t> DraftSide<'t> {
         context: Vec<Token>,
         max_draft_len: usize,
         p_min: f32,
-        reply: Sender<Vec<DraftedToken>>,
+        reply: Sender<Drafted>,
     ) {
         self.waiting.push(Waiting {
             seq,
@@ -170,8 +170,8 @@ struct BatchedDraftModel {
     fed: FedTokens,
     calls: Sender<Call>,
     taken: Taken,
-    reply: Sender<Vec<DraftedToken>>,
-    answers: Receiver<Vec<DraftedToken>>,
+    reply: Sender<Drafted>,
+    answers: Receiver<Drafted>,
 }
 
 impl DraftModel for BatchedDraftModel {
@@ -184,12 +184,12 @@ impl DraftModel for BatchedDraftModel {
         self.fed.feed(tokens);
     }
 
-    fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Vec<DraftedToken> {
+    fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Drafted {
         let Some(context) = self.fed.draftable() else {
-            return Vec::new();
+            return Drafted::default();
         };
         if context.is_empty() || max_draft_len == 0 {
-            return Vec::new();
+            return Drafted::default();
         }
         let asked = self.calls.send(Call::Draft {
             seq: self.seq,
@@ -199,7 +199,7 @@ impl DraftModel for BatchedDraftModel {
             reply: self.reply.clone(),
         });
         if asked.is_err() {
-            return Vec::new();
+            return Drafted::default();
         }
         self.answers.recv().unwrap_or_default()
     }

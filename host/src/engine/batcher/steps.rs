@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::calls::{Call, Reply};
 use super::draft::{BatchedDraftFactory, DraftSide};
 use super::sequence::BatchedSequence;
-use crate::cascade::Token;
+use crate::cascade::{Drafted, Token};
 use crate::engine::context::SeqId;
 use crate::engine::draft::BatchDrafter;
 use crate::engine::rounds::RoundDraft;
@@ -227,7 +227,7 @@ impl<'t> Batcher<'t> {
             } => match &mut self.draft {
                 Some(draft) => draft.ask(seq, context, max_draft_len, p_min, reply),
                 None => {
-                    let _ = reply.send(Vec::new());
+                    let _ = reply.send(Drafted::default());
                 }
             },
             Call::CloseDraft { seq } => {

@@ -11,8 +11,10 @@
 //!    gives each its next token; an ask is done, and answered, at its length or at the first
 //!    token below its `p_min` (which is included).
 
+use std::time::{Duration, Instant};
+
 use super::host::OwnedContext;
-use crate::cascade::{DraftedToken, Token};
+use crate::cascade::{Drafted, DraftedToken, Token};
 use crate::engine::context::{Outputs, Rows, SeqId};
 use crate::engine::sample::argmax_with_probability;
 
@@ -40,7 +42,7 @@ pub trait BatchDrafter {
 
     /// Drafts for every ask at once, calling `answer(i, drafted)` for ask `i` as soon as its
     /// draft is complete; see [`DraftBatch::propose`].
-    fn propose(&mut self, asks: &[DraftAsk<'_>], answer: &mut dyn FnMut(usize, Vec<DraftedToken>));
+    fn propose(&mut self, asks: &[DraftAsk<'_>], answer: &mut dyn FnMut(usize, Drafted));
 
     /// Forgets what `seq` holds (its user is gone).
     fn clear(&mut self, seq: SeqId);
@@ -61,8 +63,20 @@ struct Drafting {
     p_min: f32,
     /// Context tokens still to decode, from `next_position` on.
     catch_up: Vec<Token>,
+    /// Time of the decodes that held some of `catch_up`.
+    catch_up_time: Duration,
     drafted: Vec<DraftedToken>,
     done: bool,
+}
+
+impl Drafting {
+    /// The answer so far, leaving the state empty.
+    fn take_answer(&mut self) -> Drafted {
+        Drafted {
+            tokens: std::mem::take(&mut self.drafted),
+            catch_up_time: self.catch_up_time,
+        }
+    }
 }
 
 impl DraftBatch {
@@ -109,15 +123,11 @@ impl DraftBatch {
     /// for ask `i` as soon as its draft is complete; every ask is answered. A llama.cpp failure
     /// answers the asks it touched with nothing and empties their caches, so their next
     /// proposals start over.
-    pub fn propose(
-        &mut self,
-        asks: &[DraftAsk<'_>],
-        mut answer: impl FnMut(usize, Vec<DraftedToken>),
-    ) {
+    pub fn propose(&mut self, asks: &[DraftAsk<'_>], mut answer: impl FnMut(usize, Drafted)) {
         let mut drafting: Vec<Drafting> = asks.iter().map(|ask| self.start(ask)).collect();
         for (index, state) in drafting.iter_mut().enumerate() {
             if state.done {
-                answer(index, Vec::new());
+                answer(index, Drafted::default());
             }
         }
         self.catch_up(&mut drafting, &mut answer);
@@ -137,6 +147,7 @@ impl DraftBatch {
             max_draft_len,
             p_min: ask.p_min,
             catch_up: Vec::new(),
+            catch_up_time: Duration::ZERO,
             drafted: Vec::new(),
             done: true,
         };
@@ -169,11 +180,7 @@ impl DraftBatch {
 
     /// Decodes what each ask's cache lacks, as many sequences per decode as the batch holds,
     /// and takes each ask's first drafted token once its catch-up is complete.
-    fn catch_up(
-        &mut self,
-        drafting: &mut [Drafting],
-        answer: &mut impl FnMut(usize, Vec<DraftedToken>),
-    ) {
+    fn catch_up(&mut self, drafting: &mut [Drafting], answer: &mut impl FnMut(usize, Drafted)) {
         loop {
             let mut room = self.batch_size;
             let mut taken = Vec::new();
@@ -204,9 +211,11 @@ impl DraftBatch {
                     }
                 })
                 .collect();
+            let started = Instant::now();
             let decoded = self
                 .context
                 .with_dependent_mut(|_, context| context.decode_rows(&rows));
+            let decode_time = started.elapsed();
             drop(rows);
             if let Err(reason) = decoded {
                 self.fail(drafting, &taken, &reason, answer);
@@ -217,11 +226,12 @@ impl DraftBatch {
                 let state = &mut drafting[index];
                 let decoded: Vec<Token> = state.catch_up.drain(..n).collect();
                 self.cached[state.seq.0 as usize].extend_from_slice(&decoded);
+                state.catch_up_time += decode_time;
                 index_in_batch += n;
                 if state.catch_up.is_empty() {
                     self.take_next(state, index_in_batch - 1);
                     if state.done {
-                        answer(index, std::mem::take(&mut state.drafted));
+                        answer(index, state.take_answer());
                     }
                 }
             }
@@ -233,11 +243,7 @@ impl DraftBatch {
     /// before the first of these decodes only, so the next ask goes back to it whatever the
     /// target accepted (an ask that waits for a later step, past the batch size, goes back to
     /// before its catch-up's last decode: more to replay, as exact).
-    fn draft(
-        &mut self,
-        drafting: &mut [Drafting],
-        answer: &mut impl FnMut(usize, Vec<DraftedToken>),
-    ) {
+    fn draft(&mut self, drafting: &mut [Drafting], answer: &mut impl FnMut(usize, Drafted)) {
         for step in 0.. {
             let active: Vec<usize> = (0..drafting.len())
                 .filter(|&index| !drafting[index].done)
@@ -283,7 +289,7 @@ impl DraftBatch {
                 self.cached[state.seq.0 as usize].push(token[0]);
                 self.take_next(state, index_in_batch);
                 if state.done {
-                    answer(index, std::mem::take(&mut state.drafted));
+                    answer(index, state.take_answer());
                 }
             }
         }
@@ -305,7 +311,7 @@ impl DraftBatch {
         drafting: &mut [Drafting],
         taken: &[(usize, usize)],
         reason: &str,
-        answer: &mut impl FnMut(usize, Vec<DraftedToken>),
+        answer: &mut impl FnMut(usize, Drafted),
     ) {
         tracing::warn!(%reason, asks = taken.len(), "the draft model failed to propose; its caches start over");
         for &(index, _) in taken {
@@ -314,7 +320,7 @@ impl DraftBatch {
             state.catch_up.clear();
             state.drafted.clear();
             self.clear(state.seq);
-            answer(index, Vec::new());
+            answer(index, Drafted::default());
         }
     }
 }
@@ -328,7 +334,7 @@ impl BatchDrafter for DraftBatch {
         DraftBatch::ctx_size(self)
     }
 
-    fn propose(&mut self, asks: &[DraftAsk<'_>], answer: &mut dyn FnMut(usize, Vec<DraftedToken>)) {
+    fn propose(&mut self, asks: &[DraftAsk<'_>], answer: &mut dyn FnMut(usize, Drafted)) {
         DraftBatch::propose(self, asks, answer);
     }
 

@@ -2,7 +2,7 @@
 
 use super::batch::{DraftAsk, DraftBatch};
 use super::fed::FedTokens;
-use crate::cascade::{DraftModel, DraftedToken, Token};
+use crate::cascade::{DraftModel, Drafted, Token};
 use crate::engine::context::SeqId;
 
 /// One draft context: the tokens fed since the last reset, and a KV cache that holds a prefix
@@ -46,11 +46,11 @@ impl DraftModel for DraftModelContext {
         self.fed.feed(tokens);
     }
 
-    fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Vec<DraftedToken> {
+    fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Drafted {
         let Some(context) = self.fed.draftable() else {
-            return Vec::new();
+            return Drafted::default();
         };
-        let mut proposal = Vec::new();
+        let mut proposal = Drafted::default();
         self.batch.propose(
             &[DraftAsk {
                 seq: SeqId::FIRST,

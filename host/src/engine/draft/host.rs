@@ -54,9 +54,7 @@ impl DraftModelHost {
             EngineError::ModelNotFound { path } => EngineError::DraftModelNotFound { path },
             other => other,
         })?;
-        let model_params = loading.model_params(path, &config.overrides)?;
-        let model = LlamaModel::load_from_file(started_backend()?, path, &model_params)
-            .map_err(|_| EngineError::LoadFailed { path: path.clone() })?;
+        let model = loading.load_model(started_backend()?, path, &config.overrides)?;
         tracing::info!(path = %path.display(), vocab = model.n_vocab(), params = model.n_params(), "loaded draft model");
         Ok(Self {
             model: Arc::new(model),
@@ -80,6 +78,11 @@ impl DraftModelHost {
     /// The file the model was loaded from.
     pub fn path(&self) -> &Path {
         &self.config.path
+    }
+
+    /// Context size of each of its contexts, in tokens.
+    pub fn ctx_size(&self) -> u32 {
+        self.config.ctx_size
     }
 
     /// Number of tokens in the vocabulary.

@@ -12,6 +12,9 @@
 //!    plugin decides how many tokens to ask for and the probability below which to stop. Both
 //!    kinds of context draft with [`DraftBatch`], one sequence or several.
 //!
+//! At start-up, before any request, [`measure_draft_model`] times drafting and catching up on
+//! such a context, for the policies' setup.
+//!
 //! # Ownership
 //!
 //! A llama.cpp context borrows its model (`ModelContext<'model>`), but a context handed to a
@@ -40,10 +43,12 @@
 
 mod batch;
 mod context;
+mod cost;
 mod fed;
 mod host;
 
 pub use self::batch::{BatchDrafter, DraftAsk, DraftBatch};
 pub use self::context::DraftModelContext;
+pub use self::cost::measure_draft_model;
 pub use self::fed::FedTokens;
 pub use self::host::{DraftModelConfig, DraftModelHost, check_vocab_compatible};

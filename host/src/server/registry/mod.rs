@@ -248,6 +248,8 @@ impl Registry {
             sources: sources.clone(),
             max_draft_len,
             verify_costs: Vec::new(),
+            draft_model: None,
+            prompt_len: 0,
         };
         policy
             .policy
