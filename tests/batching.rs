@@ -118,6 +118,7 @@ fn batched_sequences_decode_as_alone(target: &Target, model: &str, layout: Batch
                     survival: (1..=tokens.len() as i32).map(|i| 0.7f64.powi(i)).collect(),
                     tokens,
                     n_past: prompts[index].len() + at[index],
+                    distributions: Vec::new(),
                 };
                 (SeqId(index as u32), round_draft)
             })

@@ -10,14 +10,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
+use rand::RngExt;
 use spechost::cascade::{
-    Cascade, Decision, DraftModel, DraftModelSetup, DraftedToken, ModelFacts, PolicySetup,
-    RoundPolicy, RoundRecord, SourceFault, SourceRound, Token,
+    Cascade, Decision, DraftModel, DraftModelSetup, DraftSampling, DraftSource, DraftedToken,
+    ModelFacts, PolicySetup, Proposal, RoundPolicy, RoundRecord, SampledDraft, SourceFault,
+    SourceRound, Token, TokenDistribution,
 };
 use spechost::config::cache_dir;
 use spechost::engine::{
-    DraftModelConfig, DraftModelContext, DraftModelHost, EngineError, ModelOverrides,
-    SamplingParams, Target, TargetParams, check_vocab_compatible, measure_draft_model,
+    DraftAcceptance, DraftModelConfig, DraftModelContext, DraftModelHost, EngineError,
+    ModelOverrides, SamplingParams, Target, TargetParams, check_vocab_compatible,
+    measure_draft_model,
 };
 use spechost::models::{DefaultDraft, DefaultModel, QuantType, QuantizeRequest, quantize};
 use spechost::plugins::SourceSpec;
@@ -148,7 +151,7 @@ fn greedy_proposals_equal_the_draft_models_plain_decoding() {
         let plain = generate_tokens(&reference, &prompt, DRAFT_LEN);
         let mut context = fresh(&draft, &prompt);
         let checked = context.host_batch_products();
-        let proposed = context.propose(DRAFT_LEN, 0.0).tokens;
+        let proposed = context.propose(DRAFT_LEN, 0.0, None).tokens;
         // The Q4_0 default draft's prompt catch-up is a batch whose products the host computes
         // on such a CPU (unless llama.cpp's AMX buffers hold the weights): the proposals below
         // then compare them with llama.cpp's.
@@ -193,9 +196,11 @@ fn proposals_stop_after_the_first_token_below_p_min() {
     let mut stopped_early = 0;
     for index in 0..fixtures().len() {
         let prompt = prompt(&target, index);
-        let full = fresh(&draft, &prompt).propose(DRAFT_LEN, 0.0).tokens;
+        let full = fresh(&draft, &prompt).propose(DRAFT_LEN, 0.0, None).tokens;
         for p_min in [0.3, 0.5, 0.9] {
-            let cut = fresh(&draft, &prompt).propose(DRAFT_LEN, p_min).tokens;
+            let cut = fresh(&draft, &prompt)
+                .propose(DRAFT_LEN, p_min, None)
+                .tokens;
             let expected = full
                 .iter()
                 .position(|d| d.prob < p_min)
@@ -225,7 +230,7 @@ fn accepted_drafts_fed_back_propose_as_a_fresh_context_would() {
     let draft = load_draft(&smollm2_draft_path());
     let prompt = prompt(&target, 1);
     let mut reused = fresh(&draft, &prompt);
-    let first = tokens(&reused.propose(DRAFT_LEN, 0.0).tokens);
+    let first = tokens(&reused.propose(DRAFT_LEN, 0.0, None).tokens);
     // Rounds as the engine plays them: some drafted tokens accepted, then the target's token
     // (here a token the draft did not propose, or the next proposal when all were accepted).
     let mut context = prompt.clone();
@@ -239,8 +244,8 @@ fn accepted_drafts_fed_back_propose_as_a_fresh_context_would() {
         committed.push(target_token);
         reused.feed(&committed);
         context.extend_from_slice(&committed);
-        let proposed = reused.propose(DRAFT_LEN, 0.0).tokens;
-        let expected = fresh(&draft, &context).propose(DRAFT_LEN, 0.0).tokens;
+        let proposed = reused.propose(DRAFT_LEN, 0.0, None).tokens;
+        let expected = fresh(&draft, &context).propose(DRAFT_LEN, 0.0, None).tokens;
         assert_eq!(
             tokens(&proposed),
             tokens(&expected),
@@ -266,26 +271,29 @@ fn reset_forgets_the_context_and_invalid_tokens() {
     let draft = load_draft(&smollm2_draft_path());
     let (first, second) = (prompt(&target, 0), prompt(&target, 2));
     let mut context = fresh(&draft, &first);
-    context.propose(DRAFT_LEN, 0.0);
+    context.propose(DRAFT_LEN, 0.0, None);
     context.reset();
     assert!(context.context_tokens().is_empty());
     assert!(
-        context.propose(DRAFT_LEN, 0.0).tokens.is_empty(),
+        context.propose(DRAFT_LEN, 0.0, None).tokens.is_empty(),
         "an empty context drafts nothing"
     );
     context.feed(&second);
-    let after_reset = tokens(&context.propose(DRAFT_LEN, 0.0).tokens);
-    let expected = tokens(&fresh(&draft, &second).propose(DRAFT_LEN, 0.0).tokens);
+    let after_reset = tokens(&context.propose(DRAFT_LEN, 0.0, None).tokens);
+    let expected = tokens(&fresh(&draft, &second).propose(DRAFT_LEN, 0.0, None).tokens);
     assert_eq!(after_reset, expected);
 
     context.feed(&[target.vocab_size()]);
     assert!(
-        context.propose(DRAFT_LEN, 0.0).tokens.is_empty(),
+        context.propose(DRAFT_LEN, 0.0, None).tokens.is_empty(),
         "a token outside the vocabulary stops proposals"
     );
     context.reset();
     context.feed(&second);
-    assert_eq!(tokens(&context.propose(DRAFT_LEN, 0.0).tokens), expected);
+    assert_eq!(
+        tokens(&context.propose(DRAFT_LEN, 0.0, None).tokens),
+        expected
+    );
 }
 
 #[test]
@@ -301,16 +309,16 @@ fn a_full_context_proposes_nothing_and_a_nearly_full_one_stops_at_its_end() {
         .take(ctx_size)
         .collect();
     context.feed(&text[..ctx_size - 2]);
-    let near_end = context.propose(DRAFT_LEN, 0.0).tokens;
+    let near_end = context.propose(DRAFT_LEN, 0.0, None).tokens;
     assert_eq!(near_end.len(), 2, "two positions left: {near_end:?}");
     context.feed(&text[ctx_size - 2..]);
     assert!(
-        context.propose(DRAFT_LEN, 0.0).tokens.is_empty(),
+        context.propose(DRAFT_LEN, 0.0, None).tokens.is_empty(),
         "the context is full"
     );
     context.feed(&text[..1]);
     assert!(
-        context.propose(DRAFT_LEN, 0.0).tokens.is_empty(),
+        context.propose(DRAFT_LEN, 0.0, None).tokens.is_empty(),
         "past full"
     );
 }
@@ -333,13 +341,13 @@ fn feeding_past_the_context_keeps_no_more_than_a_context_until_reset() {
         "the host kept more than a context's worth of fed tokens"
     );
     assert!(
-        context.propose(DRAFT_LEN, 0.0).tokens.is_empty(),
+        context.propose(DRAFT_LEN, 0.0, None).tokens.is_empty(),
         "overflowed"
     );
     context.reset();
     context.feed(&text[..ctx_size / 2]);
     assert!(
-        !context.propose(DRAFT_LEN, 0.0).tokens.is_empty(),
+        !context.propose(DRAFT_LEN, 0.0, None).tokens.is_empty(),
         "a reset starts over"
     );
 }
@@ -701,5 +709,241 @@ fn a_dequantized_target_verifies_its_own_quantized_copy_exactly_and_accepts_most
     assert!(
         drafted > 0 && accepted * 2 > drafted,
         "a model's quantized copy should agree with it most of the time: {accepted} of {drafted} drafted tokens accepted"
+    );
+}
+
+/// Requests of the distribution test: sampled plainly, and verified by rejection sampling of a
+/// skewed drafter's draws; of the draft model's drawn drafts; and of its greedy drafts compared.
+const PLAIN_REQUESTS: u32 = 300;
+const DRAFT_MODEL_REQUESTS: u32 = 150;
+const COMPARED_REQUESTS: u32 = 50;
+
+/// Two-sample chi-square test of homogeneity between two sets of outputs: the statistic and its
+/// degrees of freedom, over the outputs seen at least 10 times in both sets together (the rarer
+/// ones pooled into one more category).
+fn homogeneity(a: &[Vec<Token>], b: &[Vec<Token>]) -> (f64, usize) {
+    use std::collections::BTreeMap;
+    let mut counts: BTreeMap<&[Token], (f64, f64)> = BTreeMap::new();
+    for output in a {
+        counts.entry(output).or_default().0 += 1.0;
+    }
+    for output in b {
+        counts.entry(output).or_default().1 += 1.0;
+    }
+    let mut cells: Vec<(f64, f64)> = Vec::new();
+    let mut pooled = (0.0, 0.0);
+    for &(x, y) in counts.values() {
+        if x + y >= 10.0 {
+            cells.push((x, y));
+        } else {
+            pooled = (pooled.0 + x, pooled.1 + y);
+        }
+    }
+    if pooled.0 + pooled.1 > 0.0 {
+        cells.push(pooled);
+    }
+    let (n_a, n_b) = (a.len() as f64, b.len() as f64);
+    let (scale_a, scale_b) = ((n_b / n_a).sqrt(), (n_a / n_b).sqrt());
+    let statistic = cells
+        .iter()
+        .map(|&(x, y)| (x * scale_a - y * scale_b).powi(2) / (x + y))
+        .sum();
+    (statistic, cells.len().saturating_sub(1))
+}
+
+/// The chi-square value a statistic of `df` degrees of freedom exceeds one time in a thousand
+/// (Wilson and Hilferty's approximation).
+fn chi_square_critical(df: usize) -> f64 {
+    let df = df.max(1) as f64;
+    let z = 3.09;
+    let term = 2.0 / (9.0 * df);
+    df * (1.0 - term + z * term.sqrt()).powi(3)
+}
+
+/// Asserts that the tokens at `position` of `outputs` and of `plain` (none for an output that
+/// ended before it) pass the homogeneity test, with enough categories for the test to mean
+/// something.
+fn assert_same_distribution(
+    what: &str,
+    position: usize,
+    outputs: &[Vec<Token>],
+    plain: &[Vec<Token>],
+) {
+    let at = |outputs: &[Vec<Token>]| -> Vec<Vec<Token>> {
+        outputs
+            .iter()
+            .map(|output| output.get(position).copied().into_iter().collect())
+            .collect()
+    };
+    let (statistic, df) = homogeneity(&at(plain), &at(outputs));
+    let critical = chi_square_critical(df);
+    eprintln!(
+        "{what}, token {position}: chi-square {statistic:.1}, {df} degrees of freedom (critical {critical:.1})"
+    );
+    assert!(
+        df >= 3,
+        "{what}: token {position} varies too little to test anything ({df} degrees of freedom)"
+    );
+    assert!(
+        statistic < critical,
+        "{what}: token {position} differs from plain sampling's: chi-square {statistic:.1} with {df} degrees of freedom (critical {critical:.1})"
+    );
+}
+
+/// A drafter that drafts only the second output token, drawn from a fixed distribution far
+/// from the target's: uniform over `candidates`. Its draws test rejection sampling where most of
+/// them are rejected and the residual does the work.
+struct Skewed {
+    candidates: Vec<Token>,
+    prompt_len: usize,
+    context_len: usize,
+    sampling: Option<DraftSampling>,
+    draw: Option<SampledDraft>,
+}
+
+impl DraftSource for Skewed {
+    fn name(&self) -> &str {
+        "skewed"
+    }
+    fn begin(&mut self, _facts: &ModelFacts, prompt: &[Token]) -> Result<(), SourceFault> {
+        (self.prompt_len, self.context_len) = (prompt.len(), prompt.len());
+        Ok(())
+    }
+    fn propose(&mut self, _max_draft_len: usize) -> Result<Proposal, SourceFault> {
+        let Some(sampling) = self.sampling else {
+            return Ok(Proposal::empty());
+        };
+        if self.context_len != self.prompt_len + 1 {
+            return Ok(Proposal::empty());
+        }
+        let share = 1.0 / self.candidates.len() as f32;
+        let pick: f32 = sampling.generator(self.context_len).random();
+        let token = self.candidates[((pick / share) as usize).min(self.candidates.len() - 1)];
+        self.draw = Some(SampledDraft {
+            tokens: vec![token],
+            distributions: vec![TokenDistribution {
+                probabilities: self.candidates.iter().map(|&t| (t, share)).collect(),
+            }],
+        });
+        Ok(Proposal::from_tokens(vec![token]))
+    }
+    fn feed(&mut self, tokens: &[Token]) -> Result<(), SourceFault> {
+        self.context_len += tokens.len();
+        Ok(())
+    }
+    fn sample_drafts(&mut self, sampling: Option<DraftSampling>) {
+        self.sampling = sampling;
+    }
+    fn take_draw(&mut self) -> Option<SampledDraft> {
+        self.draw.take()
+    }
+}
+
+#[test]
+fn rejection_sampling_draws_what_plain_sampling_draws() {
+    let _guard = exclusive();
+    let (target, draft) = smollm2_with_its_default_draft();
+    let host = plugin_host();
+    host.attach_draft_model(Arc::new(draft), None);
+    let mut session = target.session(&common::session_params()).expect("session");
+    let message = "Write a list of three random words.";
+    let mut run = |cascade: &mut Cascade, seed: u32, draft_acceptance, max_tokens| {
+        let sampling = SamplingParams {
+            temperature: 1.0,
+            top_k: 8,
+            seed,
+            draft_acceptance,
+            ..SamplingParams::greedy()
+        };
+        generate_in(
+            &target,
+            &mut session,
+            message,
+            max_tokens,
+            sampling,
+            2,
+            cascade,
+        )
+    };
+    // The first token comes with the prompt; the next ones are verified drafts and a token
+    // the target chose itself.
+    let plain: Vec<Vec<Token>> = (0..PLAIN_REQUESTS)
+        .map(|seed| run(&mut Cascade::empty(), seed, DraftAcceptance::Rejection, 4).tokens)
+        .collect();
+
+    // A drafter far from the target: the three most common second tokens, and one the target
+    // never chose there.
+    let mut seen: std::collections::BTreeMap<Token, usize> = Default::default();
+    for output in &plain {
+        if let Some(&second) = output.get(1) {
+            *seen.entry(second).or_default() += 1;
+        }
+    }
+    let mut by_count: Vec<(usize, Token)> = seen.iter().map(|(&t, &n)| (n, t)).collect();
+    by_count.sort_unstable_by(|a, b| b.cmp(a));
+    let never = (20_000..)
+        .find(|token| !seen.contains_key(token))
+        .expect("a token");
+    let mut candidates: Vec<Token> = by_count.iter().take(3).map(|&(_, t)| t).collect();
+    candidates.push(never);
+    let mut skewed = Cascade::new(
+        vec![Box::new(Skewed {
+            candidates,
+            prompt_len: 0,
+            context_len: 0,
+            sampling: None,
+            draw: None,
+        })],
+        Default::default(),
+    );
+    let (mut skewed_outputs, mut skewed_accepted) = (Vec::new(), 0);
+    for seed in 0..PLAIN_REQUESTS {
+        let outcome = run(&mut skewed, seed, DraftAcceptance::Rejection, 4);
+        skewed_accepted += outcome.stats.accepted;
+        skewed_outputs.push(outcome.tokens);
+    }
+    assert!(
+        skewed_accepted > 0 && skewed_accepted < u64::from(PLAIN_REQUESTS),
+        "the skewed draws are accepted sometimes, not always: {skewed_accepted}"
+    );
+    assert!(
+        skewed_outputs
+            .iter()
+            .all(|output| output.get(1) != Some(&never)),
+        "a drawn token the target gives no probability is never accepted, nor drawn again"
+    );
+    assert_same_distribution("skewed drafter", 1, &skewed_outputs, &plain);
+
+    // The draft model (the target's own Q4_0), through the `draft` plugin; one cascade for
+    // every request, so its context keeps the prompt.
+    let mut speculative = cascade(&host, &[SourceSpec::Builtin("draft".into())]);
+    let (mut drawn, mut compared) = (Vec::new(), Vec::new());
+    let (mut accepted_drawn, mut accepted_compared) = (0, 0);
+    for seed in 0..DRAFT_MODEL_REQUESTS {
+        let outcome = run(&mut speculative, seed, DraftAcceptance::Rejection, 4);
+        drawn.push(outcome.tokens);
+        if seed < COMPARED_REQUESTS {
+            accepted_drawn += outcome.stats.accepted;
+            let outcome = run(&mut speculative, seed, DraftAcceptance::Compare, 4);
+            accepted_compared += outcome.stats.accepted;
+            compared.push(outcome.tokens);
+        }
+    }
+    assert_eq!(
+        compared,
+        plain[..COMPARED_REQUESTS as usize],
+        "compare keeps plain decoding's output seed for seed"
+    );
+    assert_eq!(
+        run(&mut speculative, 7, DraftAcceptance::Rejection, 4).tokens,
+        drawn[7],
+        "a seeded request draws the same tokens again"
+    );
+    for position in [1, 2] {
+        assert_same_distribution("draft model", position, &drawn, &plain);
+    }
+    assert!(
+        accepted_drawn > accepted_compared,
+        "drawn drafts were accepted {accepted_drawn} times, greedy ones compared {accepted_compared} times"
     );
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use spechost::cascade::{
-    Cascade, CascadeMode, CascadeSettings, DraftModel, DraftModelCosts, DraftModelFactory, Drafted,
-    DraftedToken, Token,
+    Cascade, CascadeMode, CascadeSettings, DraftModel, DraftModelCosts, DraftModelFactory,
+    DraftSampling, Drafted, DraftedToken, Token,
 };
 use spechost::engine::{GenerationStats, Outcome, SamplingParams, Target};
 use spechost::models::DefaultModel;
@@ -202,7 +202,12 @@ impl DraftModel for Clairvoyant {
         self.fed += tokens.len();
     }
 
-    fn propose(&mut self, max_draft_len: usize, _p_min: f32) -> Drafted {
+    fn propose(
+        &mut self,
+        max_draft_len: usize,
+        _p_min: f32,
+        _sampling: Option<DraftSampling>,
+    ) -> Drafted {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let catch_up_time = self.costs.catch_up_per_token * (self.fed - self.caught_up) as u32;
         std::thread::sleep(catch_up_time);
@@ -219,6 +224,7 @@ impl DraftModel for Clairvoyant {
         Drafted {
             tokens,
             catch_up_time,
+            ..Drafted::default()
         }
     }
 }

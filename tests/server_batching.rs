@@ -149,4 +149,29 @@ fn concurrent_requests_give_exactly_runs_output_under_every_cascade() {
             seed + index as u32
         );
     }
+
+    // The draft model's drafts drawn at the temperature, in the batched draft context, and
+    // verified by rejection sampling in the shared verify steps (the distribution itself is
+    // tested in `tests/draft_model.rs`).
+    let extra = json!({
+        "temperature": TEMPERATURE.parse::<f64>().expect("a number"),
+        "speculative": {"cascade": "draft", "policy": "fixed"},
+    });
+    let answers = send_together(&server, &extra, Some(seed));
+    let drawn: u64 = answers
+        .iter()
+        .map(|(_, body)| {
+            body["speculative"]["drawn_rounds"]
+                .as_u64()
+                .expect("drawn_rounds")
+        })
+        .sum();
+    let accepted: u64 = answers
+        .iter()
+        .map(|(_, body)| body["speculative"]["accepted"].as_u64().expect("accepted"))
+        .sum();
+    assert!(
+        drawn > 0 && accepted > 0,
+        "drawn drafts were verified ({drawn} rounds) and accepted ({accepted} tokens)"
+    );
 }

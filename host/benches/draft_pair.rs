@@ -161,7 +161,7 @@ fn replay(
     while position < output.len() {
         let max_len = options.max_draft_len.min(output.len() - position);
         let started = clock.now();
-        let proposal = draft.propose(max_len, options.p_min).tokens;
+        let proposal = draft.propose(max_len, options.p_min, None).tokens;
         let elapsed = clock.now() - started;
         if position == 1 {
             totals.first_time += elapsed;

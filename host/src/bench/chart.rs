@@ -268,6 +268,7 @@ mod tests {
             draft_rounds: 5,
             drafted: 10,
             accepted: 5,
+            drawn_rounds: 0,
             verify_batches: vec![5, 5],
             sources: if plain {
                 vec![]
@@ -314,6 +315,7 @@ mod tests {
             sampling: "greedy".into(),
             outputs_match: true,
             mismatches: vec![],
+            drawn_requests: 0,
             requests: vec![],
             prompt_style: "chat",
             workloads: vec![workload("edit"), workload("extract")],

@@ -244,6 +244,9 @@ pub struct Measurements {
     pub workloads: Vec<WorkloadRun>,
     /// Every output that differed from plain decoding.
     pub mismatches: Vec<Mismatch>,
+    /// Decodings that verified drawn drafts by rejection sampling, whose outputs follow the
+    /// target's distribution but are not plain decoding's draw: not compared with it.
+    pub drawn_requests: usize,
     /// Every request of every measured pass, degenerate ones included.
     pub requests: Vec<RequestRow>,
     /// How the model was prompted (`Chat` or `Raw`).
@@ -349,6 +352,7 @@ pub fn measure_workloads(
         prepared.iter().map(Vec::len).sum::<usize>() * passes * configurations.len();
     progress.set_length(total_requests as u64);
     let mut mismatches = Vec::new();
+    let mut drawn_requests = 0;
     let mut all_requests = Vec::new();
     let mut runs = Vec::new();
     for (workload, requests) in workloads.into_iter().zip(prepared) {
@@ -413,6 +417,9 @@ pub fn measure_workloads(
                     }
                     match expected {
                         None => *expected = Some(outcome.tokens),
+                        // Drawn drafts follow the target's distribution, not plain decoding's
+                        // draw for the seed: there is nothing to compare token for token.
+                        Some(_) if outcome.stats.drawn_rounds > 0 => drawn_requests += 1,
                         Some(expected) => {
                             if let Some(mismatch) =
                                 context.compare(request, expected, &outcome.tokens)
@@ -446,6 +453,7 @@ pub fn measure_workloads(
         configurations,
         workloads: runs,
         mismatches,
+        drawn_requests,
         requests: all_requests,
         prompt_style: resolve_prompt_style(config.prompt_style, target),
         threads: config.session.threads,

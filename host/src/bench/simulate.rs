@@ -462,6 +462,7 @@ mod tests {
                 survival: Vec::new(),
                 n_past: 2,
                 max_draft_len: 8,
+                distributions: Vec::new(),
             };
             verifier.verify(&round).expect("the trace goes on").tokens
         };

@@ -96,6 +96,8 @@ pub struct Totals {
     pub drafted: u64,
     /// Draft tokens accepted.
     pub accepted: u64,
+    /// Rounds that verified drawn drafts by rejection sampling.
+    pub drawn_rounds: u64,
     /// `verify_batches[n - 1]`: rounds that verified `n` tokens.
     pub verify_batches: Vec<u64>,
     /// Time in the target's verify batches.
@@ -117,6 +119,7 @@ impl Totals {
         self.draft_rounds += stats.draft_rounds;
         self.drafted += stats.drafted;
         self.accepted += stats.accepted;
+        self.drawn_rounds += stats.drawn_rounds;
         add_counts(&mut self.verify_batches, &stats.verify_batches);
         self.verify_time += stats.verify_time;
         self.draft_time += stats.draft_time;
@@ -133,6 +136,7 @@ impl Totals {
         self.draft_rounds += other.draft_rounds;
         self.drafted += other.drafted;
         self.accepted += other.accepted;
+        self.drawn_rounds += other.drawn_rounds;
         add_counts(&mut self.verify_batches, &other.verify_batches);
         self.verify_time += other.verify_time;
         self.draft_time += other.draft_time;

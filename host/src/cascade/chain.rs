@@ -21,6 +21,7 @@ use super::mode::{CascadeMode, CascadeSettings, MAX_SHADOW_LEN};
 use super::policy::{
     Decision, DraftModelSetup, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound,
 };
+use super::sampled::{DraftSampling, TokenDistribution};
 use super::scored::best_scored;
 use super::slot::Slot;
 use super::source::{DraftSource, Feedback, ModelFacts, Token};
@@ -39,6 +40,10 @@ pub struct Draft {
     pub source: Option<usize>,
     /// The draft length the policy chose for this round (at most the round's limit).
     pub max_draft_len: usize,
+    /// When the draft was drawn at the request's temperature, the distribution of each token
+    /// (one per token): the verifier accepts them by rejection sampling, and nothing may cut
+    /// the draft. Empty for a deterministic draft.
+    pub distributions: Vec<TokenDistribution>,
 }
 
 impl Draft {
@@ -51,6 +56,7 @@ impl Draft {
             survival: self.survival[..len.min(self.survival.len())].to_vec(),
             source: self.source.filter(|_| len > 0),
             max_draft_len: self.max_draft_len,
+            distributions: self.distributions[..len.min(self.distributions.len())].to_vec(),
         }
     }
 }
@@ -78,6 +84,8 @@ pub struct Cascade {
     /// Slots past this many hold sources joined for the current request only
     /// ([`Self::join`]).
     own_sources: usize,
+    /// How sources with a draft model draw their drafts for the next request.
+    draft_sampling: Option<DraftSampling>,
 }
 
 impl Cascade {
@@ -91,7 +99,14 @@ impl Cascade {
             slots,
             settings,
             policy: Box::new(FixedLength::default()),
+            draft_sampling: None,
         }
+    }
+
+    /// Sources with a draft model draw their drafts at `sampling` from the next
+    /// [`Self::begin`] on (rejection sampling); `None`: they draft greedily.
+    pub fn sample_drafts(&mut self, sampling: Option<DraftSampling>) {
+        self.draft_sampling = sampling;
     }
 
     /// The same cascade with `policy` choosing each round's draft length.
@@ -160,6 +175,7 @@ impl Cascade {
     ) {
         for slot in &mut self.slots {
             slot.reset();
+            slot.source.sample_drafts(self.draft_sampling);
             slot.call("begin", |s| s.begin(facts, prompt));
         }
         self.order = self.usual_order().collect();
@@ -206,6 +222,7 @@ impl Cascade {
         });
         for slot in &mut self.slots {
             slot.proposal = None;
+            slot.draw = None;
             slot.shadow_asked = false;
             slot.excluded = decision.exclude.contains(&slot.stats.name);
         }
@@ -231,6 +248,9 @@ impl Cascade {
                 .as_ref()
                 .map(|proposal| (proposal, &slot.history))
         });
+        let distributions = winner
+            .and_then(|index| self.slots[index].draw.clone())
+            .unwrap_or_default();
         Draft {
             tokens: proposal
                 .map(|(proposal, _)| proposal.tokens.clone())
@@ -240,6 +260,7 @@ impl Cascade {
                 .unwrap_or_default(),
             source: winner,
             max_draft_len,
+            distributions,
         }
     }
 
@@ -248,7 +269,11 @@ impl Cascade {
         let min_len = self.settings.min_len.max(1);
         for &index in &self.order {
             let slot = &mut self.slots[index];
-            if !slot.excluded && slot.ask(max_len) >= min_len {
+            if slot.excluded {
+                continue;
+            }
+            let len = slot.ask(max_len);
+            if len >= min_len || (slot.drew() && len > 0) {
                 return Some(index);
             }
         }
@@ -430,7 +455,7 @@ mod tests {
 
     use std::sync::{Arc, Mutex};
 
-    use super::super::doubles::{ScriptedPolicy, Slow, constant, facts, scored, scripted};
+    use super::super::doubles::{Drawing, ScriptedPolicy, Slow, constant, facts, scored, scripted};
     use super::super::mode::CascadeMode;
     use super::super::source::Proposal;
 
@@ -465,6 +490,51 @@ mod tests {
             vec![1, 2],
             "the next request has its own"
         );
+    }
+
+    #[test]
+    fn a_drawn_draft_wins_whole_whatever_the_source_returned_or_the_minimum_length() {
+        let sampling = Arc::new(Mutex::new(None));
+        let drawing = || {
+            Box::new(Drawing {
+                drawn: vec![5, 6],
+                reply: vec![9],
+                sampling: Arc::clone(&sampling),
+                pending: None,
+            })
+        };
+        let settings = DraftSampling {
+            temperature: 0.7,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 1,
+        };
+        for mode in [CascadeMode::First, CascadeMode::Scored] {
+            let log = Arc::default();
+            let mut cascade = Cascade::new(
+                vec![scripted("cheap", Ok(vec![]), &log), drawing()],
+                CascadeSettings {
+                    mode,
+                    min_len: 3,
+                    ..CascadeSettings::default()
+                },
+            );
+            cascade.begin(&facts(), &[1], 8, &[]);
+            let greedy = cascade.propose(8);
+            assert_eq!(greedy.source, None, "{mode:?}: too short, nothing drawn");
+            assert!(greedy.distributions.is_empty());
+
+            cascade.sample_drafts(Some(settings));
+            cascade.begin(&facts(), &[1], 8, &[]);
+            assert_eq!(*sampling.lock().expect("settings"), Some(settings));
+            let drawn = cascade.propose(8);
+            assert_eq!(drawn.source, Some(1), "{mode:?}");
+            assert_eq!(drawn.tokens, [5, 6], "{mode:?}: the draw, not the reply");
+            assert_eq!(drawn.distributions.len(), 2);
+            assert_eq!(drawn.distributions[1].probability(7), 0.5);
+            cascade.sample_drafts(None);
+        }
     }
 
     #[test]

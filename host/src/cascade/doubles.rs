@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::mode::{CascadeMode, CascadeSettings};
 use super::policy::{Decision, PolicySetup, RoundPolicy, RoundRecord};
+use super::sampled::{DraftSampling, SampledDraft, TokenDistribution};
 use super::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 
 /// A scripted source: proposes `reply` each round and logs what it was told.
@@ -175,5 +176,50 @@ impl DraftSource for Slow {
     }
     fn feed(&mut self, _tokens: &[Token]) -> Result<(), SourceFault> {
         Ok(())
+    }
+}
+
+/// A source whose draft model draws `drawn` when the request samples (it records the settings
+/// it was given), while its `propose` returns `reply`, as a plugin may.
+pub(super) struct Drawing {
+    pub(super) drawn: Vec<Token>,
+    pub(super) reply: Vec<Token>,
+    pub(super) sampling: Arc<Mutex<Option<DraftSampling>>>,
+    pub(super) pending: Option<SampledDraft>,
+}
+
+impl DraftSource for Drawing {
+    fn name(&self) -> &str {
+        "drawing"
+    }
+    fn begin(&mut self, _facts: &ModelFacts, _prompt: &[Token]) -> Result<(), SourceFault> {
+        Ok(())
+    }
+    fn propose(&mut self, _max_len: usize) -> Result<Proposal, SourceFault> {
+        if self.sampling.lock().expect("test settings").is_some() {
+            self.pending = Some(SampledDraft {
+                tokens: self.drawn.clone(),
+                distributions: self
+                    .drawn
+                    .iter()
+                    .map(|&token| TokenDistribution {
+                        probabilities: vec![(token, 0.5), (token + 1, 0.5)],
+                    })
+                    .collect(),
+            });
+        }
+        Ok(Proposal::from_tokens(self.reply.clone()))
+    }
+    fn feed(&mut self, _tokens: &[Token]) -> Result<(), SourceFault> {
+        Ok(())
+    }
+    fn is_expensive(&self) -> bool {
+        true
+    }
+    fn sample_drafts(&mut self, sampling: Option<DraftSampling>) {
+        *self.sampling.lock().expect("test settings") = sampling;
+    }
+    fn take_draw(&mut self) -> Option<SampledDraft> {
+        self.pending.take()
     }
 }

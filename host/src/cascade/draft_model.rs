@@ -7,14 +7,16 @@
 
 use std::time::Duration;
 
+use super::sampled::{DraftSampling, TokenDistribution};
 use super::source::Token;
 
 /// One token a draft model proposes, with the probability it gave it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DraftedToken {
-    /// The draft model's greedy choice.
+    /// The draft model's greedy choice, or its draw when it drafts at a temperature.
     pub token: Token,
-    /// Its probability under the draft model (softmax over the whole vocabulary), in [0, 1].
+    /// Its probability under the draft model, in [0, 1]: the softmax over the whole vocabulary
+    /// (greedy), or under the distribution it was drawn from.
     pub prob: f32,
 }
 
@@ -23,6 +25,9 @@ pub struct DraftedToken {
 pub struct Drafted {
     /// The drafted tokens, in order.
     pub tokens: Vec<DraftedToken>,
+    /// When the tokens were drawn at a temperature, the distribution of each (one per token);
+    /// empty when they were chosen greedily.
+    pub distributions: Vec<TokenDistribution>,
     /// Time spent decoding context tokens the cache lacked before drafting (a request's prompt
     /// at its first ask; the committed tokens since the last ask), counted whole for each ask
     /// that shared those decodes with others.
@@ -52,11 +57,19 @@ pub trait DraftModel: Send {
     /// Appends committed tokens to the context.
     fn feed(&mut self, tokens: &[Token]);
 
-    /// Greedily drafts up to `max_draft_len` tokens after the context, stopping after the first
-    /// token whose probability is below `p_min` (that token is included). The drafted tokens are
-    /// not added to the context. Drafts nothing when the model fails (the failure is logged) or
-    /// the context is full.
-    fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Drafted;
+    /// Drafts up to `max_draft_len` tokens after the context, greedily or, with `sampling`,
+    /// each drawn from the draft model's distribution shaped by it. Greedy drafting stops after
+    /// the first token whose probability is below `p_min` (that token is included); drawing
+    /// stops before a position whose most likely token is below `p_min` (whether a drawn token
+    /// is verified may not depend on the token). The drafted tokens are not added to the
+    /// context. Drafts nothing when the model fails (the failure is logged) or the
+    /// context is full.
+    fn propose(
+        &mut self,
+        max_draft_len: usize,
+        p_min: f32,
+        sampling: Option<DraftSampling>,
+    ) -> Drafted;
 }
 
 /// Makes one [`DraftModel`] context per source that asks for one. Shared by every plugin

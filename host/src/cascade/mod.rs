@@ -24,6 +24,7 @@ mod draft_model;
 mod estimate;
 mod mode;
 mod policy;
+mod sampled;
 mod scored;
 mod slot;
 mod source;
@@ -40,6 +41,7 @@ pub use self::mode::{
 pub use self::policy::{
     Decision, DraftModelSetup, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound,
 };
+pub use self::sampled::{DraftSampling, MAX_DRAFT_SUPPORT, SampledDraft, TokenDistribution};
 pub use self::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 pub use self::stats::SourceStats;
 pub(crate) use self::stats::ratio;

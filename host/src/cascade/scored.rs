@@ -26,7 +26,11 @@ pub(super) fn best_scored(
             if slot.excluded || slot.source.is_expensive() != expensive {
                 continue;
             }
-            if slot.ask(max_len) < min_len {
+            let len = slot.ask(max_len);
+            if slot.drew() && len > 0 {
+                return Some(index);
+            }
+            if len < min_len {
                 continue;
             }
             let Some(proposal) = slot.proposal.as_ref() else {

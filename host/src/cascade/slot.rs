@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::estimate::{AcceptanceHistory, matching_prefix};
 use super::policy::SourceRound;
+use super::sampled::TokenDistribution;
 use super::source::{DraftSource, Proposal, SourceFault, Token};
 use super::stats::SourceStats;
 
@@ -28,6 +29,10 @@ pub(super) struct Slot {
     pub(super) history: AcceptanceHistory,
     /// This round's proposal, after truncation, if the source was asked (it gets feedback).
     pub(super) proposal: Option<Proposal>,
+    /// When this round's proposal was drawn from the source's draft model at the request's
+    /// temperature: the distribution of each of its tokens. Such a proposal wins the round
+    /// and is verified whole (see `sampled.rs`).
+    pub(super) draw: Option<Vec<TokenDistribution>>,
     /// Time the `propose` call for this round's proposal took.
     pub(super) proposal_time: Duration,
     /// The part of `proposal_time` a draft model spent catching up with the context.
@@ -49,6 +54,7 @@ impl Slot {
             source,
             history: AcceptanceHistory::default(),
             proposal: None,
+            draw: None,
             proposal_time: Duration::ZERO,
             proposal_catch_up_time: Duration::ZERO,
             last_call_time: Duration::ZERO,
@@ -92,6 +98,15 @@ impl Slot {
             .unwrap_or_default();
         self.proposal_time = self.last_call_time;
         self.proposal_catch_up_time = self.source.take_catch_up_time();
+        if let Some(draw) = self.source.take_draw() {
+            // The draw is the proposal, even if the source returned something else or failed.
+            if proposal.tokens != draw.tokens {
+                proposal = Proposal::from_tokens(draw.tokens);
+            }
+            let mut distributions = draw.distributions;
+            distributions.truncate(max_len);
+            self.draw = Some(distributions);
+        }
         proposal.truncate(max_len);
         if !proposal.tokens.is_empty() {
             self.stats.proposed += 1;
@@ -107,10 +122,18 @@ impl Slot {
         !self.excluded && !self.source.is_expensive() && self.shadow.is_none()
     }
 
+    /// Whether this round's proposal was drawn at the request's temperature: it wins the
+    /// round, whatever its length or score, since choosing among draws after seeing them
+    /// would bias the output.
+    pub(super) fn drew(&self) -> bool {
+        self.draw.is_some()
+    }
+
     /// Forgets the previous request's proposals, keeping what was learnt.
     pub(super) fn reset(&mut self) {
         self.stats = SourceStats::named(&self.stats.name);
         self.proposal = None;
+        self.draw = None;
         self.shadow = None;
         self.shadow_asked = false;
     }
@@ -120,6 +143,8 @@ impl Slot {
         self.shadow_asked = true;
         let mut proposal = self.call("propose", |s| s.propose(len)).unwrap_or_default();
         let catch_up_time = self.source.take_catch_up_time();
+        // Shadow proposals are never verified: a draw made for one has no use.
+        self.source.take_draw();
         proposal.truncate(len);
         if !proposal.tokens.is_empty() {
             self.stats.shadow_proposed += 1;

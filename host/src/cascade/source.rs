@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::draft_model::DraftModelCosts;
+use super::sampled::{DraftSampling, SampledDraft};
 
 /// A token id in the target model's vocabulary.
 pub type Token = u32;
@@ -120,6 +121,17 @@ pub trait DraftSource: Send {
     /// What drafting with the source's draft model costs, for a source that drafts with one
     /// and whose host measured it. Default: none.
     fn draft_model_costs(&self) -> Option<DraftModelCosts> {
+        None
+    }
+
+    /// How the source's draft model draws its drafts for the current request (its temperature
+    /// and seed, for rejection sampling); `None`: greedily. Called before
+    /// [`begin`](Self::begin). Default: ignored (a source without a draft model).
+    fn sample_drafts(&mut self, _sampling: Option<DraftSampling>) {}
+
+    /// The draft its draft model drew during the last [`propose`](Self::propose), if it drew
+    /// one: the source's proposal for the round, whatever `propose` returned. Default: none.
+    fn take_draw(&mut self) -> Option<SampledDraft> {
         None
     }
 

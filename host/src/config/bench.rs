@@ -328,13 +328,16 @@ impl BenchArgs {
             cost_repeat: self.cost_repeat,
             max_tokens_cap: self.max_tokens,
             default_max_tokens: DEFAULT_MAX_TOKENS,
-            sampling: sampling_params(
-                self.sampling.temp,
-                self.sampling.top_k,
-                self.sampling.top_p,
-                self.sampling.min_p,
-                Some(self.seed),
-            )?,
+            sampling: SamplingParams {
+                draft_acceptance: self.sampling.draft_acceptance.unwrap_or_default(),
+                ..sampling_params(
+                    self.sampling.temp,
+                    self.sampling.top_k,
+                    self.sampling.top_p,
+                    self.sampling.min_p,
+                    Some(self.seed),
+                )?
+            },
             plugin_configs,
             session,
             out: self.out,

@@ -12,8 +12,9 @@ use super::error::ConfigError;
 use super::file::FileRun;
 use crate::cascade::CascadeMode;
 use crate::engine::{
-    self, ChatTemplateChoice, DEFAULT_MAX_DRAFT_LEN, DraftModelConfig, MAX_DRAFT_LEN_LIMIT,
-    MaxDraftLenError, ModelOverrides, OverrideError, SamplingParams, SessionParams, TargetParams,
+    self, ChatTemplateChoice, DEFAULT_MAX_DRAFT_LEN, DraftAcceptance, DraftModelConfig,
+    MAX_DRAFT_LEN_LIMIT, MaxDraftLenError, ModelOverrides, OverrideError, SamplingParams,
+    SessionParams, TargetParams,
 };
 use crate::models::{DefaultDraft, DefaultModel, target_variant};
 use crate::placement::{CpuList, NumaMode, PlacementRequest, Plan, Topology};
@@ -113,6 +114,13 @@ pub struct SamplingArgs {
     /// Min-p sampling (0 = off).
     #[arg(long)]
     pub min_p: Option<f32>,
+    /// How drafts of a draft model are verified at a temperature: `rejection` (the draft
+    /// model draws at the temperature; each token is accepted with probability min(1, p/q))
+    /// or `compare` (greedy drafts, kept where the target's own draw equals them: the same
+    /// output as plain decoding with the same seed). Both give exactly the target's
+    /// distribution; greedy requests and requests with a grammar always compare.
+    #[arg(long, value_enum)]
+    pub draft_acceptance: Option<DraftAcceptance>,
 }
 
 impl SamplingArgs {
@@ -122,13 +130,18 @@ impl SamplingArgs {
         file: &FileRun,
         seed: Option<u32>,
     ) -> Result<SamplingParams, ConfigError> {
-        sampling_params(
+        let mut params = sampling_params(
             self.temp.or(file.temp),
             self.top_k.or(file.top_k),
             self.top_p.or(file.top_p),
             self.min_p.or(file.min_p),
             seed,
-        )
+        )?;
+        params.draft_acceptance = self
+            .draft_acceptance
+            .or(file.draft_acceptance)
+            .unwrap_or_default();
+        Ok(params)
     }
 }
 

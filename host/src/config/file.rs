@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::error::ConfigError;
+use crate::engine::DraftAcceptance;
 use crate::placement::{CpuList, NumaMode};
 
 /// The `[run]` and `[plugins.NAME]` tables of a TOML config file.
@@ -40,6 +41,7 @@ pub(super) struct FileRun {
     pub(super) top_k: Option<i32>,
     pub(super) top_p: Option<f32>,
     pub(super) min_p: Option<f32>,
+    pub(super) draft_acceptance: Option<DraftAcceptance>,
     pub(super) seed: Option<u32>,
     #[serde(default)]
     pub(super) stop: Vec<String>,

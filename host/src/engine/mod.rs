@@ -56,7 +56,7 @@ pub use self::chat_template::ChatTemplateChoice;
 pub use self::context::SeqId;
 pub use self::draft::{
     BatchDrafter, DraftAsk, DraftBatch, DraftModelConfig, DraftModelContext, DraftModelHost,
-    check_vocab_compatible, measure_draft_model,
+    OwnedDraftAsk, check_vocab_compatible, measure_draft_model,
 };
 pub use self::error::EngineError;
 pub use self::grammar::{GRAMMAR_SOURCE, Grammar, GrammarError, GrammarSource};
@@ -67,7 +67,9 @@ pub use self::rounds::{
     Generation, Outcome, OutputPiece, Prefill, Request, RoundControl, RoundDecision, RoundDraft,
     StopReason, Verified, Verifier, VerifyBatch, generate,
 };
-pub use self::sample::{MAX_TOP_LOGPROBS, MIN_TEMPERATURE, SamplingParams, TokenLogprob};
+pub use self::sample::{
+    DraftAcceptance, MAX_TOP_LOGPROBS, MIN_TEMPERATURE, SamplingParams, TokenLogprob,
+};
 pub use self::stats::GenerationStats;
 pub use self::text::{MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS, StopStrings, StopStringsError};
 pub use self::verify::{

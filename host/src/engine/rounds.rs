@@ -31,7 +31,9 @@ use super::sample::{SamplingParams, TokenLogprob};
 use super::stats::GenerationStats;
 use super::text::{StopStrings, TextStream};
 use super::verify::DEFAULT_MAX_DRAFT_LEN;
-use crate::cascade::{Cascade, Draft, ModelFacts, RoundTiming, SourceStats, Token};
+use crate::cascade::{
+    Cascade, Draft, ModelFacts, RoundTiming, SourceStats, Token, TokenDistribution,
+};
 
 /// One generation request.
 #[derive(Debug, Clone)]
@@ -178,6 +180,10 @@ pub struct RoundDraft {
     /// The most draft tokens the round could verify (the request's, cut to the tokens, batch
     /// and context left).
     pub max_draft_len: usize,
+    /// When the draft was drawn at the request's temperature, the distribution of each token
+    /// (as [`Draft::distributions`]): verified by rejection sampling, and never cut. Empty for
+    /// a deterministic draft.
+    pub distributions: Vec<TokenDistribution>,
 }
 
 /// What the target returned for one round.
@@ -405,6 +411,8 @@ impl<'g> Generation<'g> {
         {
             self.cascade.join(Box::new(source.restart()));
         }
+        self.cascade
+            .sample_drafts(self.request.sampling.draft_sampling());
         self.cascade.begin(
             &self.facts,
             &self.request.prompt,
@@ -469,6 +477,7 @@ impl<'g> Generation<'g> {
             survival: draft.survival.clone(),
             n_past: self.n_past,
             max_draft_len,
+            distributions: draft.distributions.clone(),
         };
         self.pending = Some((draft, draft_time));
         Some(round)
@@ -501,6 +510,9 @@ impl<'g> Generation<'g> {
         if drafted > 0 {
             self.stats.draft_rounds += 1;
             self.stats.drafted += drafted as u64;
+            if !round.distributions.is_empty() {
+                self.stats.drawn_rounds += 1;
+            }
         }
         let mut committed = Vec::with_capacity(target.len());
         let mut n_accepted = 0;

@@ -1,5 +1,6 @@
 //! Choosing the target's token at a verified position (greedy or seeded sampling, under the
-//! request's grammar if it has one), and reporting its log-probability when asked.
+//! request's grammar if it has one; a drawn draft token accepted by rejection sampling), and
+//! reporting its log-probability when asked.
 
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
@@ -8,12 +9,14 @@ use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use std::time::Duration;
 
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
 use super::error::EngineError;
 use super::grammar::{Grammar, GrammarError, GrammarState, masked_argmax, thread_cpu_time};
-use super::model::from_llama;
-use crate::cascade::Token;
+use super::model::{from_llama, to_llama};
+use crate::cascade::{DraftSampling, Token, TokenDistribution};
 
 /// Temperatures below this are greedy decoding, as in vLLM (`_SAMPLING_EPS`): dividing logits
 /// by a smaller temperature overflows `f32` (1e-37 turns every logit into ±inf and the draw
@@ -32,6 +35,24 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// hundred milliseconds on Gemma 3's 262K tokens. Measured in the thread's CPU time, so a busy
 /// machine does not fail a request.
 pub const MAX_GRAMMAR_TIME_PER_TOKEN: Duration = Duration::from_secs(1);
+
+/// How a sampled request verifies draft tokens that were drawn from a distribution the drafter
+/// states (the draft model's, at the request's temperature).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum DraftAcceptance {
+    /// Leviathan/Chen rejection sampling: the draft model draws its tokens at the request's
+    /// temperature, the target accepts each with probability `min(1, p/q)` and draws from
+    /// the residual `max(0, p - q)` at the first rejection. Exactly the target's distribution,
+    /// and more accepted tokens.
+    #[default]
+    Rejection,
+    /// Every draft is chosen greedily, and the target's own draw must equal each token: the
+    /// same output as plain decoding with the same seed, fewer accepted tokens.
+    Compare,
+}
 
 /// How a request's tokens are chosen and reported: sampling settings as in llama.cpp's
 /// `common_params_sampling`. A `temperature` below [`MIN_TEMPERATURE`] (0 included) is greedy
@@ -55,6 +76,8 @@ pub struct SamplingParams {
     /// tokens at its position (at most [`MAX_TOP_LOGPROBS`]); `None` reports nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<usize>,
+    /// How drafts drawn at the temperature are verified (sampled requests without a grammar).
+    pub draft_acceptance: DraftAcceptance,
 }
 
 impl SamplingParams {
@@ -68,6 +91,7 @@ impl SamplingParams {
             seed: 0,
             grammar: None,
             top_logprobs: None,
+            draft_acceptance: DraftAcceptance::default(),
         }
     }
 
@@ -85,7 +109,30 @@ impl SamplingParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature < MIN_TEMPERATURE
     }
+
+    /// How a draft model draws the drafts of this request, when they are verified by
+    /// rejection sampling: a sampled request without a grammar (under a grammar the target's
+    /// token is drawn twice when its first draw is not allowed, a distribution with no
+    /// closed form to accept against) whose [`DraftAcceptance`] is `Rejection`. The draft's
+    /// seed is the request's, in a generator of its own.
+    pub fn draft_sampling(&self) -> Option<DraftSampling> {
+        let rejection = !self.is_greedy()
+            && self.grammar.is_none()
+            && self.draft_acceptance == DraftAcceptance::Rejection;
+        rejection.then(|| DraftSampling {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed: u64::from(self.seed) ^ DRAFT_SEED_MIX,
+        })
+    }
 }
+
+/// Separates the random streams a request's seed starts: the draft model's draws and the
+/// verifier's acceptance draws, each a generator of its own.
+const DRAFT_SEED_MIX: u64 = 0xD4AF_7000_0000_0000;
+const ACCEPTANCE_SEED_MIX: u64 = 0xACCE_9700_0000_0000;
 
 /// A generated token's log-probability under the target's distribution at its position (the
 /// softmax of the raw logits, before temperature, truncation or grammar, as llama-server and
@@ -136,9 +183,13 @@ impl TokenLogprob {
 /// Speculation stays exact because a token is sampled only at positions that are committed:
 /// the verify loop stops sampling at the first position whose sample differs from the draft,
 /// so the random generator and the grammar advance exactly once per output token, as in plain
-/// decoding.
+/// decoding. A drawn draft token is instead accepted or replaced by rejection sampling
+/// ([`Self::settle_drawn`]), with a generator of its own.
 pub(super) struct TokenSampler {
     draw: Draw,
+    /// For drawn drafts: the request's sampler chain without its draw (the target's
+    /// distribution), and the generator of the acceptance draws.
+    rejection: Option<Rejection>,
     grammar: Option<GrammarState>,
     /// Alternatives to report per token; `None`: no log-probabilities.
     top_logprobs: Option<usize>,
@@ -149,6 +200,17 @@ pub(super) struct TokenSampler {
     candidates: LlamaTokenDataArray,
     /// The grammar's work since the last sampled token (checking a draft included).
     grammar_time: Duration,
+}
+
+/// What rejection sampling needs of a request.
+struct Rejection {
+    /// The request's truncations and temperature; the softmax of what they leave is the
+    /// distribution its draw samples.
+    shape: LlamaSampler,
+    generator: Xoshiro256PlusPlus,
+    /// The target's distribution at the position being settled, `(token, weight)` over the
+    /// candidates the shape kept, unnormalised (kept to reuse its allocation).
+    target: Vec<(Token, f64)>,
 }
 
 /// How the token is drawn.
@@ -171,9 +233,7 @@ impl TokenSampler {
     }
 
     fn with_grammar(params: &SamplingParams, grammar: Option<GrammarState>) -> Self {
-        let draw = if params.is_greedy() {
-            Draw::Greedy
-        } else {
+        let shape = || {
             let mut chain = Vec::new();
             if params.top_k > 0 {
                 chain.push(LlamaSampler::top_k(params.top_k));
@@ -185,11 +245,26 @@ impl TokenSampler {
                 chain.push(LlamaSampler::min_p(params.min_p, 1));
             }
             chain.push(LlamaSampler::temp(params.temperature));
+            chain
+        };
+        let draw = if params.is_greedy() {
+            Draw::Greedy
+        } else {
+            let mut chain = shape();
             chain.push(LlamaSampler::dist(params.seed));
             Draw::Seeded(LlamaSampler::chain_simple(chain))
         };
+        let rejection =
+            (grammar.is_none() && params.draft_sampling().is_some()).then(|| Rejection {
+                shape: LlamaSampler::chain_simple(shape()),
+                generator: Xoshiro256PlusPlus::seed_from_u64(
+                    u64::from(params.seed) ^ ACCEPTANCE_SEED_MIX,
+                ),
+                target: Vec::new(),
+            });
         Self {
             draw,
+            rejection,
             grammar,
             top_logprobs: params.top_logprobs.map(|top| top.min(MAX_TOP_LOGPROBS)),
             logprobs: Vec::new(),
@@ -255,10 +330,41 @@ impl TokenSampler {
                 });
             }
         }
+        self.record_logprob(logits, token);
+        Ok(token)
+    }
+
+    /// The target's token at a position whose draft token `drafted` was drawn from
+    /// `distribution`: `drafted` itself with probability `min(1, p(drafted) / q(drafted))`,
+    /// where `p` is the distribution the request's draw samples at these logits and `q` is
+    /// `distribution`; otherwise a token drawn from the residual `max(0, p - q)`, normalised
+    /// (never `drafted`). Either way the token follows `p` exactly, given that `drafted` was
+    /// drawn from `q` independently of this sampler's generators. A request that does not
+    /// verify by rejection (greedy, a grammar, `compare`) samples and compares instead, as
+    /// [`Self::sample`] does.
+    pub(super) fn settle_drawn(
+        &mut self,
+        logits: &[f32],
+        drafted: Token,
+        distribution: &TokenDistribution,
+    ) -> Result<Token, EngineError> {
+        let Some(rejection) = &mut self.rejection else {
+            return self.sample(logits);
+        };
+        fill(&mut self.candidates, logits);
+        self.candidates.apply_sampler(&mut rejection.shape);
+        let token = rejection.settle(&self.candidates, drafted, distribution);
+        if let Draw::Seeded(chain) = &mut self.draw {
+            chain.accept(to_llama(token));
+        }
+        self.record_logprob(logits, token);
+        Ok(token)
+    }
+
+    fn record_logprob(&mut self, logits: &[f32], token: Token) {
         if let Some(top) = self.top_logprobs {
             self.logprobs.push(TokenLogprob::at(logits, token, top));
         }
-        Ok(token)
     }
 
     /// How many of `draft`'s first tokens the grammar allows from here (all of them without
@@ -280,6 +386,80 @@ impl TokenSampler {
     /// request asked for them).
     pub(super) fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
         std::mem::take(&mut self.logprobs)
+    }
+}
+
+impl Rejection {
+    /// Accepts `drafted` or draws from the residual (see [`TokenSampler::settle_drawn`]);
+    /// `candidates` are the target's, shaped.
+    fn settle(
+        &mut self,
+        candidates: &LlamaTokenDataArray,
+        drafted: Token,
+        distribution: &TokenDistribution,
+    ) -> Token {
+        let max = candidates
+            .data
+            .iter()
+            .map(LlamaTokenData::logit)
+            .fold(f32::NEG_INFINITY, f32::max);
+        self.target.clear();
+        self.target.extend(candidates.data.iter().map(|candidate| {
+            let weight = f64::from(candidate.logit() - max).exp();
+            (from_llama(candidate.id()), weight)
+        }));
+        let total: f64 = self.target.iter().map(|&(_, weight)| weight).sum();
+        let p_drafted = self
+            .target
+            .iter()
+            .find(|&&(token, _)| token == drafted)
+            .map_or(0.0, |&(_, weight)| weight / total);
+        let q_drafted = f64::from(distribution.probability(drafted));
+        let u: f64 = self.generator.random();
+        if q_drafted > 0.0 && u * q_drafted < p_drafted {
+            return drafted;
+        }
+        let mut q_by_token: Vec<(Token, f64)> = distribution
+            .probabilities
+            .iter()
+            .map(|&(token, q)| (token, f64::from(q)))
+            .collect();
+        q_by_token.sort_unstable_by_key(|&(token, _)| token);
+        let q = |token: Token| {
+            q_by_token
+                .binary_search_by_key(&token, |&(held, _)| held)
+                .map_or(0.0, |at| q_by_token[at].1)
+        };
+        let residual: Vec<f64> = self
+            .target
+            .iter()
+            .map(|&(token, weight)| (weight / total - q(token)).max(0.0))
+            .collect();
+        let mut mass: f64 = residual.iter().sum();
+        let u: f64 = self.generator.random();
+        // `p` and `q` equal to rounding leave nothing over: `p` itself is the residual's
+        // limit then.
+        let weights: Vec<f64> = if mass > 0.0 {
+            residual
+        } else {
+            mass = 1.0;
+            self.target
+                .iter()
+                .map(|&(_, weight)| weight / total)
+                .collect()
+        };
+        let mut left = u * mass;
+        let mut chosen = None;
+        for (&(token, _), &weight) in self.target.iter().zip(&weights) {
+            if weight > 0.0 {
+                chosen = Some(token);
+                if left < weight {
+                    break;
+                }
+                left -= weight;
+            }
+        }
+        chosen.unwrap_or(drafted)
     }
 }
 
@@ -420,6 +600,116 @@ mod tests {
         }
         assert!(TokenLogprob::at(&logits, 1, 0).top.is_empty());
         assert_eq!(TokenLogprob::at(&logits, 0, 20).top.len(), logits.len());
+    }
+
+    /// Pearson's chi-square statistic of `counts` against `probabilities` over `draws`.
+    fn chi_square(counts: &[usize], probabilities: &[f64], draws: usize) -> f64 {
+        counts
+            .iter()
+            .zip(probabilities)
+            .map(|(&seen, &p)| {
+                let expected = p * draws as f64;
+                (seen as f64 - expected).powi(2) / expected
+            })
+            .sum()
+    }
+
+    #[test]
+    fn rejection_sampling_draws_the_targets_distribution_whatever_the_draft() {
+        let logits = [1.0f32, 2.5, 0.2, -1.0, 1.8, 0.9];
+        let params = SamplingParams {
+            temperature: 0.8,
+            seed: 5,
+            ..SamplingParams::greedy()
+        };
+        let weights: Vec<f64> = logits
+            .iter()
+            .map(|&l| (f64::from(l) / f64::from(params.temperature)).exp())
+            .collect();
+        let total: f64 = weights.iter().sum();
+        let p: Vec<f64> = weights.iter().map(|w| w / total).collect();
+        // A draft that misses token 1 (the target's favourite) and overweights token 3.
+        let q = TokenDistribution {
+            probabilities: vec![(3, 0.5), (0, 0.3), (4, 0.15), (5, 0.05)],
+        };
+        let mut sampler = TokenSampler::with_grammar(&params, None);
+        let mut draft_generator = Xoshiro256PlusPlus::seed_from_u64(99);
+        let draws = 60_000;
+        let (mut counts, mut accepted) = (vec![0usize; logits.len()], 0);
+        for _ in 0..draws {
+            let mut left: f32 = draft_generator.random();
+            let mut drafted = 5;
+            for &(token, probability) in &q.probabilities {
+                if left < probability {
+                    drafted = token;
+                    break;
+                }
+                left -= probability;
+            }
+            let token = sampler
+                .settle_drawn(&logits, drafted, &q)
+                .expect("no grammar");
+            counts[token as usize] += 1;
+            accepted += usize::from(token == drafted);
+        }
+        // 5 degrees of freedom: above 20.5 one time in a thousand.
+        let statistic = chi_square(&counts, &p, draws);
+        assert!(
+            statistic < 20.5,
+            "chi-square {statistic:.1}: {counts:?} against {p:?}"
+        );
+        // Accepted as often as the overlap of the two distributions says.
+        let overlap: f64 = q
+            .probabilities
+            .iter()
+            .map(|&(token, q)| f64::from(q).min(p[token as usize]))
+            .sum();
+        let rate = accepted as f64 / draws as f64;
+        assert!(
+            (rate - overlap).abs() < 0.01,
+            "accepted {rate:.3}, overlap {overlap:.3}"
+        );
+    }
+
+    #[test]
+    fn a_draft_equal_to_the_target_is_always_accepted_and_compare_never_draws_twice() {
+        let logits = [0.5f32, 1.5, -0.5];
+        let params = SamplingParams {
+            temperature: 1.0,
+            seed: 3,
+            ..SamplingParams::greedy()
+        };
+        let total: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
+        let q = TokenDistribution {
+            probabilities: logits
+                .iter()
+                .enumerate()
+                .map(|(token, &l)| (token as Token, (f64::from(l).exp() / total) as f32))
+                .collect(),
+        };
+        let mut sampler = TokenSampler::with_grammar(&params, None);
+        for drafted in [0, 1, 2, 1, 0] {
+            assert_eq!(
+                sampler.settle_drawn(&logits, drafted, &q).ok(),
+                Some(drafted)
+            );
+        }
+        // `compare`: no rejection sampling; the target's own draw, as plain decoding's.
+        let compare = SamplingParams {
+            draft_acceptance: DraftAcceptance::Compare,
+            ..params.clone()
+        };
+        assert_eq!(compare.draft_sampling(), None);
+        let mut plain = TokenSampler::with_grammar(&compare, None);
+        let mut settled = TokenSampler::with_grammar(&compare, None);
+        for _ in 0..20 {
+            assert_eq!(
+                settled.settle_drawn(&logits, 2, &q).ok(),
+                plain.sample(&logits).ok()
+            );
+        }
+        assert!(params.draft_sampling().is_some());
+        assert_eq!(SamplingParams::greedy().draft_sampling(), None);
     }
 
     #[test]

@@ -31,6 +31,10 @@ pub struct GenerationStats {
     pub drafted: u64,
     /// Draft tokens accepted.
     pub accepted: u64,
+    /// Rounds whose draft was drawn at the request's temperature and verified by rejection
+    /// sampling: the output then follows the target's distribution without being plain
+    /// decoding's draw for the seed (docs/exactness.md).
+    pub drawn_rounds: u64,
     /// Draft tokens proposed but not verified: a server's verify step cut them, their rows
     /// beside the other requests' rounds being worth less than they cost.
     pub cut_draft_tokens: u64,

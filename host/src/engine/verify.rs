@@ -432,6 +432,8 @@ impl<'a> Session<'a> {
         (allowed < round.tokens.len()).then(|| RoundDraft {
             tokens: round.tokens[..allowed].to_vec(),
             survival: round.survival[..allowed.min(round.survival.len())].to_vec(),
+            // Never drawn: a request with a grammar drafts deterministically.
+            distributions: Vec::new(),
             ..round.clone()
         })
     }
@@ -454,7 +456,13 @@ impl<'a> Session<'a> {
             .iter()
             .map(|(_, round)| cut::Offer {
                 drafted: round.tokens.len(),
-                survival: &round.survival,
+                // A drawn draft is verified whole (cutting it after seeing it would bias the
+                // output): an unknown survival keeps it so.
+                survival: if round.distributions.is_empty() {
+                    &round.survival
+                } else {
+                    &[]
+                },
             })
             .collect();
         let lengths = cut::draft_lengths(&offers, |lengths| {
@@ -646,7 +654,13 @@ impl<'a> Session<'a> {
             .ok_or(EngineError::NoRequest)?;
         let mut target = Vec::with_capacity(draft.len() + 1);
         for position in 0..=draft.len() {
-            let token = sampler.sample(self.context.logits(first_row + position))?;
+            let logits = self.context.logits(first_row + position);
+            let token = match (draft.get(position), round.distributions.get(position)) {
+                (Some(&drafted), Some(distribution)) => {
+                    sampler.settle_drawn(logits, drafted, distribution)?
+                }
+                _ => sampler.sample(logits)?,
+            };
             target.push(token);
             if draft.get(position) != Some(&token) {
                 break;

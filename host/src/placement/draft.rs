@@ -14,8 +14,8 @@ use std::thread::JoinHandle;
 
 use super::affinity::pin_current_thread;
 use super::cpulist::CpuList;
-use crate::cascade::{DraftModel, DraftModelFactory, Drafted, Token};
-use crate::engine::{BatchDrafter, DraftAsk, DraftBatch, SeqId};
+use crate::cascade::{DraftModel, DraftModelFactory, DraftSampling, Drafted, Token};
+use crate::engine::{BatchDrafter, DraftAsk, DraftBatch, OwnedDraftAsk, SeqId};
 
 /// Name of every draft worker thread, as `/proc` and `spechost run --json` show it.
 pub const DRAFT_THREAD_NAME: &str = "spechost-draft";
@@ -64,9 +64,10 @@ impl DraftModelFactory for PinnedDraftFactory {
                         Call::Propose {
                             max_draft_len,
                             p_min,
+                            sampling,
                             reply,
                         } => {
-                            let _ = reply.send(model.propose(max_draft_len, p_min));
+                            let _ = reply.send(model.propose(max_draft_len, p_min, sampling));
                         }
                     }
                 }
@@ -95,9 +96,9 @@ pub struct PinnedDraftBatch {
 
 /// Work for a pinned draft context.
 enum BatchJob {
-    /// Draft for these asks (sequence, context, length, `p_min`), answering `(index, draft)`.
+    /// Draft for these asks, answering `(index, draft)`.
     Propose {
-        asks: Vec<(SeqId, Vec<Token>, usize, f32)>,
+        asks: Vec<OwnedDraftAsk>,
         answers: mpsc::Sender<(usize, Drafted)>,
     },
     Clear(SeqId),
@@ -132,15 +133,8 @@ impl PinnedDraftBatch {
                 for job in inbox {
                     match job {
                         BatchJob::Propose { asks, answers } => {
-                            let asks: Vec<DraftAsk<'_>> = asks
-                                .iter()
-                                .map(|(seq, context, max_draft_len, p_min)| DraftAsk {
-                                    seq: *seq,
-                                    context,
-                                    max_draft_len: *max_draft_len,
-                                    p_min: *p_min,
-                                })
-                                .collect();
+                            let asks: Vec<DraftAsk<'_>> =
+                                asks.iter().map(OwnedDraftAsk::as_ask).collect();
                             batch.propose(&asks, |index, drafted| {
                                 let _ = answers.send((index, drafted));
                             });
@@ -174,10 +168,7 @@ impl BatchDrafter for PinnedDraftBatch {
     fn propose(&mut self, asks: &[DraftAsk<'_>], answer: &mut dyn FnMut(usize, Drafted)) {
         let (answers, answered) = mpsc::channel();
         let job = BatchJob::Propose {
-            asks: asks
-                .iter()
-                .map(|ask| (ask.seq, ask.context.to_vec(), ask.max_draft_len, ask.p_min))
-                .collect(),
+            asks: asks.iter().map(DraftAsk::to_owned_ask).collect(),
             answers,
         };
         if let Some(jobs) = &self.jobs {
@@ -221,6 +212,7 @@ enum Call {
     Propose {
         max_draft_len: usize,
         p_min: f32,
+        sampling: Option<DraftSampling>,
         reply: mpsc::Sender<Drafted>,
     },
 }
@@ -250,11 +242,17 @@ impl DraftModel for PinnedDraftModel {
         self.send(Call::Feed(tokens.to_vec()));
     }
 
-    fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Drafted {
+    fn propose(
+        &mut self,
+        max_draft_len: usize,
+        p_min: f32,
+        sampling: Option<DraftSampling>,
+    ) -> Drafted {
         let (reply, answer) = mpsc::channel();
         self.send(Call::Propose {
             max_draft_len,
             p_min,
+            sampling,
             reply,
         });
         answer.recv().unwrap_or_default()
@@ -312,7 +310,12 @@ mod tests {
             self.record(format!("feed {tokens:?}"));
         }
 
-        fn propose(&mut self, max_draft_len: usize, _p_min: f32) -> Drafted {
+        fn propose(
+            &mut self,
+            max_draft_len: usize,
+            _p_min: f32,
+            _sampling: Option<DraftSampling>,
+        ) -> Drafted {
             self.record(format!("propose {max_draft_len}"));
             Drafted {
                 tokens: vec![
@@ -337,7 +340,7 @@ mod tests {
         let mut model = factory.open().expect("opens");
         model.reset();
         model.feed(&[1, 2, 3]);
-        let drafted = model.propose(2, 0.5);
+        let drafted = model.propose(2, 0.5, None);
         assert_eq!(drafted.tokens.len(), 2);
         drop(model);
         let calls = calls.lock().expect("not poisoned");

@@ -7,13 +7,19 @@
 //! milliseconds). The time the host spends in these calls is credited back to the guest call's
 //! deadline (see `sandbox::CallClock`): the deadline bounds the plugin's own code, not the
 //! native model it asked to run.
+//!
+//! At a request's temperature, a proposal asked inside the source's `propose` call is drawn
+//! from the draft model's distribution, and the draw is *committed*: it becomes the source's
+//! proposal for the round whatever the plugin then returns (see `cascade::SampledDraft`), and
+//! asking again in the same call returns the same draw. Rejection sampling is exact only if
+//! the draft verified was not chosen after seeing it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::bindings::{DraftModelHost, DraftedToken};
 use super::sandbox::HostState;
-use crate::cascade::{DraftModel, DraftModelFactory, Drafted, Token};
+use crate::cascade::{DraftModel, DraftModelFactory, DraftSampling, Drafted, SampledDraft, Token};
 
 /// Longest draft a plugin may ask the draft model for in one call; a larger `max-draft-len` is cut.
 pub const MAX_BRIDGE_DRAFT_LEN: usize = 256;
@@ -33,6 +39,11 @@ pub(super) struct DraftBridge {
     failed: bool,
     /// Time the context spent catching up with the context since the source last took it.
     catch_up_time: Duration,
+    /// How proposals are drawn during the source's current `propose` call; `None` outside
+    /// one, or when the request is greedy.
+    sampling: Option<DraftSampling>,
+    /// The draw made during the current `propose` call.
+    draw: Option<SampledDraft>,
 }
 
 impl DraftBridge {
@@ -43,7 +54,23 @@ impl DraftBridge {
             waiting: Vec::new(),
             failed: false,
             catch_up_time: Duration::ZERO,
+            sampling: None,
+            draw: None,
         }
+    }
+
+    /// The source's `propose` call starts: proposals are drawn with `sampling` until
+    /// [`Self::close_round`] (greedy when `None`).
+    pub(super) fn open_round(&mut self, sampling: Option<DraftSampling>) {
+        self.sampling = sampling;
+        self.draw = None;
+    }
+
+    /// The source's `propose` call is over: the draw it made, if any. Proposals are greedy
+    /// again until the next [`Self::open_round`].
+    pub(super) fn close_round(&mut self) -> Option<SampledDraft> {
+        self.sampling = None;
+        self.draw.take()
     }
 
     /// Time the draft model spent catching up with the context in this instance's proposals
@@ -120,12 +147,23 @@ impl DraftModelHost for HostState {
     }
 
     fn propose(&mut self, max_draft_len: u32, p_min: f32) -> Vec<DraftedToken> {
+        if let Some(draw) = &self.draft.draw {
+            // Drawn already in this call: the draw is committed.
+            return draw.drafted_tokens().map(DraftedToken::from).collect();
+        }
         let max_draft_len = (max_draft_len as usize).min(MAX_BRIDGE_DRAFT_LEN);
         let p_min = if p_min.is_finite() { p_min } else { 0.0 };
+        let sampling = self.draft.sampling;
         let drafted = self.with_draft_model(Drafted::default(), |model| {
-            model.propose(max_draft_len, p_min)
+            model.propose(max_draft_len, p_min, sampling)
         });
         self.draft.catch_up_time += drafted.catch_up_time;
+        if sampling.is_some() && !drafted.distributions.is_empty() {
+            self.draft.draw = Some(SampledDraft {
+                tokens: drafted.tokens.iter().map(|drafted| drafted.token).collect(),
+                distributions: drafted.distributions,
+            });
+        }
         drafted.tokens.into_iter().map(DraftedToken::from).collect()
     }
 }
@@ -135,6 +173,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::cascade::{self, TokenDistribution};
     use crate::plugins::sandbox::{SandboxLimits, Services};
 
     /// A factory whose contexts record what they are fed, counting the contexts opened.
@@ -169,8 +208,32 @@ mod tests {
                 .extend_from_slice(tokens);
         }
 
-        fn propose(&mut self, _max_draft_len: usize, _p_min: f32) -> Drafted {
-            Drafted::default()
+        fn propose(
+            &mut self,
+            max_draft_len: usize,
+            _p_min: f32,
+            sampling: Option<DraftSampling>,
+        ) -> Drafted {
+            let Some(sampling) = sampling else {
+                return Drafted::default();
+            };
+            // A draw of token `seed + i` at position i, certain.
+            let tokens: Vec<Token> = (0..max_draft_len as Token)
+                .map(|i| sampling.seed as Token + i)
+                .collect();
+            Drafted {
+                tokens: tokens
+                    .iter()
+                    .map(|&token| cascade::DraftedToken { token, prob: 1.0 })
+                    .collect(),
+                distributions: tokens
+                    .iter()
+                    .map(|&token| TokenDistribution {
+                        probabilities: vec![(token, 1.0)],
+                    })
+                    .collect(),
+                catch_up_time: Duration::ZERO,
+            }
         }
     }
 
@@ -203,6 +266,52 @@ mod tests {
         assert_eq!(*factory.fed.lock().expect("not poisoned"), [3, 4, 5]);
         DraftModelHost::feed(&mut state, vec![6]);
         assert_eq!(*factory.fed.lock().expect("not poisoned"), [3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn a_draw_inside_a_propose_call_is_committed_and_proposals_outside_one_are_greedy() {
+        let factory = Recording::default();
+        let mut state = host_state(&factory);
+        DraftModelHost::feed(&mut state, vec![1]);
+        let sampling = DraftSampling {
+            temperature: 0.7,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 40,
+        };
+        assert!(
+            DraftModelHost::propose(&mut state, 2, 0.0).is_empty(),
+            "greedy"
+        );
+        state.draft.open_round(Some(sampling));
+        let tokens = |drafted: Vec<DraftedToken>| -> Vec<Token> {
+            drafted.iter().map(|drafted| drafted.token).collect()
+        };
+        assert_eq!(
+            tokens(DraftModelHost::propose(&mut state, 2, 0.0)),
+            [40, 41]
+        );
+        assert_eq!(
+            tokens(DraftModelHost::propose(&mut state, 5, 0.0)),
+            [40, 41],
+            "asking again in the same call returns the draw"
+        );
+        let draw = state.draft.close_round().expect("the call drew");
+        assert_eq!(draw.tokens, [40, 41]);
+        assert_eq!(draw.distributions.len(), 2);
+        assert_eq!(state.draft.close_round(), None, "taken once");
+        assert!(
+            DraftModelHost::propose(&mut state, 2, 0.0).is_empty(),
+            "greedy again"
+        );
+        state.draft.open_round(None);
+        DraftModelHost::propose(&mut state, 2, 0.0);
+        assert_eq!(
+            state.draft.close_round(),
+            None,
+            "a greedy request draws nothing"
+        );
     }
 
     #[test]

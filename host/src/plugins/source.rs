@@ -19,12 +19,17 @@ use super::sandbox::SandboxLimits;
 use super::supervised::{Method, Supervised};
 use super::world::{DrafterRequest, DrafterWorld};
 use crate::cascade::{
-    DraftModelCosts, DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token,
+    DraftModelCosts, DraftSampling, DraftSource, Feedback, ModelFacts, Proposal, SampledDraft,
+    SourceFault, Token,
 };
 
 /// A drafter plugin as one slot of a cascade. Made by [`LoadedPlugin::source`].
 pub struct PluginSource {
     supervised: Supervised<DrafterWorld>,
+    /// How the draft model draws during this request's `propose` calls.
+    sampling: Option<DraftSampling>,
+    /// The draw of the last `propose` call, kept even when the call trapped afterwards.
+    draw: Option<SampledDraft>,
 }
 
 impl std::fmt::Debug for PluginSource {
@@ -45,7 +50,11 @@ impl PluginSource {
     pub(super) fn start(plugin: LoadedPlugin, config: String, limits: SandboxLimits) -> Self {
         let mut supervised = Supervised::new(plugin, config, limits);
         supervised.start_instance();
-        Self { supervised }
+        Self {
+            supervised,
+            sampling: None,
+            draw: None,
+        }
     }
 
     /// Faults so far: traps, time-outs, memory-limit hits, invalid proposals, rejected configs.
@@ -89,16 +98,22 @@ impl DraftSource for PluginSource {
     }
 
     fn propose(&mut self, max_draft_len: usize) -> Result<Proposal, SourceFault> {
+        self.draw = None;
         if !self.supervised.is_active() || max_draft_len == 0 {
             return Ok(Proposal::empty());
         }
         self.supervised.ensure_session()?;
         let asked = u32::try_from(max_draft_len).unwrap_or(u32::MAX);
+        let (sampling, draw) = (self.sampling, &mut self.draw);
         let proposed = self
             .supervised
             .call(Method::Propose, |drafter, store, session| {
+                store.data_mut().draft.open_round(sampling);
                 let api = drafter.spechost_drafter_drafter_api();
-                api.session().call_propose(store, session, asked)
+                let proposed = api.session().call_propose(&mut *store, session, asked);
+                // Taken before a trap drops the instance: a draw counts once made.
+                *draw = store.data_mut().draft.close_round();
+                proposed
             })?;
         let Some(proposal) = proposed.map(Proposal::from) else {
             return Ok(Proposal::empty());
@@ -163,6 +178,14 @@ impl DraftSource for PluginSource {
 
     fn draft_model_costs(&self) -> Option<DraftModelCosts> {
         self.supervised.plugin().draft_model_costs()
+    }
+
+    fn sample_drafts(&mut self, sampling: Option<DraftSampling>) {
+        self.sampling = sampling;
+    }
+
+    fn take_draw(&mut self) -> Option<SampledDraft> {
+        self.draw.take()
     }
 
     fn take_catch_up_time(&mut self) -> Duration {

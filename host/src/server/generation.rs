@@ -602,6 +602,7 @@ pub fn speculative_report(finished: &Finished) -> SpeculativeReport {
         draft_rounds: stats.draft_rounds,
         drafted: stats.drafted,
         accepted: stats.accepted,
+        drawn_rounds: stats.drawn_rounds,
         cut_draft_tokens: stats.cut_draft_tokens,
         replayed_tokens: stats.replayed_tokens,
         acceptance_percent: 100.0 * stats.acceptance(),

@@ -23,8 +23,9 @@ use std::time::Duration;
 use super::metrics::{Metrics, PluginHealthDelta, PluginInstances};
 use super::registry::{ResolvedPolicy, ResolvedSource, Snapshot, SourceKey};
 use crate::cascade::{
-    AcceptanceHistory, Cascade, CascadeSettings, Decision, DraftModelCosts, DraftSource, Feedback,
-    ModelFacts, PolicySetup, Proposal, RoundPolicy, RoundRecord, SourceFault, Token,
+    AcceptanceHistory, Cascade, CascadeSettings, Decision, DraftModelCosts, DraftSampling,
+    DraftSource, Feedback, ModelFacts, PolicySetup, Proposal, RoundPolicy, RoundRecord,
+    SampledDraft, SourceFault, Token,
 };
 use crate::plugins::{PluginPolicy, PluginSource};
 
@@ -281,6 +282,14 @@ impl DraftSource for Shared {
 
     fn draft_model_costs(&self) -> Option<DraftModelCosts> {
         lock(&self.source).draft_model_costs()
+    }
+
+    fn sample_drafts(&mut self, sampling: Option<DraftSampling>) {
+        lock(&self.source).sample_drafts(sampling);
+    }
+
+    fn take_draw(&mut self) -> Option<SampledDraft> {
+        lock(&self.source).take_draw()
     }
 
     fn take_catch_up_time(&mut self) -> Duration {

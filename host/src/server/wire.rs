@@ -310,6 +310,10 @@ pub struct SpeculativeReport {
     pub drafted: u64,
     /// Draft tokens accepted.
     pub accepted: u64,
+    /// Rounds whose draft was drawn at the request's temperature and verified by rejection
+    /// sampling (`--draft-acceptance rejection`): the output follows the target's distribution
+    /// but is not plain decoding's draw for the seed.
+    pub drawn_rounds: u64,
     /// Draft tokens proposed but cut by the server's verify steps (not worth their rows
     /// beside the other requests' rounds), so never verified.
     pub cut_draft_tokens: u64,

@@ -72,9 +72,12 @@
 //! source is asked again, to measure its acceptance afresh, once the rounds since its last ask
 //! took 50 times as long as the next ask is expected to (its last ask's time; for a draft
 //! model the host measured, an ask's time plus catching up with every token committed since,
-//! the prompt's at the start of a request), so re-measuring a source that does not pay costs
-//! at most 2% of the time; but never when it could not pay even if every token it drafted were
-//! accepted: measuring its acceptance cannot change the verdict. A draft model left out falls
+//! the prompt's at the start of a request, or drafting the probe's K if that is longer), so
+//! re-measuring a source that does not pay costs at most 2% of the time; but never when it
+//! could not pay even if every token it drafted were accepted: measuring its acceptance cannot
+//! change the verdict. A probe drafts at least the K at which the source would pay best if
+//! every token were accepted: its acceptance there decides whether it pays, and a one-token
+//! probe, accepted, says too little about longer drafts to bring a draft model back. A draft model left out falls
 //! further behind the context with every round, and its catch-up grows as fast as the rounds'
 //! time when catching up with a token costs more than 2% of committing it: such a draft model
 //! is measured again only at the start of a request, where it is behind by the prompt alone.
@@ -472,13 +475,23 @@ impl SourceModel {
         )
     }
 
-    /// Whether some K would beat `plain` (committed tokens per microsecond) if the source
-    /// always proposed and the target accepted every token it drafted.
-    fn could_pay(&self, verify: &[f64], others: f64, plain: f64) -> bool {
+    /// The K at which the source would pay best if it always proposed and the target accepted
+    /// every token it drafted, when that beats `plain` (committed tokens per microsecond):
+    /// the length to measure it at, since its acceptance there decides whether it pays. `None`
+    /// when no K would pay even then.
+    fn probe_length(&self, verify: &[f64], others: f64, plain: f64) -> Option<u32> {
         let all_accepted = vec![1.0; verify.len()];
-        self.rates_at(verify, others, &all_accepted, 1.0)
+        let mut best: Option<(usize, f64)> = None;
+        for (index, rate) in self
+            .rates_at(verify, others, &all_accepted, 1.0)
             .into_iter()
-            .any(|rate| rate > plain)
+            .enumerate()
+        {
+            if rate > plain && best.is_none_or(|(_, best_rate)| rate > best_rate) {
+                best = Some((index + 1, rate));
+            }
+        }
+        best.and_then(|(k, _)| u32::try_from(k).ok())
     }
 
     /// [`Self::rates`] for the acceptance per position `acceptance` and the proposal rate `p`.
@@ -495,10 +508,11 @@ impl SourceModel {
             .collect()
     }
 
-    /// Whether enough time has passed since its last ask to measure it again at no more than
-    /// [`PROBE_SHARE`] of the time.
-    fn is_due_for_a_probe(&self) -> bool {
-        self.since_ask_us as f64 * PROBE_SHARE >= self.next_ask_us()
+    /// Whether enough time has passed since its last ask to measure it again, asking for
+    /// `length` tokens, at no more than [`PROBE_SHARE`] of the time.
+    fn is_due_for_a_probe(&self, length: u32) -> bool {
+        let drafting = self.draft_per_token_us.unwrap_or(0.0) * f64::from(length);
+        self.since_ask_us as f64 * PROBE_SHARE >= self.next_ask_us().max(drafting)
     }
 }
 
@@ -665,15 +679,18 @@ impl Policy for Cost {
         if length == 0 {
             return Decision::skip(self.shadow_len);
         }
-        let excluded = unprofitable
-            .iter()
-            .map(|&index| &self.sources[index])
-            .filter(|model| {
-                !model.is_due_for_a_probe()
-                    || !model.could_pay(verify, self.others.committed, plain)
-            })
-            .map(|model| model.name.clone())
-            .collect();
+        let mut excluded = Vec::new();
+        for &index in &unprofitable {
+            let model = &self.sources[index];
+            // A probe measures the source where it could pay: a one-token probe, accepted,
+            // says too little about longer drafts to bring a draft model back.
+            match model.probe_length(verify, self.others.committed, plain) {
+                Some(probe) if model.is_due_for_a_probe(probe) => {
+                    length = length.max(probe.min(self.cap));
+                }
+                _ => excluded.push(model.name.clone()),
+            }
+        }
         Decision::draft(length).excluding(excluded)
     }
 }
@@ -1196,7 +1213,9 @@ mod tests {
         let ask_us = ask.sources[1].draft_us;
         harness.observe(&ask);
         let (mut asked_at, mut elapsed) = (Vec::new(), 0);
-        for _ in 0..200 {
+        // Probes draft the K at which the model would pay best if every token were accepted
+        // (this flat curve's cap), so they come further apart than its 4-token asks alone need.
+        for _ in 0..1000 {
             let decision = harness.decide();
             assert!(
                 decision.max_draft_len > 0,
@@ -1263,6 +1282,56 @@ mod tests {
             });
         }
         asks
+    }
+
+    #[test]
+    fn probes_a_draft_model_where_it_could_pay_and_brings_it_back_when_it_does() {
+        // Each drafted token costs a quarter of a target step and verifying 30% more per
+        // token: at the prior's acceptance (0.5) no K pays, at full acceptance long drafts do.
+        // Catching up costs little, so the model left out is measured again within a request.
+        let per_token_us = ONE_TOKEN_US * 0.25;
+        let mut setup = two_sources_with_a_draft_model(0.3, per_token_us);
+        if let Some(costs) = &mut setup.draft_model {
+            costs.catch_up_per_token_us = per_token_us / 100.0;
+        }
+        let mut harness = cost("", setup);
+        let (mut probes, mut asked_late) = (Vec::new(), 0);
+        for round_index in 0..2000 {
+            let decision = harness.decide();
+            let round = if decision.exclude.is_empty() && decision.max_draft_len > 0 {
+                if probes.is_empty() {
+                    probes.push(decision.max_draft_len);
+                }
+                asked_late += usize::from(round_index >= 1500);
+                // The target accepts every token the model drafts.
+                model_round(decision.max_draft_len, decision.max_draft_len, per_token_us)
+            } else {
+                // `lookup` has nothing: a plain round.
+                RoundRecord {
+                    max_draft_len: decision.max_draft_len,
+                    sources: vec![SourceRound {
+                        source: "lookup".to_owned(),
+                        draft_us: 3,
+                        ..SourceRound::default()
+                    }],
+                    draft_us: 3,
+                    n_verified: 1,
+                    ..RoundRecord::default()
+                }
+            };
+            harness.observe(&RoundRecord {
+                verify_us: ONE_TOKEN_US as u64,
+                ..round
+            });
+        }
+        assert!(
+            probes[0] > 1,
+            "the first probe drafts where the model could pay, not one token: {probes:?}"
+        );
+        assert!(
+            asked_late > 450,
+            "accepted at every probe, the model is asked in most rounds again: {asked_late} of the last 500"
+        );
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub struct Report {
     pub outputs_match: bool,
     /// The outputs that did not.
     pub mismatches: Vec<Mismatch>,
+    /// Decodings that verified drawn drafts by rejection sampling (not compared with plain
+    /// decoding: they follow its distribution, not its draw for the seed).
+    pub drawn_requests: usize,
     /// Every request of every measured pass (`requests.csv`), degenerate ones included.
     #[serde(skip)]
     pub requests: Vec<RequestRow>,
@@ -136,6 +139,9 @@ pub struct ConfigurationReport {
     pub drafted: u64,
     /// Draft tokens accepted, over all measured passes.
     pub accepted: u64,
+    /// Rounds that verified drafts drawn at the temperature by rejection sampling, over all
+    /// measured passes: their requests' outputs are not compared with plain decoding's.
+    pub drawn_rounds: u64,
     /// `verify_batches[n - 1]`: rounds that verified `n` tokens, over all measured passes.
     pub verify_batches: Vec<u64>,
     /// Per-source results, in cascade order.
@@ -199,6 +205,7 @@ impl Report {
             configurations,
             workloads,
             mismatches,
+            drawn_requests,
             requests,
             prompt_style,
             threads,
@@ -261,6 +268,7 @@ impl Report {
                             draft_rounds: totals.draft_rounds,
                             drafted: totals.drafted,
                             accepted: totals.accepted,
+                            drawn_rounds: totals.drawn_rounds,
                             sources: totals
                                 .sources
                                 .iter()
@@ -304,6 +312,7 @@ impl Report {
             sampling: sampling_label(&config.sampling),
             outputs_match: mismatches.is_empty(),
             mismatches,
+            drawn_requests,
             requests,
             workloads,
             mixed,
@@ -392,6 +401,7 @@ mod tests {
             draft_rounds: 5,
             drafted: 20,
             accepted: 10,
+            drawn_rounds: 0,
             verify_batches,
             verify_time: Duration::from_secs_f64(secs * 0.9),
             draft_time: Duration::from_secs_f64(secs * 0.05),
@@ -411,6 +421,7 @@ mod tests {
             ..SourceStats::named("suffix")
         };
         let measurements = Measurements {
+            drawn_requests: 0,
             configurations: vec![
                 Configuration::plain(),
                 Configuration {

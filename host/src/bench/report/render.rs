@@ -70,6 +70,7 @@ impl Report {
                     match (c.outputs_match, plain) {
                         (false, _) => "**DIFFERS**",
                         (true, true) => "baseline",
+                        (true, false) if c.drawn_rounds > 0 => "drawn",
                         (true, false) => "same",
                     },
                 );
@@ -117,6 +118,13 @@ impl Report {
         out.push_str(
             "tok/s counts generated tokens after each request's first over the time after it; speedup is the ratio of medians to plain decoding.\n\n",
         );
+        if self.drawn_requests > 0 {
+            let _ = writeln!(
+                out,
+                "{} decoding(s) verified drafts drawn at the temperature by rejection sampling: their outputs follow the target's distribution, not plain decoding's draw for the seed, and are not compared with it (`--draft-acceptance compare` keeps the check).\n",
+                self.drawn_requests
+            );
+        }
         for workload in &self.workloads {
             let _ = writeln!(
                 out,

@@ -149,6 +149,7 @@ mod tests {
             configurations: vec![Configuration::plain()],
             workloads: Vec::new(),
             mismatches: Vec::new(),
+            drawn_requests: 0,
             // a1 is sent twice in four requests, a2 and b1 once.
             requests: vec![row("a1", 11, 100), row("a2", 21, 400), row("b1", 1, 0)],
             prompt_style: PromptStyle::Raw,

@@ -5,6 +5,7 @@ use std::sync::mpsc::Sender;
 
 use crate::cascade::{Drafted, Token};
 use crate::engine::context::SeqId;
+use crate::engine::draft::OwnedDraftAsk;
 use crate::engine::error::EngineError;
 use crate::engine::rounds::{RoundDraft, Verified};
 use crate::engine::sample::{SamplingParams, TokenLogprob};
@@ -27,10 +28,7 @@ pub(super) enum Call {
     Close,
     /// Draft after `context` in draft sequence `seq`.
     Draft {
-        seq: SeqId,
-        context: Vec<Token>,
-        max_draft_len: usize,
-        p_min: f32,
+        ask: OwnedDraftAsk,
         reply: Sender<Drafted>,
     },
     /// The plugin instance holding draft sequence `seq` is gone.

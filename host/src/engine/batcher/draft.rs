@@ -16,9 +16,9 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use super::calls::Call;
-use crate::cascade::{DraftModel, DraftModelFactory, Drafted, Token};
+use crate::cascade::{DraftModel, DraftModelFactory, DraftSampling, Drafted, Token};
 use crate::engine::context::SeqId;
-use crate::engine::draft::{BatchDrafter, DraftAsk, FedTokens};
+use crate::engine::draft::{BatchDrafter, DraftAsk, FedTokens, OwnedDraftAsk};
 
 /// Draft-model sequences a server keeps per slot: one for each slot's drafting plugin
 /// instance, and as many again for instances of other versions or settings that requests
@@ -36,10 +36,7 @@ type Taken = Arc<Mutex<Vec<bool>>>;
 
 /// A proposal waiting for the next draft step.
 struct Waiting {
-    seq: SeqId,
-    context: Vec<Token>,
-    max_draft_len: usize,
-    p_min: f32,
+    ask: OwnedDraftAsk,
     reply: Sender<Drafted>,
 }
 
@@ -59,25 +56,12 @@ impl<'t> DraftSide<'t> {
     /// Forgets the cache of `seq`, whose instance is gone.
     pub(super) fn close(&mut self, seq: SeqId) {
         self.batch.clear(seq);
-        self.waiting.retain(|waiting| waiting.seq != seq);
+        self.waiting.retain(|waiting| waiting.ask.seq != seq);
     }
 
     /// Queues a proposal for the next draft step.
-    pub(super) fn ask(
-        &mut self,
-        seq: SeqId,
-        context: Vec<Token>,
-        max_draft_len: usize,
-        p_min: f32,
-        reply: Sender<Drafted>,
-    ) {
-        self.waiting.push(Waiting {
-            seq,
-            context,
-            max_draft_len,
-            p_min,
-            reply,
-        });
+    pub(super) fn ask(&mut self, ask: OwnedDraftAsk, reply: Sender<Drafted>) {
+        self.waiting.push(Waiting { ask, reply });
     }
 
     /// Context size of each draft sequence, in tokens.
@@ -93,15 +77,7 @@ impl<'t> DraftSide<'t> {
     /// Drafts every waiting proposal together, answering each as soon as it is complete.
     pub(super) fn step(&mut self) {
         let waiting = std::mem::take(&mut self.waiting);
-        let asks: Vec<DraftAsk<'_>> = waiting
-            .iter()
-            .map(|waiting| DraftAsk {
-                seq: waiting.seq,
-                context: &waiting.context,
-                max_draft_len: waiting.max_draft_len,
-                p_min: waiting.p_min,
-            })
-            .collect();
+        let asks: Vec<DraftAsk<'_>> = waiting.iter().map(|waiting| waiting.ask.as_ask()).collect();
         self.batch.propose(&asks, &mut |index, drafted| {
             // An instance that is gone has closed its sequence, or will.
             let _ = waiting[index].reply.send(drafted);
@@ -184,18 +160,27 @@ impl DraftModel for BatchedDraftModel {
         self.fed.feed(tokens);
     }
 
-    fn propose(&mut self, max_draft_len: usize, p_min: f32) -> Drafted {
+    fn propose(
+        &mut self,
+        max_draft_len: usize,
+        p_min: f32,
+        sampling: Option<DraftSampling>,
+    ) -> Drafted {
         let Some(context) = self.fed.draftable() else {
             return Drafted::default();
         };
         if context.is_empty() || max_draft_len == 0 {
             return Drafted::default();
         }
-        let asked = self.calls.send(Call::Draft {
+        let ask = DraftAsk {
             seq: self.seq,
-            context: context.to_vec(),
+            context,
             max_draft_len,
             p_min,
+            sampling,
+        };
+        let asked = self.calls.send(Call::Draft {
+            ask: ask.to_owned_ask(),
             reply: self.reply.clone(),
         });
         if asked.is_err() {

@@ -218,14 +218,8 @@ impl<'t> Batcher<'t> {
                 self.set_state(seq, SeqState::Idle);
             }
             Call::Close => self.open = self.open.saturating_sub(1),
-            Call::Draft {
-                seq,
-                context,
-                max_draft_len,
-                p_min,
-                reply,
-            } => match &mut self.draft {
-                Some(draft) => draft.ask(seq, context, max_draft_len, p_min, reply),
+            Call::Draft { ask, reply } => match &mut self.draft {
+                Some(draft) => draft.ask(ask, reply),
                 None => {
                     let _ = reply.send(Drafted::default());
                 }

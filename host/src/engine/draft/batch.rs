@@ -8,13 +8,16 @@
 //!    as the batch holds them; the draft model's first token of each ask is taken from its
 //!    logits as soon as its catch-up is complete;
 //! 3. while any ask wants more, one decode holds the last drafted token of every such ask, and
-//!    gives each its next token; an ask is done, and answered, at its length or at the first
-//!    token below its `p_min` (which is included).
+//!    gives each its next token (the greedy one, or a draw at the ask's temperature); an ask is
+//!    done, and answered, at its length, after its first greedy token below its `p_min` (which
+//!    is included), or before a position to draw whose most likely token is below it.
 
 use std::time::{Duration, Instant};
 
+use rand::rngs::Xoshiro256PlusPlus;
+
 use super::host::OwnedContext;
-use crate::cascade::{Drafted, DraftedToken, Token};
+use crate::cascade::{DraftSampling, Drafted, DraftedToken, Token, TokenDistribution};
 use crate::engine::context::{Outputs, Rows, SeqId};
 use crate::engine::sample::argmax_with_probability;
 
@@ -29,6 +32,50 @@ pub struct DraftAsk<'a> {
     pub max_draft_len: usize,
     /// Drafting stops after the first token less likely than this.
     pub p_min: f32,
+    /// Draw each token at this temperature instead of choosing the greedy one.
+    pub sampling: Option<DraftSampling>,
+}
+
+impl DraftAsk<'_> {
+    /// The same ask, holding a copy of its context (to send to the thread that drafts).
+    pub fn to_owned_ask(&self) -> OwnedDraftAsk {
+        OwnedDraftAsk {
+            seq: self.seq,
+            context: self.context.to_vec(),
+            max_draft_len: self.max_draft_len,
+            p_min: self.p_min,
+            sampling: self.sampling,
+        }
+    }
+}
+
+/// A [`DraftAsk`] that owns its context: what a plugin instance sends to a server's batcher,
+/// or a pinned draft thread receives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnedDraftAsk {
+    /// The sequence of the batch that drafts.
+    pub seq: SeqId,
+    /// The committed context to draft after (not empty).
+    pub context: Vec<Token>,
+    /// Most tokens to draft.
+    pub max_draft_len: usize,
+    /// Drafting stops after the first token less likely than this.
+    pub p_min: f32,
+    /// Draw each token at this temperature instead of choosing the greedy one.
+    pub sampling: Option<DraftSampling>,
+}
+
+impl OwnedDraftAsk {
+    /// The ask, borrowing its context.
+    pub fn as_ask(&self) -> DraftAsk<'_> {
+        DraftAsk {
+            seq: self.seq,
+            context: &self.context,
+            max_draft_len: self.max_draft_len,
+            p_min: self.p_min,
+            sampling: self.sampling,
+        }
+    }
 }
 
 /// Drafts for several sequences of one draft context at once: a [`DraftBatch`] on the calling
@@ -66,6 +113,10 @@ struct Drafting {
     /// Time of the decodes that held some of `catch_up`.
     catch_up_time: Duration,
     drafted: Vec<DraftedToken>,
+    /// How the ask draws its tokens, with the generator of its draws; `None`: greedily.
+    sampling: Option<(DraftSampling, Xoshiro256PlusPlus)>,
+    /// The distribution of each drawn token.
+    distributions: Vec<TokenDistribution>,
     done: bool,
 }
 
@@ -74,6 +125,7 @@ impl Drafting {
     fn take_answer(&mut self) -> Drafted {
         Drafted {
             tokens: std::mem::take(&mut self.drafted),
+            distributions: std::mem::take(&mut self.distributions),
             catch_up_time: self.catch_up_time,
         }
     }
@@ -149,6 +201,10 @@ impl DraftBatch {
             catch_up: Vec::new(),
             catch_up_time: Duration::ZERO,
             drafted: Vec::new(),
+            sampling: ask
+                .sampling
+                .map(|sampling| (sampling, sampling.generator(ask.context.len()))),
+            distributions: Vec::new(),
             done: true,
         };
         let Some(cached) = self.cached.get(ask.seq.0 as usize) else {
@@ -295,14 +351,40 @@ impl DraftBatch {
         }
     }
 
-    /// Appends the draft model's greedy token at batch index `index` to `state`'s draft, and
-    /// marks it done at its length or below its `p_min`.
+    /// Appends the draft model's token at batch index `index` to `state`'s draft (greedy, or
+    /// drawn as the ask says), and marks it done at its length or below its `p_min`. A greedy
+    /// draft stops after its first token below `p_min` (that token included); a drawn one
+    /// stops *before* a position whose most likely token is below `p_min`, without drawing
+    /// there: whether a drawn token is verified must not depend on the token itself.
     fn take_next(&self, state: &mut Drafting, index: usize) {
-        let (token, prob) = self
-            .context
-            .with_dependent(|_, context| argmax_with_probability(context.logits(index)));
+        let (token, prob, stops) = match &mut state.sampling {
+            None => {
+                let (token, prob) = self
+                    .context
+                    .with_dependent(|_, context| argmax_with_probability(context.logits(index)));
+                (token, prob, prob < state.p_min)
+            }
+            Some((sampling, generator)) => {
+                let drawn = self
+                    .context
+                    .with_dependent(|_, context| sampling.draw(context.logits(index), generator));
+                let Some((token, distribution)) = drawn else {
+                    // Logits without a finite value: nothing to draw from.
+                    state.done = true;
+                    return;
+                };
+                let most_likely = distribution.probabilities.first().map_or(0.0, |&(_, p)| p);
+                if most_likely < state.p_min {
+                    state.done = true;
+                    return;
+                }
+                let prob = distribution.probability(token);
+                state.distributions.push(distribution);
+                (token, prob, false)
+            }
+        };
         state.drafted.push(DraftedToken { token, prob });
-        state.done = state.drafted.len() >= state.max_draft_len || prob < state.p_min;
+        state.done = stops || state.drafted.len() >= state.max_draft_len;
     }
 
     /// A decode of `taken` failed: answers those asks with nothing and empties their caches.
@@ -319,6 +401,7 @@ impl DraftBatch {
             state.done = true;
             state.catch_up.clear();
             state.drafted.clear();
+            state.distributions.clear();
             self.clear(state.seq);
             answer(index, Drafted::default());
         }

@@ -30,7 +30,7 @@ pub fn measure_draft_model(
     measure(vocab_size, ctx_size, |context, max_draft_len| {
         model.reset();
         model.feed(context);
-        let drafted = model.propose(max_draft_len, 0.0);
+        let drafted = model.propose(max_draft_len, 0.0, None);
         model.reset();
         drafted
     })
@@ -103,7 +103,7 @@ fn median(samples: &mut [Duration]) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cascade::DraftedToken;
+    use crate::cascade::{DraftSampling, DraftedToken};
 
     /// A draft model that takes `catch_up` per context token and `per_token` per drafted token,
     /// by sleeping, and drafts token 1.
@@ -122,7 +122,12 @@ mod tests {
             self.fed += tokens.len();
         }
 
-        fn propose(&mut self, max_draft_len: usize, _p_min: f32) -> Drafted {
+        fn propose(
+            &mut self,
+            max_draft_len: usize,
+            _p_min: f32,
+            _sampling: Option<DraftSampling>,
+        ) -> Drafted {
             let catch_up_time = self.catch_up * self.fed as u32;
             std::thread::sleep(catch_up_time + self.per_token * max_draft_len as u32);
             Drafted {
@@ -133,6 +138,7 @@ mod tests {
                     };
                     max_draft_len
                 ],
+                distributions: Vec::new(),
                 catch_up_time,
             }
         }
@@ -161,7 +167,12 @@ mod tests {
         impl DraftModel for Silent {
             fn reset(&mut self) {}
             fn feed(&mut self, _tokens: &[Token]) {}
-            fn propose(&mut self, _max_draft_len: usize, _p_min: f32) -> Drafted {
+            fn propose(
+                &mut self,
+                _max_draft_len: usize,
+                _p_min: f32,
+                _sampling: Option<DraftSampling>,
+            ) -> Drafted {
                 Drafted::default()
             }
         }

@@ -47,7 +47,7 @@ mod cost;
 mod fed;
 mod host;
 
-pub use self::batch::{BatchDrafter, DraftAsk, DraftBatch};
+pub use self::batch::{BatchDrafter, DraftAsk, DraftBatch, OwnedDraftAsk};
 pub use self::context::DraftModelContext;
 pub use self::cost::measure_draft_model;
 pub use self::fed::FedTokens;
