@@ -473,6 +473,13 @@ fn sampling(defaults: &SamplingParams, params: &CommonParams) -> Result<Sampling
         }
         sampling.min_p = min_p;
     }
+    if let Some(acceptance) = params
+        .speculative
+        .as_ref()
+        .and_then(|speculative| speculative.draft_acceptance)
+    {
+        sampling.draft_acceptance = acceptance;
+    }
     sampling.seed = params.seed.unwrap_or_else(crate::config::fresh_seed);
     Ok(sampling)
 }
@@ -757,6 +764,7 @@ fn json_event(value: serde_json::Value) -> SseEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::DraftAcceptance;
 
     #[test]
     fn request_cascades_name_loaded_plugins_not_files() {
@@ -809,6 +817,23 @@ mod tests {
         assert_eq!(
             (sampling.temperature, sampling.top_k, sampling.seed),
             (0.7, 40, 9)
+        );
+        assert_eq!(sampling.draft_acceptance, DraftAcceptance::Rejection);
+        let compare: CommonParams = serde_json::from_value(
+            serde_json::json!({"speculative": {"draft_acceptance": "compare"}}),
+        )
+        .expect("valid");
+        assert_eq!(
+            super::sampling(&defaults, &compare)
+                .expect("in range")
+                .draft_acceptance,
+            DraftAcceptance::Compare
+        );
+        assert!(
+            serde_json::from_value::<CommonParams>(
+                serde_json::json!({"speculative": {"draft_acceptance": "maybe"}})
+            )
+            .is_err()
         );
         let bad: CommonParams =
             serde_json::from_value(serde_json::json!({"top_p": 0})).expect("valid json");

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cascade::CascadeMode;
 use crate::cascade::{SourceStats, Token, ratio};
-use crate::engine::GenerationStats;
+use crate::engine::{DraftAcceptance, GenerationStats};
 
 /// `prompt` of a completion request.
 #[derive(Debug, Clone, Deserialize)]
@@ -67,6 +67,8 @@ pub struct SpeculativeParams {
     pub mode: Option<CascadeMode>,
     /// Whether a request with a grammar also drafts with the host's grammar source.
     pub grammar_drafts: Option<bool>,
+    /// How a draft model's drafts are verified at a temperature (`rejection` or `compare`).
+    pub draft_acceptance: Option<DraftAcceptance>,
 }
 
 /// Parameters shared by completion and chat completion requests.
