@@ -1,6 +1,7 @@
 //! The draft-model bridge on real models: the tokenizer check, the default draft made by
-//! `spechost models quantize`, and a draft context's proposals against the draft model's own
-//! plain greedy decoding. Needs the default models (`spechost models fetch`); makes the
+//! `spechost models quantize`, a draft context's proposals against the draft model's own
+//! plain greedy decoding, and sampling with drawn drafts accepted by rejection sampling against
+//! plain sampling (chi-square tests). Needs the default models (`spechost models fetch`); makes the
 //! SmolLM2 default draft in the model cache if it is not there.
 
 mod common;
