@@ -14,8 +14,8 @@ use common::*;
 use rand::RngExt;
 use spechost::cascade::{
     Cascade, Decision, DraftModel, DraftModelSetup, DraftSampling, DraftSource, DraftedToken,
-    ModelFacts, PolicySetup, Proposal, RoundPolicy, RoundRecord, SampledDraft, SourceFault,
-    SourceRound, Token, TokenDistribution,
+    ModelFacts, PolicySetup, Proposal, ProposalSettings, RoundPolicy, RoundRecord, SampledDraft,
+    SourceFault, SourceRound, Token, TokenDistribution,
 };
 use spechost::config::cache_dir;
 use spechost::engine::{
@@ -152,7 +152,9 @@ fn greedy_proposals_equal_the_draft_models_plain_decoding() {
         let plain = generate_tokens(&reference, &prompt, DRAFT_LEN);
         let mut context = fresh(&draft, &prompt);
         let checked = context.host_batch_products();
-        let proposed = context.propose(DRAFT_LEN, 0.0, None).tokens;
+        let proposed = context
+            .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+            .tokens;
         // The Q4_0 default draft's prompt catch-up is a batch whose products the host computes
         // on such a CPU (unless llama.cpp's AMX buffers hold the weights): the proposals below
         // then compare them with llama.cpp's.
@@ -197,10 +199,12 @@ fn proposals_stop_after_the_first_token_below_p_min() {
     let mut stopped_early = 0;
     for index in 0..fixtures().len() {
         let prompt = prompt(&target, index);
-        let full = fresh(&draft, &prompt).propose(DRAFT_LEN, 0.0, None).tokens;
+        let full = fresh(&draft, &prompt)
+            .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+            .tokens;
         for p_min in [0.3, 0.5, 0.9] {
             let cut = fresh(&draft, &prompt)
-                .propose(DRAFT_LEN, p_min, None)
+                .propose(ProposalSettings::greedy(DRAFT_LEN, p_min))
                 .tokens;
             let expected = full
                 .iter()
@@ -231,7 +235,11 @@ fn accepted_drafts_fed_back_propose_as_a_fresh_context_would() {
     let draft = load_draft(&smollm2_draft_path());
     let prompt = prompt(&target, 1);
     let mut reused = fresh(&draft, &prompt);
-    let first = tokens(&reused.propose(DRAFT_LEN, 0.0, None).tokens);
+    let first = tokens(
+        &reused
+            .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+            .tokens,
+    );
     // Rounds as the engine plays them: some drafted tokens accepted, then the target's token
     // (here a token the draft did not propose, or the next proposal when all were accepted).
     let mut context = prompt.clone();
@@ -245,8 +253,12 @@ fn accepted_drafts_fed_back_propose_as_a_fresh_context_would() {
         committed.push(target_token);
         reused.feed(&committed);
         context.extend_from_slice(&committed);
-        let proposed = reused.propose(DRAFT_LEN, 0.0, None).tokens;
-        let expected = fresh(&draft, &context).propose(DRAFT_LEN, 0.0, None).tokens;
+        let proposed = reused
+            .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+            .tokens;
+        let expected = fresh(&draft, &context)
+            .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+            .tokens;
         assert_eq!(
             tokens(&proposed),
             tokens(&expected),
@@ -272,27 +284,45 @@ fn reset_forgets_the_context_and_invalid_tokens() {
     let draft = load_draft(&smollm2_draft_path());
     let (first, second) = (prompt(&target, 0), prompt(&target, 2));
     let mut context = fresh(&draft, &first);
-    context.propose(DRAFT_LEN, 0.0, None);
+    context.propose(ProposalSettings::greedy(DRAFT_LEN, 0.0));
     context.reset();
     assert!(context.context_tokens().is_empty());
     assert!(
-        context.propose(DRAFT_LEN, 0.0, None).tokens.is_empty(),
+        context
+            .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+            .tokens
+            .is_empty(),
         "an empty context drafts nothing"
     );
     context.feed(&second);
-    let after_reset = tokens(&context.propose(DRAFT_LEN, 0.0, None).tokens);
-    let expected = tokens(&fresh(&draft, &second).propose(DRAFT_LEN, 0.0, None).tokens);
+    let after_reset = tokens(
+        &context
+            .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+            .tokens,
+    );
+    let expected = tokens(
+        &fresh(&draft, &second)
+            .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+            .tokens,
+    );
     assert_eq!(after_reset, expected);
 
     context.feed(&[target.vocab_size()]);
     assert!(
-        context.propose(DRAFT_LEN, 0.0, None).tokens.is_empty(),
+        context
+            .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+            .tokens
+            .is_empty(),
         "a token outside the vocabulary stops proposals"
     );
     context.reset();
     context.feed(&second);
     assert_eq!(
-        tokens(&context.propose(DRAFT_LEN, 0.0, None).tokens),
+        tokens(
+            &context
+                .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+                .tokens
+        ),
         expected
     );
 }
@@ -310,16 +340,24 @@ fn a_full_context_proposes_nothing_and_a_nearly_full_one_stops_at_its_end() {
         .take(ctx_size)
         .collect();
     context.feed(&text[..ctx_size - 2]);
-    let near_end = context.propose(DRAFT_LEN, 0.0, None).tokens;
+    let near_end = context
+        .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+        .tokens;
     assert_eq!(near_end.len(), 2, "two positions left: {near_end:?}");
     context.feed(&text[ctx_size - 2..]);
     assert!(
-        context.propose(DRAFT_LEN, 0.0, None).tokens.is_empty(),
+        context
+            .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+            .tokens
+            .is_empty(),
         "the context is full"
     );
     context.feed(&text[..1]);
     assert!(
-        context.propose(DRAFT_LEN, 0.0, None).tokens.is_empty(),
+        context
+            .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+            .tokens
+            .is_empty(),
         "past full"
     );
 }
@@ -342,13 +380,19 @@ fn feeding_past_the_context_keeps_no_more_than_a_context_until_reset() {
         "the host kept more than a context's worth of fed tokens"
     );
     assert!(
-        context.propose(DRAFT_LEN, 0.0, None).tokens.is_empty(),
+        context
+            .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+            .tokens
+            .is_empty(),
         "overflowed"
     );
     context.reset();
     context.feed(&text[..ctx_size / 2]);
     assert!(
-        !context.propose(DRAFT_LEN, 0.0, None).tokens.is_empty(),
+        !context
+            .propose(ProposalSettings::greedy(DRAFT_LEN, 0.0))
+            .tokens
+            .is_empty(),
         "a reset starts over"
     );
 }

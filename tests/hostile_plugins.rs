@@ -409,12 +409,8 @@ mod without_a_model {
 
         fn feed(&mut self, _tokens: &[Token]) {}
 
-        fn propose(
-            &mut self,
-            max_draft_len: usize,
-            _p_min: f32,
-            _sampling: Option<spechost::cascade::DraftSampling>,
-        ) -> Drafted {
+        fn propose(&mut self, settings: spechost::cascade::ProposalSettings) -> Drafted {
+            let max_draft_len = settings.max_draft_len;
             std::thread::sleep(self.delay);
             let calls = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
             assert!(

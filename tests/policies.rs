@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use spechost::cascade::{
-    Cascade, CascadeMode, CascadeSettings, DraftModel, DraftModelCosts, DraftModelFactory,
-    DraftSampling, Drafted, DraftedToken, Token,
+    Cascade, CascadeMode, CascadeSettings, DraftModel, DraftModelCosts, DraftModelFactory, Drafted,
+    DraftedToken, ProposalSettings, Token,
 };
 use spechost::engine::{GenerationStats, Outcome, SamplingParams, Target};
 use spechost::models::DefaultModel;
@@ -202,12 +202,8 @@ impl DraftModel for Clairvoyant {
         self.fed += tokens.len();
     }
 
-    fn propose(
-        &mut self,
-        max_draft_len: usize,
-        _p_min: f32,
-        _sampling: Option<DraftSampling>,
-    ) -> Drafted {
+    fn propose(&mut self, settings: ProposalSettings) -> Drafted {
+        let max_draft_len = settings.max_draft_len;
         self.calls.fetch_add(1, Ordering::Relaxed);
         let catch_up_time = self.costs.catch_up_per_token * (self.fed - self.caught_up) as u32;
         std::thread::sleep(catch_up_time);

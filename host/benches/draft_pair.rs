@@ -28,7 +28,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use spechost::cascade::{Cascade, DraftModel, Token};
+use spechost::cascade::{Cascade, DraftModel, ProposalSettings, Token};
 use spechost::config::cache_dir;
 use spechost::engine::{
     DraftModelConfig, DraftModelHost, ModelOverrides, Request, SamplingParams, SessionParams,
@@ -161,7 +161,9 @@ fn replay(
     while position < output.len() {
         let max_len = options.max_draft_len.min(output.len() - position);
         let started = clock.now();
-        let proposal = draft.propose(max_len, options.p_min, None).tokens;
+        let proposal = draft
+            .propose(ProposalSettings::greedy(max_len, options.p_min))
+            .tokens;
         let elapsed = clock.now() - started;
         if position == 1 {
             totals.first_time += elapsed;

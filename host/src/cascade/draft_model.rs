@@ -34,6 +34,30 @@ pub struct Drafted {
     pub catch_up_time: Duration,
 }
 
+/// What one proposal asks of a draft model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProposalSettings {
+    /// Most tokens to draft.
+    pub max_draft_len: usize,
+    /// Greedy drafting stops after the first token less likely than this (that token
+    /// included); drawing stops before a position whose most likely token is.
+    pub p_min: f32,
+    /// Draw each token from the draft model's distribution shaped by these settings, instead
+    /// of choosing the greedy one.
+    pub sampling: Option<DraftSampling>,
+}
+
+impl ProposalSettings {
+    /// Greedy drafting of up to `max_draft_len` tokens, stopping after one below `p_min`.
+    pub fn greedy(max_draft_len: usize, p_min: f32) -> Self {
+        Self {
+            max_draft_len,
+            p_min,
+            sampling: None,
+        }
+    }
+}
+
 /// What the draft model costs, measured on the contexts sources draft with (see
 /// `engine::measure_draft_model_costs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,19 +81,14 @@ pub trait DraftModel: Send {
     /// Appends committed tokens to the context.
     fn feed(&mut self, tokens: &[Token]);
 
-    /// Drafts up to `max_draft_len` tokens after the context, greedily or, with `sampling`,
-    /// each drawn from the draft model's distribution shaped by it. Greedy drafting stops after
-    /// the first token whose probability is below `p_min` (that token is included); drawing
-    /// stops before a position whose most likely token is below `p_min` (whether a drawn token
-    /// is verified may not depend on the token). The drafted tokens are not added to the
-    /// context. Drafts nothing when the model fails (the failure is logged) or the
-    /// context is full.
-    fn propose(
-        &mut self,
-        max_draft_len: usize,
-        p_min: f32,
-        sampling: Option<DraftSampling>,
-    ) -> Drafted;
+    /// Drafts after the context as `settings` say: up to `max_draft_len` tokens, greedily or,
+    /// with `sampling`, each drawn from the draft model's distribution shaped by it. Greedy
+    /// drafting stops after the first token whose probability is below `p_min` (that token is
+    /// included); drawing stops before a position whose most likely token is below `p_min`
+    /// (whether a drawn token is verified may not depend on the token). The drafted tokens are
+    /// not added to the context. Drafts nothing when the model fails (the failure is logged) or
+    /// the context is full.
+    fn propose(&mut self, settings: ProposalSettings) -> Drafted;
 }
 
 /// Makes one [`DraftModel`] context per source that asks for one. Shared by every plugin

@@ -32,7 +32,7 @@ mod stats;
 
 pub use self::chain::{Cascade, Draft, RoundTiming};
 pub use self::draft_model::{
-    DraftModel, DraftModelCosts, DraftModelFactory, Drafted, DraftedToken,
+    DraftModel, DraftModelCosts, DraftModelFactory, Drafted, DraftedToken, ProposalSettings,
 };
 pub use self::estimate::{AcceptanceHistory, matching_prefix};
 pub use self::mode::{

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 
 use super::affinity::pin_current_thread;
 use super::cpulist::CpuList;
-use crate::cascade::{DraftModel, DraftModelFactory, DraftSampling, Drafted, Token};
+use crate::cascade::{DraftModel, DraftModelFactory, Drafted, ProposalSettings, Token};
 use crate::engine::{BatchDrafter, DraftAsk, DraftBatch, OwnedDraftAsk, SeqId};
 
 /// Name of every draft worker thread, as `/proc` and `spechost run --json` show it.
@@ -61,13 +61,8 @@ impl DraftModelFactory for PinnedDraftFactory {
                     match call {
                         Call::Reset => model.reset(),
                         Call::Feed(tokens) => model.feed(&tokens),
-                        Call::Propose {
-                            max_draft_len,
-                            p_min,
-                            sampling,
-                            reply,
-                        } => {
-                            let _ = reply.send(model.propose(max_draft_len, p_min, sampling));
+                        Call::Propose { settings, reply } => {
+                            let _ = reply.send(model.propose(settings));
                         }
                     }
                 }
@@ -210,9 +205,7 @@ enum Call {
     Reset,
     Feed(Vec<Token>),
     Propose {
-        max_draft_len: usize,
-        p_min: f32,
-        sampling: Option<DraftSampling>,
+        settings: ProposalSettings,
         reply: mpsc::Sender<Drafted>,
     },
 }
@@ -242,19 +235,9 @@ impl DraftModel for PinnedDraftModel {
         self.send(Call::Feed(tokens.to_vec()));
     }
 
-    fn propose(
-        &mut self,
-        max_draft_len: usize,
-        p_min: f32,
-        sampling: Option<DraftSampling>,
-    ) -> Drafted {
+    fn propose(&mut self, settings: ProposalSettings) -> Drafted {
         let (reply, answer) = mpsc::channel();
-        self.send(Call::Propose {
-            max_draft_len,
-            p_min,
-            sampling,
-            reply,
-        });
+        self.send(Call::Propose { settings, reply });
         answer.recv().unwrap_or_default()
     }
 }
@@ -310,12 +293,8 @@ mod tests {
             self.record(format!("feed {tokens:?}"));
         }
 
-        fn propose(
-            &mut self,
-            max_draft_len: usize,
-            _p_min: f32,
-            _sampling: Option<DraftSampling>,
-        ) -> Drafted {
+        fn propose(&mut self, settings: ProposalSettings) -> Drafted {
+            let max_draft_len = settings.max_draft_len;
             self.record(format!("propose {max_draft_len}"));
             Drafted {
                 tokens: vec![
@@ -340,7 +319,7 @@ mod tests {
         let mut model = factory.open().expect("opens");
         model.reset();
         model.feed(&[1, 2, 3]);
-        let drafted = model.propose(2, 0.5, None);
+        let drafted = model.propose(ProposalSettings::greedy(2, 0.5));
         assert_eq!(drafted.tokens.len(), 2);
         drop(model);
         let calls = calls.lock().expect("not poisoned");

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use super::bindings::{DraftModelHost, DraftedToken};
 use super::sandbox::HostState;
-use crate::cascade::{DraftModel, DraftModelFactory, DraftSampling, Drafted, SampledDraft, Token};
+use crate::cascade::{
+    DraftModel, DraftModelFactory, DraftSampling, Drafted, ProposalSettings, SampledDraft, Token,
+};
 
 /// Longest draft a plugin may ask the draft model for in one call; a larger `max-draft-len` is cut.
 pub const MAX_BRIDGE_DRAFT_LEN: usize = 256;
@@ -154,9 +156,12 @@ impl DraftModelHost for HostState {
         let max_draft_len = (max_draft_len as usize).min(MAX_BRIDGE_DRAFT_LEN);
         let p_min = if p_min.is_finite() { p_min } else { 0.0 };
         let sampling = self.draft.sampling;
-        let drafted = self.with_draft_model(Drafted::default(), |model| {
-            model.propose(max_draft_len, p_min, sampling)
-        });
+        let settings = ProposalSettings {
+            max_draft_len,
+            p_min,
+            sampling,
+        };
+        let drafted = self.with_draft_model(Drafted::default(), |model| model.propose(settings));
         self.draft.catch_up_time += drafted.catch_up_time;
         if sampling.is_some() && !drafted.distributions.is_empty() {
             self.draft.draw = Some(SampledDraft {
@@ -208,13 +213,9 @@ mod tests {
                 .extend_from_slice(tokens);
         }
 
-        fn propose(
-            &mut self,
-            max_draft_len: usize,
-            _p_min: f32,
-            sampling: Option<DraftSampling>,
-        ) -> Drafted {
-            let Some(sampling) = sampling else {
+        fn propose(&mut self, settings: ProposalSettings) -> Drafted {
+            let max_draft_len = settings.max_draft_len;
+            let Some(sampling) = settings.sampling else {
                 return Drafted::default();
             };
             // A draw of token `seed + i` at position i, certain.

@@ -16,7 +16,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use super::calls::Call;
-use crate::cascade::{DraftModel, DraftModelFactory, DraftSampling, Drafted, Token};
+use crate::cascade::{DraftModel, DraftModelFactory, Drafted, ProposalSettings, Token};
 use crate::engine::context::SeqId;
 use crate::engine::draft::{BatchDrafter, DraftAsk, FedTokens, OwnedDraftAsk};
 
@@ -160,27 +160,20 @@ impl DraftModel for BatchedDraftModel {
         self.fed.feed(tokens);
     }
 
-    fn propose(
-        &mut self,
-        max_draft_len: usize,
-        p_min: f32,
-        sampling: Option<DraftSampling>,
-    ) -> Drafted {
+    fn propose(&mut self, settings: ProposalSettings) -> Drafted {
         let Some(context) = self.fed.draftable() else {
             return Drafted::default();
         };
-        if context.is_empty() || max_draft_len == 0 {
+        if context.is_empty() || settings.max_draft_len == 0 {
             return Drafted::default();
         }
-        let ask = DraftAsk {
+        let ask = OwnedDraftAsk {
             seq: self.seq,
-            context,
-            max_draft_len,
-            p_min,
-            sampling,
+            context: context.to_vec(),
+            settings,
         };
         let asked = self.calls.send(Call::Draft {
-            ask: ask.to_owned_ask(),
+            ask,
             reply: self.reply.clone(),
         });
         if asked.is_err() {

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use rand::rngs::Xoshiro256PlusPlus;
 
 use super::host::OwnedContext;
-use crate::cascade::{DraftSampling, Drafted, DraftedToken, Token, TokenDistribution};
+use crate::cascade::{
+    DraftSampling, Drafted, DraftedToken, ProposalSettings, Token, TokenDistribution,
+};
 use crate::engine::context::{Outputs, Rows, SeqId};
 use crate::engine::sample::argmax_with_probability;
 
@@ -28,12 +30,8 @@ pub struct DraftAsk<'a> {
     pub seq: SeqId,
     /// The committed context to draft after (not empty).
     pub context: &'a [Token],
-    /// Most tokens to draft.
-    pub max_draft_len: usize,
-    /// Drafting stops after the first token less likely than this.
-    pub p_min: f32,
-    /// Draw each token at this temperature instead of choosing the greedy one.
-    pub sampling: Option<DraftSampling>,
+    /// How many tokens, where to stop, greedy or drawn.
+    pub settings: ProposalSettings,
 }
 
 impl DraftAsk<'_> {
@@ -42,9 +40,7 @@ impl DraftAsk<'_> {
         OwnedDraftAsk {
             seq: self.seq,
             context: self.context.to_vec(),
-            max_draft_len: self.max_draft_len,
-            p_min: self.p_min,
-            sampling: self.sampling,
+            settings: self.settings,
         }
     }
 }
@@ -57,12 +53,8 @@ pub struct OwnedDraftAsk {
     pub seq: SeqId,
     /// The committed context to draft after (not empty).
     pub context: Vec<Token>,
-    /// Most tokens to draft.
-    pub max_draft_len: usize,
-    /// Drafting stops after the first token less likely than this.
-    pub p_min: f32,
-    /// Draw each token at this temperature instead of choosing the greedy one.
-    pub sampling: Option<DraftSampling>,
+    /// How many tokens, where to stop, greedy or drawn.
+    pub settings: ProposalSettings,
 }
 
 impl OwnedDraftAsk {
@@ -71,9 +63,7 @@ impl OwnedDraftAsk {
         DraftAsk {
             seq: self.seq,
             context: &self.context,
-            max_draft_len: self.max_draft_len,
-            p_min: self.p_min,
-            sampling: self.sampling,
+            settings: self.settings,
         }
     }
 }
@@ -191,17 +181,18 @@ impl DraftBatch {
     fn start(&mut self, ask: &DraftAsk<'_>) -> Drafting {
         let n_ctx = self.ctx_size() as usize;
         // Drafted token i is decoded at `context.len() + i - 1`, inside the context.
-        let max_draft_len = ask
+        let settings = ask.settings;
+        let max_draft_len = settings
             .max_draft_len
             .min(n_ctx.saturating_sub(ask.context.len()));
         let mut state = Drafting {
             seq: ask.seq,
             max_draft_len,
-            p_min: ask.p_min,
+            p_min: settings.p_min,
             catch_up: Vec::new(),
             catch_up_time: Duration::ZERO,
             drafted: Vec::new(),
-            sampling: ask
+            sampling: settings
                 .sampling
                 .map(|sampling| (sampling, sampling.generator(ask.context.len()))),
             distributions: Vec::new(),

@@ -2,7 +2,7 @@
 
 use super::batch::{DraftAsk, DraftBatch};
 use super::fed::FedTokens;
-use crate::cascade::{DraftModel, DraftSampling, Drafted, Token};
+use crate::cascade::{DraftModel, Drafted, ProposalSettings, Token};
 use crate::engine::context::SeqId;
 
 /// One draft context: the tokens fed since the last reset, and a KV cache that holds a prefix
@@ -46,12 +46,7 @@ impl DraftModel for DraftModelContext {
         self.fed.feed(tokens);
     }
 
-    fn propose(
-        &mut self,
-        max_draft_len: usize,
-        p_min: f32,
-        sampling: Option<DraftSampling>,
-    ) -> Drafted {
+    fn propose(&mut self, settings: ProposalSettings) -> Drafted {
         let Some(context) = self.fed.draftable() else {
             return Drafted::default();
         };
@@ -60,9 +55,7 @@ impl DraftModel for DraftModelContext {
             &[DraftAsk {
                 seq: SeqId::FIRST,
                 context,
-                max_draft_len,
-                p_min,
-                sampling,
+                settings,
             }],
             |_, drafted| proposal = drafted,
         );

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::cascade::{DraftModel, DraftModelCosts, Drafted, Token};
+use crate::cascade::{DraftModel, DraftModelCosts, Drafted, ProposalSettings, Token};
 
 /// Context tokens each repetition catches up with (fewer when the context is smaller): a
 /// prompt's length, so that the drafting after it attends to a context of that size too.
@@ -30,7 +30,7 @@ pub fn measure_draft_model(
     measure(vocab_size, ctx_size, |context, max_draft_len| {
         model.reset();
         model.feed(context);
-        let drafted = model.propose(max_draft_len, 0.0, None);
+        let drafted = model.propose(ProposalSettings::greedy(max_draft_len, 0.0));
         model.reset();
         drafted
     })
@@ -103,7 +103,7 @@ fn median(samples: &mut [Duration]) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cascade::{DraftSampling, DraftedToken};
+    use crate::cascade::DraftedToken;
 
     /// A draft model that takes `catch_up` per context token and `per_token` per drafted token,
     /// by sleeping, and drafts token 1.
@@ -122,12 +122,8 @@ mod tests {
             self.fed += tokens.len();
         }
 
-        fn propose(
-            &mut self,
-            max_draft_len: usize,
-            _p_min: f32,
-            _sampling: Option<DraftSampling>,
-        ) -> Drafted {
+        fn propose(&mut self, settings: ProposalSettings) -> Drafted {
+            let max_draft_len = settings.max_draft_len;
             let catch_up_time = self.catch_up * self.fed as u32;
             std::thread::sleep(catch_up_time + self.per_token * max_draft_len as u32);
             Drafted {
@@ -167,12 +163,7 @@ mod tests {
         impl DraftModel for Silent {
             fn reset(&mut self) {}
             fn feed(&mut self, _tokens: &[Token]) {}
-            fn propose(
-                &mut self,
-                _max_draft_len: usize,
-                _p_min: f32,
-                _sampling: Option<DraftSampling>,
-            ) -> Drafted {
+            fn propose(&mut self, _settings: ProposalSettings) -> Drafted {
                 Drafted::default()
             }
         }
