@@ -7,7 +7,8 @@ export SPECHOST_CACHE_DIR=${SPECHOST_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$SPECHOST_CACHE_DIR/target}
 SPECHOST_BIN=$CARGO_TARGET_DIR/release/spechost
 
-# cmake and clang/libclang build llama.cpp and its bindings; wasm32-wasip2 builds the plugins.
+# cmake and clang/libclang build llama.cpp and its bindings; wasm32-wasip2 builds the plugins;
+# redis-server backs the test of replicas sharing through Redis.
 install_prerequisites() {
     local sudo=""
     [[ $(id -u) -ne 0 ]] && sudo="sudo"
@@ -16,6 +17,12 @@ install_prerequisites() {
         echo "==> installing cmake, clang, libclang-dev"
         $sudo apt-get update -qq
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq cmake clang libclang-dev >/dev/null
+    fi
+    # redis-server: the replicas' shared store, started by tests/server_share.rs.
+    if ! command -v redis-server >/dev/null; then
+        echo "==> installing redis-server"
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
     fi
     if ! rustup target list --installed | grep -qx wasm32-wasip2; then
         echo "==> adding the wasm32-wasip2 Rust target"

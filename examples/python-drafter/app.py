@@ -15,7 +15,9 @@ The confidence of each proposed token is the product of the ratios up to it.
 Where state lives: the host opens one `Session` per request and drops it when the request
 ends. The n-gram counts must outlive requests, so they live at module level, in `TABLE`: the
 plugin instance (this module, already imported) lives as long as the host keeps the plugin
-loaded, and starts again from an empty table if it traps and is re-created.
+loaded, and starts again from an empty table if it traps and is re-created. In a server, the
+table also learns from the responses of requests other instances served, which the host hands
+to `App.observe_response` between requests.
 
 Config (`--plugin-config python_drafter.min_prob=0.6,python_drafter.max_ngrams=20000`):
 
@@ -113,10 +115,27 @@ class NgramTable:
 # Learnt from every request since the plugin was loaded.
 TABLE = NgramTable()
 
+# `max_ngrams` of the latest session opened: an observed response comes with no config, so it
+# is learnt under this one (the default until a session opens).
+observed_max_ngrams = DEFAULT_MAX_NGRAMS
+
 # CPython's cycle collector now and then walks every object the table holds: with a full table,
 # a pause longer than the host's 50 ms deadline (the call that happens to trigger it traps).
 # Nothing here makes reference cycles, so reference counting alone frees all garbage.
 gc.disable()
+
+
+def learn_tokens(tokens: list[int], learnt: int, max_ngrams: int, deadline: float) -> int:
+    """Learns what followed each token and pair of tokens in `tokens`, from index `learnt` on,
+    oldest first, until `deadline`; returns the index of the first token not learnt yet."""
+    while learnt < len(tokens) and time.monotonic() < deadline:
+        end = min(learnt + LEARN_CHUNK, len(tokens))
+        for i in range(max(learnt, 1), end):
+            TABLE.learn((tokens[i - 1],), tokens[i], max_ngrams)
+            if i >= 2:
+                TABLE.learn((tokens[i - 2], tokens[i - 1]), tokens[i], max_ngrams)
+        learnt = end
+    return learnt
 
 
 def parse_config(config: str) -> tuple[float, int]:
@@ -177,6 +196,11 @@ class App(exports.App):
         # The table is not persisted across runs (this world imports no `state`).
         pass
 
+    def observe_response(self, response: list[int]) -> None:
+        # Learnt like a session's context, for at most one call's budget: the rest of a very
+        # long response (thousands of tokens) is left out.
+        learn_tokens(response, 0, observed_max_ngrams, time.monotonic() + LEARN_BUDGET_S)
+
 
 class Session(drafter_api.Session):
     """One request: the end of its context, and its own acceptance.
@@ -202,7 +226,9 @@ class Session(drafter_api.Session):
 
     @classmethod
     def open(cls, config: str, facts: ModelFacts) -> "Session":
+        global observed_max_ngrams
         min_prob, max_ngrams = parse_config(config)
+        observed_max_ngrams = max_ngrams
         return cls(min_prob, max_ngrams, facts)
 
     def feed(self, tokens: list[int]) -> None:
@@ -212,16 +238,9 @@ class Session(drafter_api.Session):
     def learn(self, deadline: float) -> None:
         """Learns the tokens not learnt yet, oldest first, until `deadline`; then forgets the
         tokens that no longer are the context of one not learnt yet."""
-        context, learnt = self.context, self.learnt
-        while learnt < len(context) and time.monotonic() < deadline:
-            end = min(learnt + LEARN_CHUNK, len(context))
-            for i in range(max(learnt, 1), end):
-                TABLE.learn((context[i - 1],), context[i], self.max_ngrams)
-                if i >= 2:
-                    TABLE.learn((context[i - 2], context[i - 1]), context[i], self.max_ngrams)
-            learnt = end
+        learnt = learn_tokens(self.context, self.learnt, self.max_ngrams, deadline)
         forget = max(learnt - 2, 0)
-        del context[:forget]
+        del self.context[:forget]
         self.learnt = learnt - forget
 
     def propose(self, max_draft_len: int) -> Proposal:

@@ -16,7 +16,8 @@ use crate::records::{Feedback, ModelFacts, Proposal, Token};
 /// plugin; it survives for as long as the host keeps the plugin loaded, and is lost when the
 /// plugin traps (a panic, a timeout, running out of memory) and the host re-creates it. To keep
 /// it across those, and across host restarts, save it in [`Drafter::checkpoint`] through
-/// [`crate::state`].
+/// [`crate::state`]. In a server, such state can also learn from the requests other instances
+/// served, through [`Drafter::observe_response`].
 ///
 /// A panic in any method is a fault: the host discards the round's proposal, restarts the plugin
 /// and, after repeated faults, quarantines it. Generation itself never depends on a drafter
@@ -63,4 +64,18 @@ pub trait Drafter: Sized + 'static {
     /// is running, and possibly on a fresh instance that has opened no session yet. The default
     /// does nothing, which suits drafters without cross-request state.
     fn checkpoint() {}
+
+    /// Learns from `response`, the output tokens of a finished request this plugin instance
+    /// did not serve: another slot of the server generated it, or another replica sharing
+    /// through `spechost serve --share`.
+    ///
+    /// Called on the type, not on a session: the host calls it between requests, never while a
+    /// session call is running, and possibly on a fresh instance that has opened no session yet
+    /// (so no config has been seen). Every token is below the model's `vocab_size`, and the
+    /// response is at most `context_size` tokens long. A drafter that keeps cross-request state
+    /// (a cache of past responses) should learn from it as from the responses of its own
+    /// sessions. The call is under the same time limit as any other: keep it cheap, and index a
+    /// long response over later calls. The default does nothing, which suits drafters without
+    /// cross-request state.
+    fn observe_response(_response: &[Token]) {}
 }

@@ -26,7 +26,9 @@
 ///
 /// Built with `cargo build --target wasm32-wasip2`, the crate then becomes a component exporting
 /// `spechost:drafter/drafter-api`, each host session backed by one value of the type, and the
-/// interface's `checkpoint` calling [`Drafter::checkpoint`](crate::Drafter::checkpoint). Built for
+/// interface's `checkpoint` and `observe-response` calling
+/// [`Drafter::checkpoint`](crate::Drafter::checkpoint) and
+/// [`Drafter::observe_response`](crate::Drafter::observe_response). Built for
 /// any other target the macro only checks that the type implements `Drafter`, so the same crate
 /// also builds natively for unit tests with [`crate::testing::Harness`].
 #[macro_export]

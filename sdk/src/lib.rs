@@ -14,8 +14,10 @@
 //! * [`Drafter`] is the trait to implement. The host opens one session per request, which
 //!   becomes one value of your type ([`Drafter::new`]); it is fed the prompt, then the tokens
 //!   committed each round ([`Drafter::feed`]), asked for a [`Proposal`] ([`Drafter::propose`])
-//!   and told how the proposal fared ([`Drafter::feedback`]). [`Drafter::checkpoint`], on the
-//!   type rather than a session, saves state that outlives requests.
+//!   and told how the proposal fared ([`Drafter::feedback`]). Two functions go to the type
+//!   rather than a session, for state that outlives requests: [`Drafter::checkpoint`] saves
+//!   it, and [`Drafter::observe_response`] hands it the finished responses of requests other
+//!   instances served (another slot of a server, another replica).
 //! * [`export_drafter!`] exports that type as the plugin's implementation of the
 //!   `spechost:drafter` WIT world `drafter`.
 //!

@@ -15,6 +15,11 @@
 //! instance is single-threaded, so that is a plain global; it lives as long as the host keeps
 //! the plugin loaded, and starts empty again if the plugin traps and is re-created.
 //!
+//! In a server, the model also learns from the responses of requests that other instances
+//! served (other slots, other replicas), which the host hands to the type between requests
+//! ([`MarkovDrafter::observe_response`]). That costs one count per token of the response, as
+//! feeding it would.
+//!
 //! # Config
 //!
 //! | key        | default | meaning                                                     |
@@ -232,6 +237,16 @@ impl Drafter for MarkovDrafter {
             log(Level::Debug, &self.summary());
         }
     }
+
+    /// Learns from a response another instance served, as from a session fed it: what followed
+    /// each of its bigrams.
+    fn observe_response(response: &[Token]) {
+        MODEL.with_borrow_mut(|model| {
+            for window in response.windows(3) {
+                model.learn((window[0], window[1]), window[2]);
+            }
+        });
+    }
 }
 
 export_drafter!(MarkovDrafter);
@@ -318,6 +333,21 @@ mod tests {
         let mut second = session("");
         second.feed(&[10, 11]);
         assert_eq!(second.propose(4).tokens, [12, 13]);
+    }
+
+    #[test]
+    fn learns_from_observed_responses() {
+        // Before any session, as on a fresh instance.
+        MODEL.with_borrow_mut(|model| *model = BigramModel::default());
+        MarkovDrafter::observe_response(&[10, 11, 12, 13]);
+        let mut harness = session("");
+        harness.feed(&[10, 11]);
+        assert_eq!(harness.propose(4).tokens, [12, 13]);
+        // While a session is open, as between requests in a server.
+        harness.observe_response(&[20, 21, 22]);
+        let mut next = session("");
+        next.feed(&[5, 20, 21]);
+        assert_eq!(next.propose(4).tokens, [22]);
     }
 
     #[test]

@@ -240,6 +240,14 @@ pub enum ConfigError {
         /// What is wrong with it.
         problem: String,
     },
+    /// A `--share` URL that cannot be used.
+    #[error("--share {url}: {problem}")]
+    Share {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// `--watch` is not a directory.
     #[error("--watch {path}: {problem}; give the directory that holds the plugin .wasm files")]
     WatchDir {

@@ -17,7 +17,7 @@ use crate::cascade::CascadeMode;
 use crate::engine::{BatchLayout, DraftCut, MessageContents, SamplingParams, SessionParams};
 use crate::models::DefaultModel;
 use crate::plugins::SourceSpec;
-use crate::server::{AllowedHosts, ConnectionLimits, CorsOrigins};
+use crate::server::{AllowedHosts, ConnectionLimits, CorsOrigins, ShareTarget};
 
 /// Flags of `spechost serve`.
 #[derive(Debug, Args, Default)]
@@ -139,6 +139,12 @@ pub struct ServeArgs {
     /// Reload a loaded plugin when its .wasm file in this directory changes.
     #[arg(long, value_name = "DIR")]
     pub watch: Option<PathBuf>,
+    /// Share with the other replicas using this Redis (`redis://HOST:PORT[/NAMESPACE]`,
+    /// namespace `spechost` by default): every finished response goes to their drafters and
+    /// theirs to ours, and an admin update of the defaults reaches every replica. Without
+    /// Redis the server serves alone and reconnects; replicas share only within a namespace.
+    #[arg(long, value_name = "URL")]
+    pub share: Option<String>,
 }
 
 /// Default address `spechost serve` listens on: loopback only.
@@ -238,6 +244,8 @@ pub struct ServeConfig {
     pub watch: Option<PathBuf>,
     /// Directory for persisted plugin state.
     pub state_dir: Option<PathBuf>,
+    /// The Redis and namespace shared with other replicas (`--share`).
+    pub share: Option<ShareTarget>,
 }
 
 impl ServeArgs {
@@ -387,6 +395,16 @@ impl ServeArgs {
                 },
             });
         }
+        let share = self
+            .share
+            .as_deref()
+            .map(|url| {
+                ShareTarget::parse(url).map_err(|problem| ConfigError::Share {
+                    url: url.to_owned(),
+                    problem,
+                })
+            })
+            .transpose()?;
         Ok(ServeConfig {
             stack: StackSettings {
                 model,
@@ -427,6 +445,7 @@ impl ServeArgs {
             },
             watch: self.watch,
             state_dir: self.target.state_dir.clone(),
+            share,
         })
     }
 }
@@ -612,6 +631,13 @@ mod tests {
                     ..ServeArgs::default()
                 },
                 "cannot read --admin-token-file",
+            ),
+            (
+                ServeArgs {
+                    share: Some("http://127.0.0.1:6379".into()),
+                    ..ServeArgs::default()
+                },
+                "--share http://127.0.0.1:6379: it must start with redis://",
             ),
             (
                 ServeArgs {

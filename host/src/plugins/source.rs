@@ -86,6 +86,22 @@ impl PluginSource {
     pub fn peak_memory(&self) -> usize {
         self.supervised.peak_memory()
     }
+
+    /// Hands the instance a finished response it did not serve (another slot's or another
+    /// replica's), between requests, under the call deadline. A quarantined instance, or one
+    /// that trapped and has not restarted, misses it.
+    pub fn observe_response(&mut self, response: &[Token]) -> Result<(), SourceFault> {
+        if self.supervised.is_quarantined() {
+            return Ok(());
+        }
+        self.supervised
+            .call_instance(Method::ObserveResponse, |drafter, store| {
+                drafter
+                    .spechost_drafter_drafter_api()
+                    .call_observe_response(store, response)
+            })
+            .map(drop)
+    }
 }
 
 impl DraftSource for PluginSource {

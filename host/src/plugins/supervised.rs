@@ -49,6 +49,8 @@ pub enum Method {
     Feedback,
     /// A drafter's `checkpoint`.
     Checkpoint,
+    /// A drafter's `observe-response`.
+    ObserveResponse,
     /// A policy's `wants-text`.
     WantsText,
     /// A policy's `observe`.
@@ -68,6 +70,7 @@ impl Method {
             Method::Propose => "propose",
             Method::Feedback => "feedback",
             Method::Checkpoint => "checkpoint",
+            Method::ObserveResponse => "observe-response",
             Method::WantsText => "wants-text",
             Method::Observe => "observe",
             Method::Decide => "decide",

@@ -11,7 +11,9 @@
 //!   or all).
 //!
 //! Updates compile and smoke-test plugins on a blocking thread, then publish atomically
-//! (`registry/`); a refused update answers 422 and changes nothing.
+//! (`registry/`); a refused update answers 422 and changes nothing. With `--share`, an update
+//! that succeeded is also published to the other replicas (`share/`), which apply it through
+//! the same checks.
 //!
 //! Wrong tokens are rate-limited per client address ([`AuthFailures`]): an address may fail
 //! [`AUTH_FAILURE_BURST`] times, then once per [`AUTH_FAILURE_REFILL`]; past that its attempts
@@ -343,6 +345,7 @@ pub async fn update(
     };
     let registry = std::sync::Arc::clone(&state.registry);
     let result = run_update(&state, move || registry.update_defaults(update)).await?;
+    state.sharing.publish_update(&result);
     Ok(Json(RegistryView::from(&*result)))
 }
 
@@ -383,6 +386,7 @@ pub async fn reload(
     };
     let registry = std::sync::Arc::clone(&state.registry);
     let report = run_update(&state, move || registry.reload(body.plugins.as_deref())).await?;
+    state.sharing.publish_update(&state.registry.snapshot());
     Ok(Json(report))
 }
 

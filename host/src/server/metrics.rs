@@ -447,17 +447,25 @@ impl Metrics {
 
 /// A metrics page being written.
 #[derive(Debug, Default)]
-struct Page {
-    text: String,
+pub(super) struct Page {
+    /// The page so far.
+    pub(super) text: String,
 }
 
 impl Page {
-    fn family(&mut self, name: &str, kind: &str, help: &str) {
+    /// Starts the family `spechost_NAME` of `kind` (counter, gauge).
+    pub(super) fn family(&mut self, name: &str, kind: &str, help: &str) {
         let _ = writeln!(self.text, "# HELP spechost_{name} {help}");
         let _ = writeln!(self.text, "# TYPE spechost_{name} {kind}");
     }
 
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+    /// One sample of the family `spechost_NAME`.
+    pub(super) fn sample(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        value: impl std::fmt::Display,
+    ) {
         let _ = write!(self.text, "spechost_{name}");
         if !labels.is_empty() {
             let labels: Vec<String> = labels
@@ -480,7 +488,8 @@ fn escape_label(value: &str) -> String {
 
 /// `GET /metrics`.
 pub async fn page(_: MetricsReader, State(state): State<AppState>) -> impl IntoResponse {
-    let text = state.metrics.render(state.queue.gauges());
+    let mut text = state.metrics.render(state.queue.gauges());
+    text.push_str(&state.sharing.metrics());
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], text)
 }
 

@@ -33,8 +33,15 @@
 //! (`scheduler`). A request's output does not depend on what shares its batch: every row is
 //! computed as it would be alone (`docs/exactness.md`), which the context checks at start-up for
 //! batches of several sequences. A draft model is batched the same way: one draft context with
-//! a sequence per plugin instance using it. Each slot keeps its own plugin instances, so a
-//! cross-request cache (the `suffix` plugin's) is per slot.
+//! a sequence per plugin instance using it. Each slot keeps its own plugin instances; every
+//! finished response is handed to the other slots' drafters (`share`), so a cross-request cache
+//! (the `suffix` plugin's) learns from every slot's requests.
+//!
+//! # Replicas
+//!
+//! With `--share redis://HOST:PORT[/NAMESPACE]`, replicas behind a load balancer share their
+//! finished responses and the admin's updates of the defaults through Redis (`share`), off
+//! the request path; without Redis they serve alone.
 //!
 //! # Hot swap
 //!
@@ -83,6 +90,7 @@ mod pool;
 mod registry;
 mod router;
 mod scheduler;
+mod share;
 mod slot;
 mod startup;
 mod state;
@@ -93,4 +101,5 @@ pub mod wire;
 pub use self::connections::ConnectionLimits;
 pub use self::cors::CorsOrigins;
 pub use self::hosts::AllowedHosts;
+pub use self::share::ShareTarget;
 pub use self::startup::{Embedding, serve, serve_embedded};

@@ -37,6 +37,7 @@ pub async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
         "waiting": queue.waiting,
         "max_queue": queue.max_queue,
         "registry_generation": state.registry.generation(),
+        "share": state.sharing.health(),
     }))
 }
 

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use super::metrics::{Metrics, PluginHealthDelta, PluginInstances};
 use super::registry::{ResolvedPolicy, ResolvedSource, Snapshot, SourceKey};
+use super::share::{SharedResponses, Sharing};
 use crate::cascade::{
     AcceptanceHistory, Cascade, CascadeSettings, Decision, DraftModelCosts, DraftSampling,
     DraftSource, Feedback, ModelFacts, PolicySetup, Proposal, RoundPolicy, RoundRecord,
@@ -63,6 +64,8 @@ struct Entry {
     reported: Reported,
     /// What the scored cascade learnt of this source's acceptance.
     calibration: AcceptanceHistory,
+    /// The number of the last shared response it was handed ([`SharedResponses`]).
+    observed: u64,
 }
 
 #[derive(Debug)]
@@ -74,8 +77,12 @@ struct PolicyEntry {
 }
 
 /// The plugin and policy instances of one slot.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SourcePool {
+    /// The slot's number.
+    slot: usize,
+    /// The finished responses of every slot and replica, handed to the instances.
+    sharing: Arc<Sharing>,
     entries: BTreeMap<SourceKey, Entry>,
     policies: BTreeMap<SourceKey, PolicyEntry>,
     /// Cascades built so far: the clock of [`PolicyEntry::last_used`].
@@ -83,9 +90,20 @@ pub struct SourcePool {
 }
 
 impl SourcePool {
+    /// The empty pool of slot `slot`, whose instances learn from the responses in `sharing`.
+    pub fn new(slot: usize, sharing: Arc<Sharing>) -> Self {
+        Self {
+            slot,
+            sharing,
+            entries: BTreeMap::new(),
+            policies: BTreeMap::new(),
+            uses: 0,
+        }
+    }
+
     /// A cascade over `sources`, in order, each backed by this pool's instance of that source
-    /// (made now if the pool has none) and starting from its kept calibration, with this
-    /// pool's instance of `policy`, if any.
+    /// (made now if the pool has none, and handed the shared responses it has not seen) and
+    /// starting from its kept calibration, with this pool's instance of `policy`, if any.
     pub fn cascade(
         &mut self,
         sources: &[ResolvedSource],
@@ -97,11 +115,14 @@ impl SourcePool {
         let slots: Vec<Box<dyn DraftSource>> = sources
             .iter()
             .map(|resolved| {
-                let entry = self.entries.entry(resolved.key()).or_insert_with(|| Entry {
+                let key = resolved.key();
+                let entry = self.entries.entry(key.clone()).or_insert_with(|| Entry {
                     source: Arc::new(Mutex::new(resolved.plugin.source(resolved.config.clone()))),
                     reported: Reported::default(),
                     calibration: AcceptanceHistory::default(),
+                    observed: 0,
                 });
+                hand_shared_responses(entry, &self.sharing.responses, self.slot, &key);
                 calibration.push(entry.calibration.clone());
                 Box::new(Shared {
                     name: resolved.plugin.name().to_owned(),
@@ -298,6 +319,28 @@ impl DraftSource for Shared {
 
     fn checkpoint(&mut self) -> Result<(), SourceFault> {
         lock(&self.source).checkpoint()
+    }
+}
+
+/// Hands `entry` (the instance `key` of slot `slot`) the responses recorded in `shared` since
+/// it last looked, except those it served itself.
+fn hand_shared_responses(
+    entry: &mut Entry,
+    shared: &SharedResponses,
+    slot: usize,
+    key: &SourceKey,
+) {
+    let responses = shared.since(entry.observed);
+    let Some(last) = responses.last() else {
+        return;
+    };
+    entry.observed = last.number;
+    let mut source = lock(&entry.source);
+    for response in responses.iter().filter(|r| !r.was_served_by(slot, key)) {
+        if let Err(fault) = source.observe_response(&response.tokens) {
+            tracing::warn!(plugin = %key.name, "cannot take a shared response: {}", fault.what);
+            break;
+        }
     }
 }
 

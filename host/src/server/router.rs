@@ -187,6 +187,7 @@ mod tests {
             cors_origins: crate::server::cors::CorsOrigins::None,
             message_contents: MessageContents::Plain,
             plugin_dirs: PluginDirs::new(Vec::new()),
+            sharing: Arc::default(),
         })
     }
 

@@ -29,6 +29,7 @@ use super::metrics::{Metrics, RequestOutcome};
 use super::pool::SourcePool;
 use super::registry::{CascadeChoice, Registry, ResolvedPolicy, ResolvedSource, SourceKey};
 use super::scheduler::{Event, Finished, Job, Queue};
+use super::share::Sharing;
 use super::startup::SlotHandles;
 use crate::cascade::CascadeSettings;
 use crate::config::ServeConfig;
@@ -56,6 +57,8 @@ pub struct Slot<'a> {
     pub pool: SourcePool,
     /// Whether plugins' state is persisted (`--state-dir`).
     pub saves_state: bool,
+    /// Where finished responses go, for other slots' and replicas' drafters.
+    pub sharing: Arc<Sharing>,
 }
 
 impl<'a> Slot<'a> {
@@ -73,7 +76,8 @@ impl<'a> Slot<'a> {
             registry: handles.registry,
             queue: handles.queue,
             metrics: handles.metrics,
-            pool: SourcePool::default(),
+            pool: SourcePool::new(index, Arc::clone(&handles.sharing)),
+            sharing: handles.sharing,
             saves_state: config.state_dir.is_some(),
         }
     }
@@ -200,6 +204,8 @@ impl<'a> Slot<'a> {
                 );
                 self.metrics
                     .generation(job.endpoint, RequestOutcome::Completed, stats, swaps);
+                self.sharing
+                    .finished(self.index, keys(&sources), &outcome.tokens);
                 let _ = job.events.send(Event::Done(Box::new(Finished {
                     choice: job.choice,
                     cascade: cascade.source_names(),

@@ -33,6 +33,7 @@ use super::plugin_dirs::PluginDirs;
 use super::registry::{Registry, Speculation, load_startup_plugins, load_startup_policies};
 use super::router::router;
 use super::scheduler::Queue;
+use super::share::Sharing;
 use super::slot::Slot;
 use super::state::{AppState, PromptTokenizer, RequestLimits, Shared};
 use super::watch;
@@ -135,7 +136,15 @@ fn serve_with(
     if let Some(factory) = batcher.draft_factory() {
         host.attach_draft_model(Arc::new(factory), draft_costs);
     }
-    let shared = start_shared(config, &target, host, plugins, policies, batcher.ctx_size())?;
+    let shared = start_shared(
+        config,
+        &target,
+        host,
+        plugins,
+        policies,
+        batcher.ctx_size(),
+        cache_dir,
+    )?;
     std::thread::scope(|scope| {
         let queue = Arc::clone(&shared.queue);
         let started = start_threads(scope, config, shared, sequences, embedding);
@@ -184,6 +193,7 @@ fn start_threads<'scope, 'env: 'scope>(
             registry: Arc::clone(&shared.registry),
             queue: Arc::clone(&shared.queue),
             metrics: Arc::clone(&shared.metrics),
+            sharing: Arc::clone(&shared.sharing),
         };
         std::thread::Builder::new()
             .name(format!("slot-{index}"))
@@ -277,6 +287,8 @@ pub struct SlotHandles {
     pub queue: Arc<Queue>,
     /// Where counters go.
     pub metrics: Arc<Metrics>,
+    /// Finished responses shared between slots and replicas.
+    pub sharing: Arc<Sharing>,
 }
 
 /// The plugin registry (checked against the model and its context size), the queue, the
@@ -288,6 +300,7 @@ fn start_shared(
     plugins: Vec<(SourceSpec, crate::plugins::LoadedPlugin)>,
     policies: Vec<crate::plugins::LoadedPolicy>,
     ctx_size: u32,
+    cache_dir: &Path,
 ) -> anyhow::Result<Shared> {
     let defaults = Speculation {
         cascade: config.cascade.iter().map(SourceSpec::name).collect(),
@@ -338,6 +351,16 @@ fn start_shared(
                 .chain(&config.watch)
                 .cloned(),
         ),
+        sharing: Arc::new(match &config.share {
+            Some(share) => Sharing::with_replicas(
+                share.clone(),
+                &**target,
+                ctx_size as usize,
+                config.admin_token.clone(),
+                cache_dir,
+            ),
+            None => Sharing::local(),
+        }),
     })
 }
 
@@ -358,7 +381,9 @@ fn serve_http(
     let mut limits = config.connections;
     fit_file_limit(&mut limits);
     let queue = Arc::clone(&state.queue);
+    let sharing = Arc::clone(&state.sharing);
     let served = runtime.block_on(async {
+        sharing.start(Arc::clone(registry), Arc::clone(metrics));
         let listeners = bind(&config.hosts, config.port).await?;
         let addresses: Vec<SocketAddr> = listeners
             .iter()

@@ -13,6 +13,7 @@ use super::metrics::Metrics;
 use super::plugin_dirs::PluginDirs;
 use super::registry::Registry;
 use super::scheduler::Queue;
+use super::share::Sharing;
 use crate::cascade::Token;
 use crate::engine::{EngineError, Grammar, GrammarError, MessageContents, SamplingParams, Target};
 
@@ -133,6 +134,8 @@ pub struct Shared {
     pub message_contents: MessageContents,
     /// Where plugin files named over the admin API must be.
     pub plugin_dirs: PluginDirs,
+    /// Finished responses shared between slots and, with `--share`, replicas.
+    pub sharing: Arc<Sharing>,
 }
 
 struct Inner {

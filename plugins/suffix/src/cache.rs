@@ -40,6 +40,13 @@
 //!
 //! A running response that is evicted is gone: its session's later tokens are ignored.
 //!
+//! In a server the host also hands the plugin the finished responses of requests other
+//! instances served (`observe_response`). Each is queued as a closed response
+//! ([`ResponseCache::push`]), as if a session of this instance had generated it and ended, so
+//! it is counted, saved and evicted like one. One observed before any session built the cache
+//! waits in [`OBSERVED`], within bounds, and is queued when the cache is built, after the
+//! responses of a loaded blob ([`Observed::drain_into`]).
+//!
 //! The trie stays *suffix-closed*: if a string is in it, so is every suffix of it (every start
 //! position of a consumed token is indexed, and eviction removes from the first). Sessions rely
 //! on it to update their matches cheaply while nothing is removed (see [`ResponseCache::removals`]).
@@ -72,7 +79,17 @@ use crate::trie::{END_OF_TEXT, NO_NODE, NodeId, ROOT, Trie};
 thread_local! {
     /// The responses of recent requests, indexed; `None` until the first session that uses it.
     pub(crate) static CACHE: RefCell<Option<ResponseCache>> = const { RefCell::new(None) };
+
+    /// Responses observed while [`CACHE`] is `None`, waiting for the first session to build it.
+    pub(crate) static OBSERVED: RefCell<Observed> = const { RefCell::new(Observed::new()) };
 }
+
+/// Most responses [`Observed`] keeps: as many as a cache holds at the default
+/// `max_cached_requests`.
+pub(crate) const MAX_OBSERVED_RESPONSES: usize = crate::DEFAULT_MAX_CACHED_REQUESTS;
+/// Most tokens [`Observed`] keeps, 8 MiB of them: as many as a cache holds at the default
+/// `max_nodes`.
+pub(crate) const MAX_OBSERVED_TOKENS: usize = crate::DEFAULT_MAX_NODES;
 
 /// The settings a [`ResponseCache`] was built with; a session uses the cache only if its own
 /// settings are equal.
@@ -492,6 +509,62 @@ impl ResponseCache {
             self.work(usize::MAX);
         }
         self.settings.max_cached_requests = max_cached_requests;
+    }
+}
+
+/// Responses of requests other instances served, observed before any session built the cache
+/// (the cache's settings come from a session's config): the newest that fit in
+/// [`MAX_OBSERVED_RESPONSES`] and [`MAX_OBSERVED_TOKENS`], until [`Observed::drain_into`] hands
+/// them to the new cache.
+pub(crate) struct Observed {
+    /// Oldest first.
+    responses: VecDeque<Vec<Token>>,
+    /// Tokens of all `responses`.
+    tokens: usize,
+}
+
+impl Observed {
+    /// None observed yet.
+    pub(crate) const fn new() -> Self {
+        Self {
+            responses: VecDeque::new(),
+            tokens: 0,
+        }
+    }
+
+    /// Keeps `response`, cut to [`MAX_OBSERVED_TOKENS`] tokens, dropping the oldest ones kept
+    /// until both bounds hold. An empty one is ignored, as the cache ignores it.
+    pub(crate) fn keep(&mut self, response: &[Token]) {
+        if response.is_empty() {
+            return;
+        }
+        let response = &response[..response.len().min(MAX_OBSERVED_TOKENS)];
+        while self.responses.len() == MAX_OBSERVED_RESPONSES
+            || self.tokens + response.len() > MAX_OBSERVED_TOKENS
+        {
+            let oldest = self
+                .responses
+                .pop_front()
+                .expect("a response within the bounds fits once all are dropped");
+            self.tokens -= oldest.len();
+        }
+        self.tokens += response.len();
+        self.responses.push_back(response.to_vec());
+    }
+
+    /// Queues the kept responses in `cache`, oldest first, as finished responses
+    /// ([`ResponseCache::push`]), and forgets them.
+    pub(crate) fn drain_into(&mut self, cache: &mut ResponseCache) {
+        for response in self.responses.drain(..) {
+            cache.push(&response);
+        }
+        self.tokens = 0;
+    }
+
+    /// The kept responses, oldest first.
+    #[cfg(test)]
+    pub(crate) fn responses(&self) -> impl Iterator<Item = &[Token]> {
+        self.responses.iter().map(Vec::as_slice)
     }
 }
 

@@ -19,7 +19,9 @@
 //!   plugin level, outside any session, shared by the sessions open at once (see the `cache`
 //!   module). A request's response enters it as it is generated, with the tokens of each feed,
 //!   and is closed with an end marker when the session is dropped; bulk work is sliced so that
-//!   no call runs long.
+//!   no call runs long. In a server, the responses of requests other instances served (other
+//!   slots, other replicas) enter it too, as the host hands them over
+//!   ([`Suffix::observe_response`]): each as the closed response of an ended session.
 //!
 //! A session's first feed is its prompt; every token fed after it is its response. The host
 //! feeds the prompt alone, then the token decoded with it, then each round's tokens, so every
@@ -48,16 +50,20 @@
 //!
 //! * **Loading.** The first session of an instance that uses the cache reads the blob and
 //!   queues its responses as if their sessions had just ended: the newest ones that fit in
-//!   `max_cached_requests` and `max_nodes`, so the caps hold whatever the blob holds. The trie
-//!   is rebuilt from them in slices over the following calls, like any response (see Cost). A
+//!   `max_cached_requests` and `max_nodes`, so the caps hold whatever the blob holds. After
+//!   them it queues the responses observed since the instance started, newer than the blob's
+//!   (until a session builds the cache they wait in a list of at most 256 responses and 2M
+//!   tokens, the oldest dropped first), evicting the oldest as any response does. The trie is
+//!   rebuilt from them in slices over the following calls, like any response (see Cost). A
 //!   restarted host, or an instance the host re-created, loads it again the same way. A blob
 //!   that is another program's, in another format version, corrupt or truncated, or saved for
 //!   another vocabulary is ignored with a warning in the host's log, and the cache starts
 //!   empty. The config does not invalidate a blob: it holds responses, not the trie.
 //! * **Saving.** [`Suffix::checkpoint`], which the host calls at the end of a run,
-//!   periodically and at shutdown, saves the cached responses of ended sessions (not those
-//!   still being generated), oldest first, unless they are unchanged since the last save or
-//!   load (or there are none).
+//!   periodically and at shutdown, saves the cached responses of ended sessions and observed
+//!   ones (not those still being generated), oldest first, unless they are unchanged since the
+//!   last save or load (or there are none). Responses observed before any session built the
+//!   cache wait for one: a blob names the model's vocabulary, which only a session's facts give.
 //!
 //! The format (magic, version, vocabulary fingerprint, responses, checksum) is described in
 //! the `blob` module. A full cache at the default caps holds at most 2M tokens: a blob of at
@@ -113,6 +119,9 @@
 //! feeds, about 2^16 steps per call; cache indexing and eviction run in slices of the same size.
 //! Natively a slice takes a few milliseconds.
 //!
+//! [`Suffix::observe_response`] copies the response and does one slice of the cache's queued
+//! work, so the response enters the trie over this and later calls, like an ended session's.
+//!
 //! Loading a saved cache costs one pass over the blob (checksum, checks and a copy of the kept
 //! tokens) in the first session's constructor; rebuilding the trie then costs `max_depth` steps
 //! per token, in the slices above, so a full cache is rebuilt over many calls. A checkpoint
@@ -135,7 +144,8 @@
 //!
 //! With the defaults and both tries full, a native build peaks at about 120 MiB, inside the
 //! host's default 256 MiB per plugin. Loading or saving the cache briefly adds the blob itself,
-//! at most 8 MiB at the defaults.
+//! at most 8 MiB at the defaults. Responses observed before a session builds the cache take at
+//! most 8 MiB (2M tokens) until it does.
 //!
 //! # Confidence
 //!
@@ -160,7 +170,7 @@ use spechost_sdk::config::Config;
 use spechost_sdk::{Drafter, Level, ModelFacts, Proposal, Token, export_drafter, log, state};
 
 use crate::blob::Vocabulary;
-use crate::cache::{CACHE, CacheSettings, ResponseCache};
+use crate::cache::{CACHE, CacheSettings, OBSERVED, ResponseCache};
 use crate::speculate::Limits;
 use crate::trie::{MAX_TRIE_NODES, NO_NODE, NodeId, ROOT, Trie};
 use crate::view::CacheView;
@@ -322,8 +332,11 @@ impl Drafter for Suffix {
         if settings.use_global {
             CACHE.with_borrow_mut(|slot| {
                 if slot.is_none() {
-                    // The first session of this instance that uses the cache.
-                    *slot = Some(load_cache(cache_settings));
+                    // The first session of this instance that uses the cache: the loaded
+                    // responses, then the newer ones observed since the instance started.
+                    let mut cache = load_cache(cache_settings);
+                    OBSERVED.with_borrow_mut(|observed| observed.drain_into(&mut cache));
+                    *slot = Some(cache);
                 }
                 ResponseCache::configure(slot, cache_settings);
             });
@@ -405,6 +418,19 @@ impl Drafter for Suffix {
                     ),
                 ),
             }
+        });
+    }
+
+    /// Adds `response`, which another instance served, to the cross-request cache as the
+    /// closed response of an ended session, and does a slice of the cache's queued work. Before
+    /// any session built the cache, keeps it (within bounds) for the cache to come.
+    fn observe_response(response: &[Token]) {
+        CACHE.with_borrow_mut(|slot| match slot {
+            Some(cache) => {
+                cache.push(response);
+                cache.work(STEPS_PER_CALL);
+            }
+            None => OBSERVED.with_borrow_mut(|observed| observed.keep(response)),
         });
     }
 }
@@ -533,6 +559,7 @@ impl Suffix {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::{MAX_OBSERVED_RESPONSES, MAX_OBSERVED_TOKENS, Observed};
     use crate::trie::tests::{Lcg, substring_counts, trie_counts};
     use spechost_sdk::testing::{Harness, clear_state, facts, set_state_limit};
 
@@ -966,10 +993,11 @@ mod tests {
         assert!(other.propose(2).is_empty(), "the cache was replaced");
     }
 
-    /// Drops the instance's cache, as a host restart (or a new instance) does; the host's
-    /// state blob stays.
+    /// Drops the instance's cache and the responses it observed, as a host restart (or a new
+    /// instance) does; the host's state blob stays.
     fn restart() {
         CACHE.with_borrow_mut(|slot| *slot = None);
+        OBSERVED.with_borrow_mut(|observed| *observed = Observed::new());
     }
 
     /// Runs sessions whose responses are `responses`, each after a short prompt.
@@ -1223,6 +1251,167 @@ mod tests {
         harness.feed(&texts[0][7..]);
         drop(harness);
         assert_eq!(saved_responses(), [&texts[0][7..]]);
+    }
+
+    /// The trie counts of the cache once its queued work is done.
+    fn indexed_counts() -> std::collections::BTreeMap<Vec<Token>, u32> {
+        CACHE.with_borrow_mut(|slot| {
+            let cache = slot.as_mut().expect("a session used the cache");
+            cache.work(usize::MAX);
+            trie_counts(cache.trie())
+        })
+    }
+
+    #[test]
+    fn an_observed_response_helps_a_request_that_repeats_it() {
+        let mut random = Lcg(31);
+        let prompt = random.text(20, VOCAB_SIZE);
+        let response = random.text(300, VOCAB_SIZE);
+        restart();
+        let cold = session("").replay(&prompt, &response, 8);
+        // Observed by a fresh instance, before any session built the cache.
+        restart();
+        Suffix::observe_response(&response);
+        let observed_first = session("").replay(&prompt, &response, 8);
+        // Observed once a session built the cache, while it is open.
+        restart();
+        let open = session("");
+        open.observe_response(&response);
+        drop(open);
+        let observed_later = session("").replay(&prompt, &response, 8);
+        for warm in [observed_first, observed_later] {
+            assert!(
+                warm.mean_accepted_per_round() > cold.mean_accepted_per_round() + 3.0,
+                "cold {cold:?}, warm {warm:?}"
+            );
+            assert!(warm.acceptance() > 0.9, "warm {warm:?}");
+        }
+    }
+
+    #[test]
+    fn an_observed_response_enters_the_cache_as_an_ended_sessions_would() {
+        let (responses, contexts) = responses_and_contexts(47);
+        restart();
+        respond("", &responses);
+        let served = proposals_after("", &contexts);
+        let served_counts = indexed_counts();
+        // The first half before any session built the cache, the rest after.
+        restart();
+        let (first, rest) = responses.split_at(responses.len() / 2);
+        for response in first {
+            Suffix::observe_response(response);
+        }
+        drop(session(""));
+        for response in rest {
+            Suffix::observe_response(response);
+        }
+        assert_eq!(saved_responses(), responses);
+        assert_eq!(proposals_after("", &contexts), served);
+        assert_eq!(indexed_counts(), served_counts);
+    }
+
+    #[test]
+    fn observed_responses_are_evicted_oldest_first() {
+        let config = "max_cached_requests=2";
+        let responses = [vec![11, 12, 13], vec![21, 22, 23], vec![31, 32, 33]];
+        restart();
+        for response in &responses {
+            Suffix::observe_response(response);
+        }
+        let mut harness = session(config);
+        harness.feed(&[1]);
+        assert_eq!(
+            saved_responses(),
+            responses[1..],
+            "evicted when the cache is built"
+        );
+        // One of its own sessions' responses, then one more observed.
+        harness.feed(&[41, 42, 43]);
+        drop(harness);
+        Suffix::observe_response(&[51, 52, 53]);
+        assert_eq!(saved_responses(), [[41, 42, 43], [51, 52, 53]]);
+    }
+
+    #[test]
+    fn observed_responses_are_saved_by_checkpoint_and_restored() {
+        clear_state();
+        restart();
+        Suffix::observe_response(&[1, 2, 3, 4]);
+        Suffix::checkpoint();
+        assert_eq!(state::load(), None, "no session built the cache yet");
+        respond("", &[vec![5, 6, 7, 8]]);
+        Suffix::observe_response(&[9, 10, 11, 12]);
+        Suffix::checkpoint();
+        restart();
+        let mut harness = session("");
+        assert_eq!(
+            saved_responses(),
+            [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+        );
+        harness.feed(&[9, 10]);
+        assert_eq!(harness.propose(2).tokens, [11, 12]);
+        // Observed after a restart, before the first session: queued after the loaded ones.
+        drop(harness);
+        restart();
+        Suffix::observe_response(&[13, 14, 15]);
+        drop(session(""));
+        assert_eq!(
+            saved_responses(),
+            [
+                vec![1, 2, 3, 4],
+                vec![5, 6, 7, 8],
+                vec![9, 10, 11, 12],
+                vec![13, 14, 15]
+            ]
+        );
+    }
+
+    #[test]
+    fn responses_observed_before_the_cache_is_built_are_bounded() {
+        restart();
+        let responses: Vec<Vec<Token>> = (0..MAX_OBSERVED_RESPONSES as Token + 10)
+            .map(|i| vec![i % VOCAB_SIZE, 1, 2])
+            .collect();
+        for response in &responses {
+            Suffix::observe_response(response);
+        }
+        drop(session("max_cached_requests=1000"));
+        assert_eq!(
+            saved_responses(),
+            responses[responses.len() - MAX_OBSERVED_RESPONSES..],
+            "the newest are kept"
+        );
+        // By tokens: two responses of just over half the bound do not fit together.
+        restart();
+        let long = MAX_OBSERVED_TOKENS / 2 + 1;
+        for token in [1, 2, 3] {
+            Suffix::observe_response(&vec![token; long]);
+        }
+        OBSERVED.with_borrow(|observed| {
+            let kept: Vec<&[Token]> = observed.responses().collect();
+            assert_eq!(kept, [&vec![3; long][..]]);
+        });
+        // A response longer than the bound is cut to it.
+        Suffix::observe_response(&vec![4; MAX_OBSERVED_TOKENS + 5]);
+        OBSERVED.with_borrow(|observed| {
+            let lens: Vec<usize> = observed.responses().map(<[Token]>::len).collect();
+            assert_eq!(lens, [MAX_OBSERVED_TOKENS]);
+        });
+    }
+
+    #[test]
+    fn a_long_observed_response_is_indexed_over_later_calls() {
+        let mut random = Lcg(33);
+        let response = random.text(4 * STEPS_PER_CALL / DEFAULT_MAX_DEPTH, VOCAB_SIZE);
+        restart();
+        let mut harness = session("");
+        harness.observe_response(&response);
+        assert!(!Suffix::cache_is_idle(), "more than one call's work");
+        while !Suffix::cache_is_idle() {
+            harness.feed(&[]);
+        }
+        harness.feed(&response[..20]);
+        assert_eq!(harness.propose(8).tokens, response[20..28]);
     }
 
     #[test]

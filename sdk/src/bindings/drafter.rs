@@ -28,6 +28,11 @@ impl<D: Drafter> api::Guest for SessionCell<D> {
         forward_panics_to_host_log();
         D::checkpoint();
     }
+
+    fn observe_response(response: Vec<Token>) {
+        forward_panics_to_host_log();
+        D::observe_response(&response);
+    }
 }
 
 impl<D: Drafter> api::GuestSession for SessionCell<D> {

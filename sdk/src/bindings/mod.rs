@@ -22,9 +22,9 @@ include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 /// Makes every panic also log its message and location at error level, before the default hook
 /// runs and the instance traps.
 ///
-/// Runs at the start of every export that can come first (opening a session, a checkpoint), so
-/// before any other guest code. Without it the host would see only "unreachable executed": a
-/// sandboxed plugin's stderr is usually discarded.
+/// Runs at the start of every export that can come first (opening a session, a checkpoint, an
+/// observed response), so before any other guest code. Without it the host would see only
+/// "unreachable executed": a sandboxed plugin's stderr is usually discarded.
 #[cfg(target_arch = "wasm32")]
 fn forward_panics_to_host_log() {
     static INSTALL: std::sync::Once = std::sync::Once::new();

@@ -21,9 +21,10 @@ pub fn facts(vocab_size: u32) -> ModelFacts {
 /// One drafter session, driven natively the way the host drives it.
 ///
 /// Calls are passed straight to the drafter, except that [`Harness::propose`] checks the
-/// proposal with [`check_proposal`], as the host does, and [`Harness::feed`] checks that the
-/// test feeds only tokens of the vocabulary. The call order is up to the test; the host's order
-/// is described on [`Drafter`].
+/// proposal with [`check_proposal`], as the host does, and [`Harness::feed`] and
+/// [`Harness::observe_response`] check that the test passes only what the host would: tokens of
+/// the vocabulary, and responses that fit in the context. The call order is up to the test; the
+/// host's order is described on [`Drafter`].
 pub struct Harness<D: Drafter> {
     drafter: D,
     facts: ModelFacts,
@@ -69,13 +70,7 @@ impl<D: Drafter> Harness<D> {
     ///
     /// If a token is outside the vocabulary: the host never feeds one, so the test is wrong.
     pub fn feed(&mut self, tokens: &[Token]) {
-        let vocab_size = self.facts.vocab_size;
-        if let Some(token) = tokens.iter().find(|&&token| token >= vocab_size) {
-            panic!(
-                "the test fed token {token}, outside the vocabulary of {vocab_size} tokens; \
-                 raise vocab_size in the harness's ModelFacts"
-            );
-        }
+        self.assert_in_vocabulary("fed", tokens);
         self.drafter.feed(tokens);
     }
 
@@ -113,6 +108,42 @@ impl<D: Drafter> Harness<D> {
     /// [`crate::state::load`] reads back.
     pub fn checkpoint(&self) {
         D::checkpoint();
+    }
+
+    /// Hands the plugin the finished `response` of a request another instance served
+    /// ([`Drafter::observe_response`]), as a server does between requests.
+    ///
+    /// Like [`Harness::checkpoint`] it goes to the type, not to this session; the harness only
+    /// lends its facts to check the response. To observe one before any session is open, as the
+    /// host may on a fresh instance, call the drafter type's `observe_response` directly.
+    ///
+    /// # Panics
+    ///
+    /// If a token is outside the vocabulary, or the response is longer than the context: the
+    /// host never hands such a response, so the test is wrong.
+    pub fn observe_response(&self, response: &[Token]) {
+        self.assert_in_vocabulary("observed", response);
+        let context_size = self.facts.context_size;
+        if usize::try_from(context_size).is_ok_and(|size| response.len() > size) {
+            panic!(
+                "the test observed a response of {} tokens, longer than the context of \
+                 {context_size} tokens; raise context_size in the harness's ModelFacts",
+                response.len()
+            );
+        }
+        D::observe_response(response);
+    }
+
+    /// Panics, naming what the test did (`action`), if `tokens` holds a token outside the
+    /// vocabulary.
+    fn assert_in_vocabulary(&self, action: &str, tokens: &[Token]) {
+        let vocab_size = self.facts.vocab_size;
+        if let Some(token) = tokens.iter().find(|&&token| token >= vocab_size) {
+            panic!(
+                "the test {action} token {token}, outside the vocabulary of {vocab_size} tokens; \
+                 raise vocab_size in the harness's ModelFacts"
+            );
+        }
     }
 
     /// Simulates greedy speculative decoding of `output` after `prompt`, with this drafter as
@@ -280,6 +311,40 @@ mod tests {
         }
     }
 
+    thread_local! {
+        /// The responses [`Observer`] was handed, on this test's thread.
+        static OBSERVED: std::cell::RefCell<Vec<Vec<Token>>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// Records every response it observes in [`OBSERVED`].
+    struct Observer;
+
+    impl Drafter for Observer {
+        fn new(_config: &str, _facts: &ModelFacts) -> Result<Self, String> {
+            Ok(Observer)
+        }
+
+        fn feed(&mut self, _tokens: &[Token]) {}
+
+        fn propose(&mut self, _max_draft_len: usize) -> Proposal {
+            Proposal::empty()
+        }
+
+        fn observe_response(response: &[Token]) {
+            OBSERVED.with_borrow_mut(|observed| observed.push(response.to_vec()));
+        }
+    }
+
+    /// A harness for [`Observer`] with a vocabulary of 100 tokens and a context of 4.
+    fn observer() -> Harness<Observer> {
+        let facts = ModelFacts {
+            context_size: 4,
+            ..facts(100)
+        };
+        Harness::new("", facts).expect("no config to reject")
+    }
+
     fn oracle(config: &str) -> Harness<Oracle> {
         Harness::new(config, facts(100)).expect("valid oracle config")
     }
@@ -369,5 +434,30 @@ mod tests {
     #[should_panic(expected = "the test fed token 100")]
     fn panics_when_the_test_feeds_out_of_vocabulary() {
         oracle("").feed(&[1, 100]);
+    }
+
+    #[test]
+    fn observed_responses_reach_the_drafter_type() {
+        let harness = observer();
+        harness.observe_response(&[1, 2, 3, 99]);
+        harness.observe_response(&[]);
+        assert_eq!(
+            OBSERVED.with_borrow(Clone::clone),
+            [vec![1, 2, 3, 99], vec![]]
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "the test observed token 100, outside the vocabulary of 100 tokens")]
+    fn panics_when_the_test_observes_out_of_vocabulary() {
+        observer().observe_response(&[1, 100]);
+    }
+
+    #[test]
+    #[should_panic(
+        expected = "the test observed a response of 5 tokens, longer than the context of 4 tokens"
+    )]
+    fn panics_when_the_test_observes_a_response_longer_than_the_context() {
+        observer().observe_response(&[1, 2, 3, 4, 5]);
     }
 }

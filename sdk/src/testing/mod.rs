@@ -6,7 +6,9 @@
 //!   that names the broken rule, so that contract bugs fail a unit test instead of becoming
 //!   faults in production.
 //!   [`Harness::replay`] simulates a whole greedy generation over a known output and reports how
-//!   many draft tokens the target would have accepted.
+//!   many draft tokens the target would have accepted. [`Harness::checkpoint`] and
+//!   [`Harness::observe_response`] call the drafter type's cross-request functions, the latter
+//!   with the host's checks on the response.
 //! * [`PolicyHarness`] owns one policy value and feeds it scripted [`RoundRecord`]s
 //!   ([`drafted_round`], [`shadow_round`], [`plain_round`]), or runs it against a simulated
 //!   target with [`PolicyHarness::run`].

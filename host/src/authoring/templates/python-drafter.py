@@ -50,6 +50,10 @@ class App(exports.App):
     def checkpoint(self) -> None:
         """Nothing to save: this drafter keeps nothing across requests."""
 
+    def observe_response(self, response: list[int]) -> None:
+        """Another request's finished response: nothing to learn, this drafter keeps nothing
+        across requests."""
+
 
 class Session(drafter_api.Session):
     """One request's drafter."""

@@ -76,6 +76,17 @@ pub enum UpdateError {
         /// The plugin.
         plugin: String,
     },
+    /// A replica published a plugin version whose bytes are not in the shared store (or do
+    /// not hash to it).
+    #[error(
+        "plugin `{plugin}` version {sha256} published by another replica is not in the shared store; publish it again from that replica (PUT /admin/cascade or POST /admin/plugins/reload)"
+    )]
+    SharedVersionMissing {
+        /// The plugin.
+        plugin: String,
+        /// The version published.
+        sha256: String,
+    },
     /// A malformed policy, or settings the policy refused; the message names the fix.
     #[error("{0}")]
     Policy(String),

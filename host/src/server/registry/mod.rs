@@ -58,6 +58,37 @@ pub struct DefaultsUpdate {
     pub plugin_configs: BTreeMap<String, String>,
 }
 
+/// The defaults another replica published (`serve --share`), to apply here: its default
+/// cascade, each plugin at the version it runs, and its other defaults and plugin configs.
+#[derive(Debug, Clone)]
+pub struct SharedDefaults {
+    /// The default cascade, in order.
+    pub cascade: Vec<SharedPlugin>,
+    /// Default draft length.
+    pub max_draft_len: usize,
+    /// Default cascade mode.
+    pub mode: CascadeMode,
+    /// Default policy: its settings string, with the policy named by its name (a file of the
+    /// replica's version in `policy_file` when this server lacks that version).
+    pub policy: Option<String>,
+    /// The policy's file here, when the default policy is a file the replica published.
+    pub policy_file: Option<SharedPlugin>,
+    /// Config strings by plugin name (names this server has not loaded are left out).
+    pub plugin_configs: BTreeMap<String, String>,
+}
+
+/// A plugin at the version another replica runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedPlugin {
+    /// Its name.
+    pub name: String,
+    /// sha256 of its `.wasm`, hex.
+    pub sha256: String,
+    /// A local copy of that `.wasm`, named `NAME.wasm`; `None` when this server already runs
+    /// that version.
+    pub file: Option<std::path::PathBuf>,
+}
+
 /// What a reload did, plugin by plugin.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReloadReport {
@@ -358,8 +389,76 @@ impl Registry {
             }
             next.defaults.policy = policy;
         }
-        self.check_defaults(&next)?;
+        self.check_and_publish(next, to_test)
+    }
 
+    /// Applies the defaults another replica published: loads the plugin versions this server
+    /// lacks from their local copies (a plugin of the same name at another version is
+    /// replaced, its instances started afresh), then checks, smoke-tests and publishes as
+    /// [`Self::update_defaults`] does. Blocks: call it off the async runtime.
+    pub fn apply_shared(&self, shared: SharedDefaults) -> Result<Arc<Snapshot>, UpdateError> {
+        let _one_at_a_time = self.updates.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = Snapshot::clone(&self.snapshot());
+        next.generation += 1;
+        let mut to_test: Vec<String> = Vec::new();
+        for source in &shared.cascade {
+            let current = next.plugins.get(&source.name);
+            if current.is_some_and(|plugin| plugin.loaded.sha256() == source.sha256) {
+                continue;
+            }
+            let spec = SourceSpec::Path(shared_file(source)?);
+            let loaded = self.load(&spec)?;
+            check_shared_version(source, loaded.sha256())?;
+            let incarnation = current.map_or(0, |plugin| plugin.incarnation + 1);
+            next.plugins.insert(
+                source.name.clone(),
+                Plugin {
+                    spec,
+                    loaded,
+                    incarnation,
+                },
+            );
+            to_test.push(source.name.clone());
+        }
+        next.defaults.cascade = shared.cascade.iter().map(|s| s.name.clone()).collect();
+        for (name, config) in shared.plugin_configs {
+            if next.plugins.contains_key(&name) && next.plugin_configs.get(&name) != Some(&config) {
+                next.plugin_configs.insert(name.clone(), config);
+                to_test.push(name);
+            }
+        }
+        next.defaults.max_draft_len = shared.max_draft_len;
+        next.defaults.mode = shared.mode;
+        next.defaults.policy = match (&shared.policy_file, shared.policy) {
+            (Some(file), Some(settings)) => {
+                let current = next.policies.get(&file.name);
+                if current.is_none_or(|policy| policy.sha256() != file.sha256) {
+                    let spec = SourceSpec::Path(shared_file(file)?);
+                    let loaded =
+                        self.host
+                            .load_policy(&spec)
+                            .map_err(|source| UpdateError::Load {
+                                plugin: file.name.clone(),
+                                source,
+                            })?;
+                    check_shared_version(file, loaded.sha256())?;
+                    next.policies.insert(file.name.clone(), loaded);
+                }
+                Some(settings)
+            }
+            (_, policy) => policy,
+        };
+        self.check_and_publish(next, to_test)
+    }
+
+    /// Checks `next`'s defaults and smoke-tests the plugins named in `to_test` with their
+    /// configs, then publishes `next`; changes nothing when a check fails.
+    fn check_and_publish(
+        &self,
+        next: Snapshot,
+        mut to_test: Vec<String>,
+    ) -> Result<Arc<Snapshot>, UpdateError> {
+        self.check_defaults(&next)?;
         to_test.sort();
         to_test.dedup();
         for name in &to_test {
@@ -460,6 +559,28 @@ impl Registry {
         );
         next
     }
+}
+
+/// The local copy of a replica's plugin version this server lacks.
+fn shared_file(plugin: &SharedPlugin) -> Result<std::path::PathBuf, UpdateError> {
+    plugin
+        .file
+        .clone()
+        .ok_or_else(|| UpdateError::SharedVersionMissing {
+            plugin: plugin.name.clone(),
+            sha256: plugin.sha256.clone(),
+        })
+}
+
+/// Checks that a replica's plugin file holds the version it published.
+fn check_shared_version(plugin: &SharedPlugin, loaded_sha256: &str) -> Result<(), UpdateError> {
+    if loaded_sha256 == plugin.sha256 {
+        return Ok(());
+    }
+    Err(UpdateError::SharedVersionMissing {
+        plugin: plugin.name.clone(),
+        sha256: plugin.sha256.clone(),
+    })
 }
 
 /// A cascade entry may name an already loaded plugin: a bare name means the loaded plugin of
