@@ -75,7 +75,8 @@ for i in $(seq 1 "$replicas"); do
     [[ $share == 1 ]] && flags+=(--share "redis://127.0.0.1:$redis_port/example")
     "$SPECHOST_BIN" "${flags[@]}" "${extra[@]}" >"$work/replica-$i.out" 2>"$work/replica-$i.log" &
     pids+=($!)
-    upstreams+="        server 127.0.0.1:$port;"$'\n'
+    [[ -n $upstreams ]] && upstreams+=$'\n'
+    upstreams+="        server 127.0.0.1:$port;"
 done
 for i in $(seq 1 "$replicas"); do
     port=$((base_port + i))
@@ -91,15 +92,17 @@ for i in $(seq 1 "$replicas"); do
 done
 
 mkdir -p "$work/nginx"
-sed -e "s|@PREFIX@|$work/nginx|g" -e "s|@PORT@|$base_port|g" \
-    -e "/@UPSTREAMS@/{r /dev/stdin" -e "d}" "$here/nginx.conf.template" \
-    >"$work/nginx/nginx.conf" <<<"$upstreams"
+conf=$(<"$here/nginx.conf.template")
+conf=${conf//@PREFIX@/$work/nginx}
+conf=${conf//@PORT@/$base_port}
+conf=${conf//@UPSTREAMS@/$upstreams}
+printf '%s\n' "$conf" >"$work/nginx/nginx.conf"
 /usr/sbin/nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" &
 pids+=($!)
 until curl -sf "http://127.0.0.1:$base_port/health" >/dev/null; do sleep 0.2; done
 echo "nginx on 127.0.0.1:$base_port, round-robin over $replicas replicas"
 
-bench=(bench --model "$model" --workload "$workload" --clients "$clients"
+bench=(bench --model "$model" --prompt-style chat --workload "$workload" --clients "$clients"
     --requests-per-client "$requests"
     --url "http://127.0.0.1:$base_port" --label "$([[ $share == 1 ]] && echo shared || echo alone)")
 [[ -n $out ]] && bench+=(--out "$out")

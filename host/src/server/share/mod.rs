@@ -209,98 +209,99 @@ impl Sharing {
 
     /// The sharing families of `/metrics`, in the text format.
     pub fn metrics(&self) -> String {
-        let mut page = super::metrics::Page::default();
-        page.family(
-            "shared_responses_total",
-            "counter",
-            "Finished responses handed to the drafters of other slots, by origin.",
-        );
-        for (origin, counter) in ["slot", "replica"].into_iter().zip(&self.recorded) {
-            page.sample(
-                "shared_responses_total",
-                &[("origin", origin)],
-                counter.load(Ordering::Relaxed),
-            );
-        }
-        let Some(link) = &self.link else {
-            return page.text;
-        };
-        let c = &link.counters;
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        page.family(
-            "share_connected",
-            "gauge",
-            "1 while the link to the shared Redis is up.",
-        );
-        page.sample(
-            "share_connected",
-            &[],
-            u8::from(c.connected.load(Ordering::Relaxed)),
-        );
-        page.family(
-            "share_applied_generation",
-            "gauge",
-            "The shared generation of the defaults this replica runs (the last it published or applied).",
-        );
-        page.sample("share_applied_generation", &[], get(&c.applied_generation));
-        page.family(
-            "share_published_total",
-            "counter",
-            "Entries this replica wrote to the shared streams, by kind.",
-        );
-        page.sample(
-            "share_published_total",
-            &[("kind", "response")],
-            get(&c.published_responses),
-        );
-        page.sample(
-            "share_published_total",
-            &[("kind", "update")],
-            get(&c.published_updates),
-        );
-        page.family(
-            "share_ignored_total",
-            "counter",
-            "Shared entries ignored: another namespace or model (foreign), malformed, or an update not signed with this replica's admin token (unsigned).",
-        );
-        page.sample(
-            "share_ignored_total",
-            &[("reason", "foreign")],
-            get(&c.ignored_foreign),
-        );
-        page.sample(
-            "share_ignored_total",
-            &[("reason", "malformed")],
-            get(&c.ignored_malformed),
-        );
-        page.sample(
-            "share_ignored_total",
-            &[("reason", "unsigned")],
-            get(&c.ignored_unsigned),
-        );
-        page.family(
-            "share_dropped_total",
-            "counter",
-            "Responses and updates not shared: the queue to Redis was full.",
-        );
-        page.sample("share_dropped_total", &[], get(&c.dropped));
-        page.family(
-            "share_updates_total",
-            "counter",
-            "Other replicas' updates of the defaults, by outcome.",
-        );
-        page.sample(
-            "share_updates_total",
-            &[("outcome", "applied")],
-            get(&c.applied_updates),
-        );
-        page.sample(
-            "share_updates_total",
-            &[("outcome", "refused")],
-            get(&c.refused_updates),
-        );
+        let mut families = vec![Family {
+            name: "shared_responses_total",
+            kind: "counter",
+            help: "Finished responses handed to the drafters of other slots, by origin.",
+            label: "origin",
+            samples: vec![
+                ("slot", get(&self.recorded[0])),
+                ("replica", get(&self.recorded[1])),
+            ],
+        }];
+        if let Some(link) = &self.link {
+            let c = &link.counters;
+            families.extend([
+                Family {
+                    name: "share_connected",
+                    kind: "gauge",
+                    help: "1 while the link to the shared Redis is up.",
+                    label: "",
+                    samples: vec![("", u64::from(c.connected.load(Ordering::Relaxed)))],
+                },
+                Family {
+                    name: "share_applied_generation",
+                    kind: "gauge",
+                    help: "The shared generation of the defaults this replica runs (the last it published or applied).",
+                    label: "",
+                    samples: vec![("", get(&c.applied_generation))],
+                },
+                Family {
+                    name: "share_published_total",
+                    kind: "counter",
+                    help: "Entries this replica wrote to the shared streams, by kind.",
+                    label: "kind",
+                    samples: vec![
+                        ("response", get(&c.published_responses)),
+                        ("update", get(&c.published_updates)),
+                    ],
+                },
+                Family {
+                    name: "share_ignored_total",
+                    kind: "counter",
+                    help: "Shared entries ignored: another namespace or model (foreign), malformed, or an update not signed with this replica's admin token (unsigned).",
+                    label: "reason",
+                    samples: vec![
+                        ("foreign", get(&c.ignored_foreign)),
+                        ("malformed", get(&c.ignored_malformed)),
+                        ("unsigned", get(&c.ignored_unsigned)),
+                    ],
+                },
+                Family {
+                    name: "share_dropped_total",
+                    kind: "counter",
+                    help: "Responses and updates not shared: the queue to Redis was full.",
+                    label: "",
+                    samples: vec![("", get(&c.dropped))],
+                },
+                Family {
+                    name: "share_updates_total",
+                    kind: "counter",
+                    help: "Other replicas' updates of the defaults, by outcome.",
+                    label: "outcome",
+                    samples: vec![
+                        ("applied", get(&c.applied_updates)),
+                        ("refused", get(&c.refused_updates)),
+                    ],
+                },
+            ]);
+        }
+        let mut page = super::metrics::Page::default();
+        for family in families {
+            page.family(family.name, family.kind, family.help);
+            for (value, count) in family.samples {
+                let label = [(family.label, value)];
+                let labels = if family.label.is_empty() {
+                    &label[..0]
+                } else {
+                    &label[..]
+                };
+                page.sample(family.name, labels, count);
+            }
+        }
         page.text
     }
+}
+
+/// A metrics family of the sharing counters: samples by the value of one label (none when
+/// `label` is empty).
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    label: &'static str,
+    samples: Vec<(&'static str, u64)>,
 }
 
 /// The defaults of `snapshot` as another replica applies them, and the plugin files (by
