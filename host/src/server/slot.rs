@@ -11,7 +11,8 @@
 //!    gone, and when the registry published a new generation it resolves the request's cascade
 //!    again and, if its sources changed (a new plugin version, config or default cascade),
 //!    hands the engine a new cascade, which the engine begins with the whole context so far;
-//! 4. send the result, count it, keep what the cascade learnt of its sources, report plugin
+//! 4. send the result, count it, record its output for the other slots' and replicas'
+//!    drafters (`share`), keep what the cascade learnt of its sources, report plugin
 //!    health; with `--state-dir`, save the plugins' cross-request state when
 //!    [`STATE_SAVE_INTERVAL`] has passed since the last save, and when the slot stops.
 //!

@@ -396,6 +396,7 @@ fn serve_http(
                 dir.clone(),
                 Arc::clone(registry),
                 Arc::clone(metrics),
+                Arc::clone(&sharing),
             ));
         }
         tracing::info!(

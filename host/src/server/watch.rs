@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime};
 
 use super::metrics::{Metrics, ReloadOutcome};
 use super::registry::Registry;
+use super::share::Sharing;
 use crate::plugins::file_sha256;
 
 /// How often the watched files are checked.
@@ -58,8 +59,14 @@ fn stamp(path: &Path) -> Option<Stamp> {
     Some((metadata.modified().ok()?, metadata.len()))
 }
 
-/// Watches `dir` until the runtime shuts down.
-pub async fn run(dir: PathBuf, registry: Arc<Registry>, metrics: Arc<Metrics>) {
+/// Watches `dir` until the runtime shuts down; a reload is also published to the other
+/// replicas (`sharing`, with `--share`).
+pub async fn run(
+    dir: PathBuf,
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    sharing: Arc<Sharing>,
+) {
     let dir = dir.canonicalize().unwrap_or(dir);
     tracing::info!(dir = %dir.display(), "watching plugin files");
     let mut files: BTreeMap<PathBuf, Debounce> = BTreeMap::new();
@@ -89,6 +96,7 @@ pub async fn run(dir: PathBuf, registry: Arc<Registry>, metrics: Arc<Metrics>) {
             Ok(Ok(report)) => {
                 metrics.reload(ReloadOutcome::Published);
                 tracing::info!(plugins = %changed.join(","), reloaded = %report.reloaded.join(","), generation = report.generation, "reloaded changed plugin files");
+                sharing.publish_update(&registry.snapshot());
             }
             Ok(Err(error)) => {
                 metrics.reload(ReloadOutcome::Rejected);

@@ -11,8 +11,8 @@
 //! - every finished response is appended to the capped stream `NAMESPACE:responses`, and every
 //!   replica reads the others' into its [`SharedResponses`]; entries of another namespace or
 //!   model (tokenizer fingerprint) and malformed ones are ignored and counted;
-//! - an admin update (`PUT /admin/cascade`, `POST /admin/plugins/reload`) publishes the new
-//!   defaults, and the plugin files they need by sha256; every replica applies them through
+//! - an admin update (`PUT /admin/cascade`, `POST /admin/plugins/reload`) or a `--watch` reload
+//!   publishes the new defaults, and the plugin files they need by sha256; every replica applies them through
 //!   its own checked update path (`Registry::apply_shared`) and reports the generation it
 //!   applied in `/health` and `/metrics`.
 //!
