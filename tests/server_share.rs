@@ -295,6 +295,7 @@ fn an_admin_update_on_one_replica_is_live_on_the_other() {
     // A loads a plugin file B does not have: B takes it from Redis.
     let plugins = scratch("share-admin-plugins");
     install(&built("lookup"), &plugins.join("lookup_v2.wasm"));
+    install(&built("policy_fixed"), &plugins.join("fixed_v2.wasm"));
     let plugin_dir = plugins.to_str().expect("UTF-8 path");
     let a = replica(Some(&url), &["--plugin-dir", plugin_dir]);
     let b = replica(Some(&url), &[]);
@@ -350,16 +351,43 @@ fn an_admin_update_on_one_replica_is_live_on_the_other() {
         .clone();
     assert_eq!(suffix["config"], "max_depth=32");
 
+    // A policy file B lacks travels the same way, with its settings.
+    let with_policy = admin_put(
+        &a,
+        "/admin/cascade",
+        &json!({"policy": "fixed_v2.wasm,k=3"}),
+    );
+    assert_eq!(with_policy.status, 200, "{}", with_policy.body);
+    let generation = share_health(&a)["applied_generation"].as_u64();
+    wait_for(&a, "A published the policy", || {
+        share_health(&a)["applied_generation"].as_u64() > generation
+    });
+    let generation = share_health(&a)["applied_generation"].clone();
+    wait_for(&b, "B applied A's policy", || {
+        share_health(&b)["applied_generation"] == generation
+    });
+    let shown = get(&b, "/admin/cascade", Some(ADMIN_TOKEN));
+    assert_eq!(shown.body["defaults"]["policy"], "fixed_v2,k=3");
+    let policy_sha = |view: &Value| {
+        view["policies"]
+            .as_array()
+            .and_then(|policies| policies.iter().find(|p| p["name"] == "fixed_v2"))
+            .map(|p| p["sha256"].clone())
+            .unwrap_or_else(|| panic!("no policy fixed_v2 in {view}"))
+    };
+    assert_eq!(policy_sha(&shown.body), policy_sha(&with_policy.body));
+
     // B drafts with the new defaults, and its output is still plain decoding's.
     let prompt = extract_prompt(PROTOCOL_LINES[6]);
     let plain = plain_answers(&b, std::slice::from_ref(&prompt), MAX_TOKENS);
     let (text, speculative) = ask(&b, &prompt);
     assert_eq!(text, plain[0]);
     assert_eq!(speculative["cascade"], json!(["lookup_v2", "suffix"]));
+    assert_eq!(speculative["policy"], "fixed_v2,k=3");
     let page = metrics(&b);
     assert_eq!(
         sample(&page, "spechost_share_updates_total{outcome=\"applied\"}"),
-        1.0
+        2.0
     );
 }
 
