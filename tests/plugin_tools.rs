@@ -58,6 +58,38 @@ fn built_in_and_example_plugins_conform() {
             );
         }
         assert!(report.contains("PASS  deterministic"), "{stem}:\n{report}");
+        if !stem.starts_with("policy") {
+            assert_observe_line(stem, &report);
+        }
+    }
+}
+
+/// Checks the `observe` line of a drafter's report: `suffix` learns from responses
+/// it did not serve, `lookup` keeps nothing across requests.
+fn assert_observe_line(stem: &str, report: &str) {
+    let line = report
+        .lines()
+        .find(|line| line.split_whitespace().nth(1) == Some("observe"))
+        .unwrap_or_else(|| panic!("{stem}: no `observe` line in:\n{report}"));
+    assert!(line.contains("PASS"), "{stem}: {line}");
+    let accepted = |after: &str| -> u64 {
+        let rest = &line[line.find(after).expect("figure") + after.len()..];
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|digits| digits.parse().ok())
+            .expect("a number")
+    };
+    let (taught, fresh) = (accepted("an instance got "), accepted("a fresh one "));
+    match stem {
+        "suffix" => assert!(
+            taught > fresh,
+            "suffix learns from responses it did not serve: {line}"
+        ),
+        "lookup" => assert!(
+            line.contains("it drafts as if it was handed nothing"),
+            "lookup keeps no cross-request memory: {line}"
+        ),
+        _ => {}
     }
 }
 
@@ -86,6 +118,11 @@ fn every_hostile_plugin_fails_with_its_reason() {
             "hostile_panic",
             "FAIL  proposals",
             "deliberate panic in propose",
+        ),
+        (
+            "hostile_observe_panic",
+            "FAIL  observe",
+            "deliberate panic in observe-response",
         ),
         (
             "hostile_panic_open",

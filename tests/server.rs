@@ -318,15 +318,17 @@ fn serves_the_draft_model_and_persists_plugin_state_across_restarts() {
     ];
     let prompt = fixture("extract-protocols-0");
     let server = Server::start(&args);
+    let accepted = |answer: &Answer| answer.body["speculative"]["accepted"].as_u64().unwrap_or(0);
+    let suffix_body = chat_body(&prompt, 48, json!({"speculative": {"cascade": "suffix"}}));
+    // First: every finished response reaches the drafters of later requests (the slots share
+    // them), so only the first request sees a cache that has never met this answer.
+    let cold = post(&server, "/v1/chat/completions", &suffix_body);
     let plain = post(
         &server,
         "/v1/chat/completions",
         &chat_body(&prompt, 48, json!({"speculative": {"cascade": "none"}})),
     );
     let plain_text = chat_text(&plain);
-    let accepted = |answer: &Answer| answer.body["speculative"]["accepted"].as_u64().unwrap_or(0);
-    let suffix_body = chat_body(&prompt, 48, json!({"speculative": {"cascade": "suffix"}}));
-    let cold = post(&server, "/v1/chat/completions", &suffix_body);
     assert_eq!(chat_text(&cold), plain_text);
     // A fixed draft length: the default `cost` policy leaves out a draft model that does not
     // pay, and this one does not on 2 cores. The draft model comes first: `suffix` has seen this

@@ -353,6 +353,53 @@ fn hostile_plugins_of_some_requests_change_no_output_and_are_counted() {
     );
 }
 
+#[test]
+fn a_drafter_panicking_on_other_requests_responses_changes_no_output() {
+    let _guard = exclusive();
+    let stem = "hostile_observe_panic";
+    let hostile = built(stem).display().to_string();
+    let server = Server::start(&["--cascade", &format!("lookup,{hostile}")]);
+    let prompts: Vec<String> = ["extract-protocols-0", "edit-shlex-split"]
+        .iter()
+        .map(|id| fixture(id))
+        .collect();
+    let ask = |prompt: &str, cascade: &str| {
+        let answer = post(
+            &server,
+            "/v1/chat/completions",
+            &chat_body(
+                prompt,
+                32,
+                json!({"speculative": {"cascade": cascade, "policy": "fixed", "draft_max": 4}}),
+            ),
+        );
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        chat_text(&answer)
+    };
+    // Each answer is handed to the hostile drafter's instance before its next request: it
+    // panics there, is re-created, and drafts on.
+    for prompt in &prompts {
+        let plain = ask(prompt, "none");
+        assert_eq!(ask(prompt, &format!("{stem},lookup")), plain);
+        assert_eq!(ask(prompt, &format!("{stem},lookup")), plain);
+    }
+    let page = metrics(&server);
+    let faults = sample(
+        &page,
+        &format!("spechost_plugin_faults_total{{plugin=\"{stem}\"}}"),
+    );
+    assert!(
+        faults >= 2.0,
+        "faults while taking responses not counted:\n{page}"
+    );
+    assert!(
+        server.log().contains("cannot take a shared response"),
+        "{}",
+        server.log()
+    );
+    assert_eq!(get(&server, "/health", None).body["status"], "ok");
+}
+
 /// Bodies the fuzz test posts (one server for all of them); `PROPTEST_CASES` overrides it.
 const FUZZ_CASES: u32 = 200;
 /// `--max-body-bytes` of the fuzzed server: huge strings straddle it.

@@ -1,9 +1,9 @@
 //! Replicas sharing through Redis (`spechost serve --share redis://HOST:PORT/NAMESPACE`) on the
 //! default model: responses reach the other replica's `suffix` drafter (an extract-style
 //! workload alternating between two replicas drafts more with sharing than without, with the
-//! same outputs), an admin update on one replica is live on the other, Redis stopping mid-run
-//! fails no request and the replicas catch up when it returns, and entries of another
-//! namespace or model, or malformed ones, are ignored and counted.
+//! same outputs), an admin update or a watched file's reload on one replica is live on the
+//! other, Redis stopping mid-run fails no request and the replicas catch up when it returns,
+//! and entries of another namespace or model, or malformed ones, are ignored and counted.
 //!
 //! Each test starts its own redis-server (installed by `scripts/test.sh`) on a free loopback
 //! port, without persistence, and its own servers, and kills them at the end.
@@ -389,6 +389,49 @@ fn an_admin_update_on_one_replica_is_live_on_the_other() {
         sample(&page, "spechost_share_updates_total{outcome=\"applied\"}"),
         2.0
     );
+}
+
+#[test]
+fn a_plugin_file_reloaded_by_one_replicas_watcher_is_live_on_the_other() {
+    let _guard = exclusive();
+    let redis = Redis::start("watch");
+    let url = redis.url("watch");
+    let watched_dir = scratch("share-watch");
+    let watched = watched_dir.join("watched.wasm");
+    install(&built("lookup"), &watched);
+    let dir = watched_dir.to_str().expect("UTF-8 path");
+    let a = replica(Some(&url), &["--plugin-dir", dir, "--watch", dir]);
+    let b = replica(Some(&url), &[]);
+    wait_for(&b, "B connected", || share_health(&b)["connected"] == true);
+    let sha = |server: &Server| {
+        let shown = get(server, "/admin/cascade", Some(ADMIN_TOKEN));
+        shown.body["plugins"]
+            .as_array()
+            .and_then(|plugins| plugins.iter().find(|p| p["name"] == "watched"))
+            .map(|p| p["sha256"].clone())
+    };
+    let updated = admin_put(
+        &a,
+        "/admin/cascade",
+        &json!({"cascade": "watched.wasm,suffix"}),
+    );
+    assert_eq!(updated.status, 200, "{}", updated.body);
+    wait_for(&b, "B applied A's cascade", || {
+        sha(&b).is_some() && sha(&b) == sha(&a)
+    });
+    let before = sha(&a);
+
+    // The watcher on A sees a new build of the file: A reloads it and publishes it, B takes
+    // the new bytes from Redis.
+    install(&built("suffix"), &watched);
+    wait_for(&a, "A reloaded the changed file", || sha(&a) != before);
+    wait_for(&b, "B took A's reloaded file", || sha(&b) == sha(&a));
+    let prompt = extract_prompt(PROTOCOL_LINES[3]);
+    let plain = plain_answers(&b, std::slice::from_ref(&prompt), MAX_TOKENS);
+    let (text, speculative) = ask(&b, &prompt);
+    assert_eq!(text, plain[0]);
+    assert_eq!(speculative["cascade"], json!(["watched", "suffix"]));
+    let _ = std::fs::remove_dir_all(&watched_dir);
 }
 
 #[test]

@@ -1,9 +1,10 @@
 //! The benchmark loop: one target, one session, every configuration on the same requests.
 //!
-//! Order, for each workload: `warmup + repeat` passes; in each pass every configuration (plain
-//! first) decodes all requests in file order. Interleaving the configurations pass by pass,
-//! rather than running all passes of one then the next, spreads slow drift of the machine
-//! (heat, other load) over all of them alike.
+//! Order, for each workload: `warmup + repeat` passes; in each pass the requests in file order,
+//! and each request decoded by every configuration in turn (plain first). Interleaving the
+//! configurations request by request, rather than pass by pass or all passes of one then the
+//! next, puts the runs being compared seconds apart, so the machine's drift (heat, other load)
+//! and its noisy minutes fall on all of them alike.
 //!
 //! A configuration gets a fresh cascade at the start of each pass and keeps it across that
 //! pass's requests, so caches a source keeps across requests warm up as in a server. A fresh
@@ -377,33 +378,41 @@ pub fn measure_workloads(
         let mut degeneracies: Vec<Option<Degeneracy>> = vec![None; requests.len()];
         for pass in 0..passes {
             let warming_up = pass < config.warmup;
-            for (index, configuration) in configurations.iter().enumerate() {
+            let mut cascades = configurations
+                .iter()
+                .enumerate()
+                .map(|(index, configuration)| {
+                    new_cascade(
+                        &plugins[index],
+                        policies[index].as_ref(),
+                        configuration,
+                        config,
+                        &facts,
+                    )
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let mut totals = vec![Totals::default(); configurations.len()];
+            for ((request, expected), degeneracy) in
+                requests.iter().zip(&mut reference).zip(&mut degeneracies)
+            {
                 progress.set_message(format!(
                     "{} · {} · pass {}/{passes}{}",
                     run.workload.name,
-                    configuration.label(),
+                    request.id,
                     pass + 1,
                     if warming_up { " (warm-up)" } else { "" }
                 ));
-                let mut cascade = new_cascade(
-                    &plugins[index],
-                    policies[index].as_ref(),
-                    configuration,
-                    config,
-                    &facts,
-                )?;
-                let mut totals = Totals::default();
-                let mut context = PassContext {
-                    session: &mut session,
-                    cascade: &mut cascade,
-                    configuration,
-                    workload: &run.workload.name,
-                    pass: pass + 1,
-                    warmup: config.warmup,
-                };
-                for ((request, expected), degeneracy) in
-                    requests.iter().zip(&mut reference).zip(&mut degeneracies)
+                for ((configuration, cascade), totals) in
+                    configurations.iter().zip(&mut cascades).zip(&mut totals)
                 {
+                    let mut context = PassContext {
+                        session: &mut session,
+                        cascade,
+                        configuration,
+                        workload: &run.workload.name,
+                        pass: pass + 1,
+                        warmup: config.warmup,
+                    };
                     let outcome = context.decode(request)?;
                     if expected.is_none() {
                         *degeneracy =
@@ -431,8 +440,10 @@ pub fn measure_workloads(
                     }
                     progress.inc(1);
                 }
-                if !warming_up {
-                    run.passes[index].push(totals);
+            }
+            if !warming_up {
+                for (passes, totals) in run.passes.iter_mut().zip(totals) {
+                    passes.push(totals);
                 }
             }
         }
@@ -546,7 +557,7 @@ fn new_cascade(
     )
 }
 
-/// One configuration's pass over a workload.
+/// One configuration's decoding of a request in a pass over a workload.
 struct PassContext<'s, 't> {
     session: &'s mut Session<'t>,
     cascade: &'s mut Cascade,

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::metrics::{Metrics, PluginHealthDelta, PluginInstances};
 use super::registry::{ResolvedPolicy, ResolvedSource, Snapshot, SourceKey};
@@ -323,7 +323,11 @@ impl DraftSource for Shared {
 }
 
 /// Hands `entry` (the instance `key` of slot `slot`) the responses recorded in `shared` since
-/// it last looked, except those it served itself.
+/// it last looked, except those it served itself, oldest first. Bounded in time, so that a
+/// request never waits long for its drafters' catch-up: once the calls took one call deadline
+/// in all, the rest wait for the instance's next request (a new instance may have all the
+/// responses kept to take, each call under its own deadline).
+/// A fault ends the hand-off: the response that faulted is not handed again.
 fn hand_shared_responses(
     entry: &mut Entry,
     shared: &SharedResponses,
@@ -331,14 +335,22 @@ fn hand_shared_responses(
     key: &SourceKey,
 ) {
     let responses = shared.since(entry.observed);
-    let Some(last) = responses.last() else {
+    if responses.is_empty() {
         return;
-    };
-    entry.observed = last.number;
+    }
     let mut source = lock(&entry.source);
-    for response in responses.iter().filter(|r| !r.was_served_by(slot, key)) {
+    let budget = source.limits().call_deadline;
+    let started = Instant::now();
+    for response in &responses {
+        entry.observed = response.number;
+        if response.was_served_by(slot, key) {
+            continue;
+        }
         if let Err(fault) = source.observe_response(&response.tokens) {
             tracing::warn!(plugin = %key.name, "cannot take a shared response: {}", fault.what);
+            break;
+        }
+        if started.elapsed() >= budget {
             break;
         }
     }

@@ -1,7 +1,9 @@
 //! The drafter half of the suite: a drafter is replayed over the trace as the host drives it
 //! for one request at a time with greedy verification (`open` with the prompt, the first output
 //! token, then per round `propose`, `feedback`, `feed` of the committed tokens), each call
-//! timed, every proposal checked by the host's own rules ([`PluginSource`]).
+//! timed, every proposal checked by the host's own rules ([`PluginSource`]). A server also hands
+//! each instance the responses of requests it did not serve (`observe-response`); the suite does
+//! so with every other request's output, then replays the requests in between.
 
 use std::path::{Path, PathBuf};
 
@@ -16,7 +18,14 @@ use crate::plugins::{LoadedPlugin, PluginHost, PluginSource, SourceSpec};
 
 /// The guest functions a drafter replay calls, in the order the report lists them. `open`
 /// includes the session's first `feed` (the prompt).
-const METHODS: &[&str] = &["open", "feed", "propose", "feedback", "close"];
+const METHODS: &[&str] = &[
+    "open",
+    "feed",
+    "propose",
+    "feedback",
+    "close",
+    "observe-response",
+];
 
 /// Bytes of the unreadable state blob a drafter must treat as absent.
 const GARBAGE_BLOB: &[u8] = b"not a state blob written by this plugin \x00\xff\x13\x37";
@@ -36,6 +45,7 @@ pub(super) fn check(
         "time per call",
         "memory",
         "deterministic",
+        "observe",
         "state",
     ];
     if let Err(error) = plugin.check_config(&options.config, &facts) {
@@ -55,6 +65,10 @@ pub(super) fn check(
     let mut log = CallLog::default();
     let mut first = plugin.source(options.config.clone());
     let replay = driver.replay(&mut first, &requests, &mut log);
+    let observed = replay
+        .faults
+        .is_empty()
+        .then(|| driver.observe_check(plugin, &options.config, &requests, &mut log));
     report.figures.requests = requests.len();
     report.figures.rounds = replay.proposals.len();
     report.figures.peak_memory_bytes = first.peak_memory();
@@ -68,10 +82,10 @@ pub(super) fn check(
     report
         .checks
         .push(memory_check(first.peak_memory(), &options.limits));
-    if !replay.faults.is_empty() {
+    let Some(observed) = observed else {
         skip(report, &REPLAY_CHECKS[3..], "the replay faulted");
         return;
-    }
+    };
 
     let mut second = plugin.source(options.config.clone());
     let again = driver.replay(&mut second, &requests, &mut CallLog::default());
@@ -92,6 +106,7 @@ pub(super) fn check(
             ),
         },
     );
+    report.checks.push(observed);
     let state = StateCheck {
         host,
         plugin: &options.plugin,
@@ -230,6 +245,78 @@ impl Driver<'_> {
             replay.faults.push(fault.to_string());
         }
         replay
+    }
+}
+
+impl Driver<'_> {
+    /// The `observe` check: a fresh instance is handed the outputs of every other
+    /// request (the first, third, ...) as a server hands an instance other requests' responses,
+    /// then replays the requests in between; it must not fault. The detail compares its
+    /// accepted draft tokens with those of a fresh instance that was handed nothing.
+    fn observe_check(
+        &self,
+        plugin: &LoadedPlugin,
+        config: &str,
+        requests: &[&TraceRequest],
+        log: &mut CallLog,
+    ) -> Check {
+        const NAME: &str = "observe";
+        let later: Vec<_> = requests.iter().skip(1).step_by(2).copied().collect();
+        if later.is_empty() {
+            return Check::new(NAME, Outcome::Skip, "needs two requests or more to replay");
+        }
+        let mut observing = plugin.source(config.to_owned());
+        let responses: Vec<&[_]> = requests
+            .iter()
+            .step_by(2)
+            .map(|request| request.output.as_slice())
+            .filter(|output| !output.is_empty())
+            .collect();
+        for response in &responses {
+            if let Err(fault) =
+                log.time("observe-response", || observing.observe_response(response))
+            {
+                return Check::fail(
+                    NAME,
+                    format!(
+                        "`observe-response` faulted on a {}-token response: {fault}; the host re-creates a trapped instance, which loses what it learnt, and quarantines a plugin that keeps faulting",
+                        response.len()
+                    ),
+                );
+            }
+        }
+        let taught = self.replay(&mut observing, &later, log);
+        if let Some(fault) = taught.faults.first() {
+            return Check::fail(
+                NAME,
+                format!(
+                    "handed {} responses of other requests, the instance then faulted: {fault}",
+                    responses.len()
+                ),
+            );
+        }
+        let fresh = self.replay(
+            &mut plugin.source(config.to_owned()),
+            &later,
+            &mut CallLog::default(),
+        );
+        let detail = format!(
+            "handed the outputs of {} requests as other requests' responses, an instance got {} draft tokens accepted over the {} requests between them, a fresh one {}",
+            responses.len(),
+            taught.accepted,
+            later.len(),
+            fresh.accepted
+        );
+        if taught.proposals == fresh.proposals {
+            Check::pass(
+                NAME,
+                format!(
+                    "{detail}: it drafts as if it was handed nothing (it keeps no memory of other requests' responses)"
+                ),
+            )
+        } else {
+            Check::pass(NAME, detail)
+        }
     }
 }
 

@@ -6,7 +6,8 @@
 //! results are valid and no call faults (trap, time-out, memory cap); its time per call and
 //! largest memory are measured against the sandbox limits; two fresh instances replaying the
 //! same requests give the same results. A drafter's proposals are checked as the host checks
-//! them (length, vocabulary, confidences), and its cross-request state must round-trip: an
+//! them (length, vocabulary, confidences); handing it other requests' responses
+//! (`observe-response`) must not fault it; and its cross-request state must round-trip: an
 //! instance restored from the blob it saved proposes as the one that saved it, and a blob it
 //! cannot read is treated as absent. A policy's decisions must stay within `max-draft-len` and
 //! name only the cascade's sources.
