@@ -175,14 +175,7 @@ fn watch_reloads_a_changed_plugin_file_and_keeps_the_old_one_when_broken() {
         "--cascade",
         watched.to_str().expect("UTF-8 temp dir"),
     ]);
-    let sha = |server: &Server| {
-        let shown = get(server, "/admin/cascade", Some(ADMIN_TOKEN));
-        shown.body["plugins"]
-            .as_array()
-            .and_then(|plugins| plugins.iter().find(|p| p["name"] == "watched"))
-            .map(|p| p["sha256"].clone())
-            .unwrap_or_else(|| panic!("no `watched` plugin in {}", shown.body))
-    };
+    let sha = |server: &Server| plugin_sha(server, "watched").expect("a `watched` plugin");
     let original = sha(&server);
     install(&built("suffix"), &watched);
     wait_for(&server, "the changed file to be reloaded", || {

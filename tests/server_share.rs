@@ -403,13 +403,7 @@ fn a_plugin_file_reloaded_by_one_replicas_watcher_is_live_on_the_other() {
     let a = replica(Some(&url), &["--plugin-dir", dir, "--watch", dir]);
     let b = replica(Some(&url), &[]);
     wait_for(&b, "B connected", || share_health(&b)["connected"] == true);
-    let sha = |server: &Server| {
-        let shown = get(server, "/admin/cascade", Some(ADMIN_TOKEN));
-        shown.body["plugins"]
-            .as_array()
-            .and_then(|plugins| plugins.iter().find(|p| p["name"] == "watched"))
-            .map(|p| p["sha256"].clone())
-    };
+    let sha = |server: &Server| plugin_sha(server, "watched");
     let updated = admin_put(
         &a,
         "/admin/cascade",

@@ -389,6 +389,15 @@ pub fn built(stem: &str) -> PathBuf {
     path
 }
 
+/// The sha256 `server` shows for its plugin `name` (`GET /admin/cascade`), if it has one.
+pub fn plugin_sha(server: &Server, name: &str) -> Option<Value> {
+    let shown = get(server, "/admin/cascade", Some(ADMIN_TOKEN));
+    shown.body["plugins"]
+        .as_array()
+        .and_then(|plugins| plugins.iter().find(|p| p["name"] == name))
+        .map(|p| p["sha256"].clone())
+}
+
 /// Replaces `to` with a copy of `from` in one rename, so no reader sees half a file.
 pub fn install(from: &Path, to: &Path) {
     let temp = to.with_extension("wasm.partial");

@@ -318,16 +318,24 @@ pub fn measure_workloads(
                 .map(|(_, policy)| policy.clone())
         })
         .collect();
+    // A fresh cascade for each configuration, in order.
+    let new_cascades = || -> anyhow::Result<Vec<Cascade>> {
+        configurations
+            .iter()
+            .enumerate()
+            .map(|(index, configuration)| {
+                new_cascade(
+                    &plugins[index],
+                    policies[index].as_ref(),
+                    configuration,
+                    config,
+                    &facts,
+                )
+            })
+            .collect()
+    };
     // Every plugin must accept its configuration before hours of measuring start.
-    for (index, configuration) in configurations.iter().enumerate() {
-        new_cascade(
-            &plugins[index],
-            policies[index].as_ref(),
-            configuration,
-            config,
-            &facts,
-        )?;
-    }
+    new_cascades()?;
     let limits = TokenLimits {
         default_max_tokens: config.default_max_tokens,
         max_tokens_cap: config.max_tokens_cap,
@@ -378,19 +386,7 @@ pub fn measure_workloads(
         let mut degeneracies: Vec<Option<Degeneracy>> = vec![None; requests.len()];
         for pass in 0..passes {
             let warming_up = pass < config.warmup;
-            let mut cascades = configurations
-                .iter()
-                .enumerate()
-                .map(|(index, configuration)| {
-                    new_cascade(
-                        &plugins[index],
-                        policies[index].as_ref(),
-                        configuration,
-                        config,
-                        &facts,
-                    )
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
+            let mut cascades = new_cascades()?;
             let mut totals = vec![Totals::default(); configurations.len()];
             for ((request, expected), degeneracy) in
                 requests.iter().zip(&mut reference).zip(&mut degeneracies)
