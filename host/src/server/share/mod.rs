@@ -12,9 +12,9 @@
 //!   replica reads the others' into its [`SharedResponses`]; entries of another namespace or
 //!   model (tokenizer fingerprint) and malformed ones are ignored and counted;
 //! - an admin update (`PUT /admin/cascade`, `POST /admin/plugins/reload`) or a `--watch` reload
-//!   publishes the new defaults, and the plugin files they need by sha256; every replica applies them through
-//!   its own checked update path (`Registry::apply_shared`) and reports the generation it
-//!   applied in `/health` and `/metrics`.
+//!   publishes the new defaults, and the plugin files they need by sha256; every replica
+//!   applies them through its own checked update path (`Registry::apply_shared`) and reports
+//!   the generation it applied in `/health` and `/metrics`.
 //!
 //! Redis is never on a request's path: responses are queued for the link (bounded: when the
 //! queue is full they are dropped and counted), and a replica whose Redis is gone serves alone,
