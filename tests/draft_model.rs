@@ -13,15 +13,15 @@ use std::time::Duration;
 use common::*;
 use rand::RngExt;
 use spechost::cascade::{
-    Cascade, Decision, DraftModel, DraftModelSetup, DraftSampling, DraftSource, DraftedToken,
-    ModelFacts, PolicySetup, Proposal, ProposalSettings, RoundPolicy, RoundRecord, SampledDraft,
-    SourceFault, SourceRound, Token, TokenDistribution,
+    Cascade, Decision, DraftModel, DraftModelCosts, DraftModelSetup, DraftSampling, DraftSource,
+    Drafted, DraftedToken, ModelFacts, PolicySetup, Proposal, ProposalSettings, RoundPolicy,
+    RoundRecord, SampledDraft, SourceFault, SourceRound, Token, TokenDistribution,
 };
 use spechost::config::cache_dir;
 use spechost::engine::{
     DraftAcceptance, DraftModelConfig, DraftModelContext, DraftModelHost, EngineError,
     ModelOverrides, SamplingParams, Target, TargetParams, check_vocab_compatible,
-    measure_draft_model,
+    measure_agreement, measure_draft_model,
 };
 use spechost::models::{DefaultDraft, DefaultModel, QuantType, QuantizeRequest, quantize};
 use spechost::plugins::SourceSpec;
@@ -484,6 +484,52 @@ impl RoundPolicy for Recorder {
     }
 }
 
+/// A drafter that always proposes the same token, whatever the context.
+struct Constant;
+
+impl DraftModel for Constant {
+    fn reset(&mut self) {}
+
+    fn feed(&mut self, _tokens: &[Token]) {}
+
+    fn propose(&mut self, _settings: ProposalSettings) -> Drafted {
+        Drafted {
+            tokens: vec![DraftedToken {
+                token: 0,
+                prob: 1.0,
+            }],
+            ..Drafted::default()
+        }
+    }
+}
+
+/// The draft model's agreement with the target, measured at start-up for the policies: the
+/// target's own file drafting for it agrees (nearly) everywhere, its default Q4_0 draft
+/// mostly, and a drafter that always proposes one token almost nowhere.
+#[test]
+fn the_draft_models_agreement_with_the_target_is_measured_on_the_models() {
+    let _guard = exclusive();
+    let (target, draft) = smollm2_with_its_default_draft();
+    let threads = session_params().threads;
+    let mut context = draft.open_context().expect("draft context");
+    let default_draft = measure_agreement(&target, threads, &mut context).expect("measured");
+    assert!(
+        context.context_tokens().is_empty(),
+        "the measurement leaves the context empty"
+    );
+    drop((context, draft));
+    let itself = load_draft(target.path());
+    let mut context = itself.open_context().expect("draft context");
+    let same = measure_agreement(&target, threads, &mut context).expect("measured");
+    let constant = measure_agreement(&target, threads, &mut Constant).expect("measured");
+    assert!(same >= 0.95, "the target drafting for itself: {same}");
+    assert!(
+        (0.5..=same).contains(&default_draft),
+        "the Q4_0 draft: {default_draft}, the target itself: {same}"
+    );
+    assert!(constant < 0.1, "one token always: {constant}");
+}
+
 /// The host measures the draft model on a context like the plugins', and the policy is told
 /// the measurement at the start of a request and, each round, how much of the draft source's
 /// time went to catching up with the context: the whole prompt at the first ask, no more than
@@ -495,7 +541,12 @@ fn the_policy_is_told_what_the_draft_model_costs_and_how_long_it_caught_up() {
     let mut context = draft.open_context().expect("draft context");
     let costs = measure_draft_model(&mut context, draft.vocab_size(), draft.ctx_size() as usize)
         .expect("the default draft is measured");
+    let costs = DraftModelCosts {
+        agreement: measure_agreement(&target, session_params().threads, &mut context),
+        ..costs
+    };
     drop(context);
+    assert!(costs.agreement.is_some(), "{costs:?}");
     assert!(
         costs.per_token > Duration::ZERO && costs.catch_up_per_token > Duration::ZERO,
         "{costs:?}"
@@ -535,6 +586,7 @@ fn the_policy_is_told_what_the_draft_model_costs_and_how_long_it_caught_up() {
         }),
         "only the source that drafts with the draft model is named"
     );
+    assert_eq!(setups[0].max_tokens, MAX_TOKENS, "the request's max_tokens");
     let asks: Vec<&SourceRound> = rounds
         .iter()
         .flat_map(|round| &round.sources)

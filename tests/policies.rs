@@ -254,6 +254,7 @@ fn drafting_at(per_token_ms: u64) -> DraftModelCosts {
     DraftModelCosts {
         per_token: Duration::from_millis(per_token_ms),
         catch_up_per_token: Duration::ZERO,
+        agreement: None,
     }
 }
 
@@ -344,6 +345,7 @@ fn cost_keeps_asking_a_draft_model_whose_only_cost_was_catching_up_with_the_prom
     let costs = DraftModelCosts {
         per_token: Duration::ZERO,
         catch_up_per_token: Duration::from_millis(5),
+        agreement: None,
     };
     let (host, calls) = clairvoyant_host(&plain.tokens, prompt_len, costs, false);
     let stats = cost_run(&host, &target, &message, &["draft"], &plain.tokens);

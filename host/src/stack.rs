@@ -9,8 +9,9 @@
 //!    CPUs, so llama.cpp's OpenMP workers, started at its first decode, inherit them.
 //! 5. The target loads; then the draft model, if any (a default draft is made from its base
 //!    model on first use), is checked against the target's tokenizer and, for
-//!    [`DraftContexts::PerInstance`], measured on a context of the plugins' kind and offered to
-//!    them with its costs.
+//!    [`DraftContexts::PerInstance`], measured on a context of the plugins' kind (its costs,
+//!    and its agreement with the target on a built-in text) and offered to them with those
+//!    figures.
 //!
 //! Also here: building a cascade of loaded plugins with their configs and policy
 //! ([`build_cascade`]), which checks every config before anything decodes.
@@ -26,7 +27,7 @@ use crate::cascade::{
     PolicySetup,
 };
 use crate::config::{DraftSettings, StackSettings};
-use crate::engine::{DraftModelHost, Target, measure_draft_model};
+use crate::engine::{DraftModelHost, Target, measure_agreement, measure_draft_model};
 use crate::placement::PinnedDraftFactory;
 use crate::plugins::{LoadError, LoadedPlugin, LoadedPolicy, PluginHost, PluginHostConfig};
 
@@ -99,7 +100,12 @@ impl<P> Stack<P> {
         let draft_model = load_draft_model(config, &target)?;
         if let (Some(draft_model), DraftContexts::PerInstance) = (&draft_model, draft_contexts) {
             let factory = per_instance_factory(config, Arc::clone(draft_model));
-            let costs = measure_draft_model_costs(factory.as_ref(), draft_model);
+            let costs = measure_draft_model_costs(
+                factory.as_ref(),
+                draft_model,
+                &target,
+                settings.placement.threads,
+            );
             host.attach_draft_model(factory, costs);
         }
         Ok(Self {
@@ -160,18 +166,27 @@ fn per_instance_factory(
 }
 
 /// What drafting with `draft_model` costs on a context of `factory` (one of its own, or one on
-/// the draft CPUs), opened for the measurement and dropped; `None`, with a warning, when it
-/// cannot be measured (policies then learn it from the asks).
+/// the draft CPUs), opened for the measurement and dropped, and how often it agrees with
+/// `target` (computing on `threads` threads); `None`, with a warning, when it cannot be
+/// measured (policies then learn it from the asks).
 pub fn measure_draft_model_costs(
     factory: &dyn DraftModelFactory,
     draft_model: &DraftModelHost,
+    target: &Target,
+    threads: usize,
 ) -> Option<DraftModelCosts> {
     match factory.open() {
-        Ok(mut model) => measure_draft_model(
-            model.as_mut(),
-            draft_model.vocab_size(),
-            draft_model.ctx_size() as usize,
-        ),
+        Ok(mut model) => {
+            let costs = measure_draft_model(
+                model.as_mut(),
+                draft_model.vocab_size(),
+                draft_model.ctx_size() as usize,
+            )?;
+            Some(DraftModelCosts {
+                agreement: measure_agreement(target, threads, model.as_mut()),
+                ..costs
+            })
+        }
         Err(reason) => {
             tracing::warn!(%reason, "cannot open a draft context to measure the draft model; policies learn its cost from their asks");
             None
@@ -213,6 +228,7 @@ pub fn build_cascade(
         verify_costs: Vec::new(),
         draft_model: None,
         prompt_len: 0,
+        max_tokens: 0,
     };
     if let Err(error @ LoadError::Config { .. }) = policy.check_config(policy_config, facts, &setup)
     {

@@ -165,12 +165,14 @@ impl Cascade {
     }
 
     /// Starts a request: resets statistics, gives every source the prompt and opens the policy
-    /// with a draft length of at most `max_draft_len` and the target's measured `verify_costs`.
+    /// with a draft length of at most `max_draft_len`, the request's `max_tokens` and the
+    /// target's measured `verify_costs`.
     pub fn begin(
         &mut self,
         facts: &ModelFacts,
         prompt: &[Token],
         max_draft_len: usize,
+        max_tokens: usize,
         verify_costs: &[Duration],
     ) {
         for slot in &mut self.slots {
@@ -185,6 +187,7 @@ impl Cascade {
             verify_costs: verify_costs.to_vec(),
             draft_model: self.draft_model_setup(),
             prompt_len: prompt.len(),
+            max_tokens,
         };
         let _plugin = policy_span(self.policy.as_ref(), "open");
         if let Err(fault) = self.policy.begin(facts, &setup) {
@@ -467,7 +470,7 @@ mod tests {
             CascadeSettings::default(),
         );
         cascade.join(scripted("joined", Ok(vec![5, 6, 7]), &log));
-        cascade.begin(&facts(), &[1], 8, &[]);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
         assert_eq!(cascade.source_names(), ["own", "joined"]);
         let draft = cascade.propose(8);
         assert_eq!(
@@ -484,7 +487,7 @@ mod tests {
         cascade.end();
         assert_eq!(cascade.source_names(), ["own"]);
         assert_eq!(cascade.calibration().len(), 1);
-        cascade.begin(&facts(), &[1], 8, &[]);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
         assert_eq!(
             cascade.propose(8).tokens,
             vec![1, 2],
@@ -520,13 +523,13 @@ mod tests {
                     ..CascadeSettings::default()
                 },
             );
-            cascade.begin(&facts(), &[1], 8, &[]);
+            cascade.begin(&facts(), &[1], 8, 64, &[]);
             let greedy = cascade.propose(8);
             assert_eq!(greedy.source, None, "{mode:?}: too short, nothing drawn");
             assert!(greedy.distributions.is_empty());
 
             cascade.sample_drafts(Some(settings));
-            cascade.begin(&facts(), &[1], 8, &[]);
+            cascade.begin(&facts(), &[1], 8, 64, &[]);
             assert_eq!(*sampling.lock().expect("settings"), Some(settings));
             let drawn = cascade.propose(8);
             assert_eq!(drawn.source, Some(1), "{mode:?}");
@@ -551,7 +554,7 @@ mod tests {
                 ..CascadeSettings::default()
             },
         );
-        cascade.begin(&facts(), &[1, 2], 8, &[]);
+        cascade.begin(&facts(), &[1, 2], 8, 64, &[]);
         let draft = cascade.propose(3);
         assert_eq!(draft.tokens, vec![1, 2, 3], "draft {draft:?}");
         assert_eq!(draft.source, Some(1));
@@ -581,7 +584,7 @@ mod tests {
             vec![scripted("long", Ok(vec![1, 2, 3, 4]), &log)],
             CascadeSettings::default(),
         );
-        cascade.begin(&facts(), &[9], 8, &[]);
+        cascade.begin(&facts(), &[9], 8, 64, &[]);
         let draft = cascade.propose(4);
         assert_eq!(draft.survival.len(), 4, "one estimate per token");
         let cut = draft.cut(2);
@@ -612,7 +615,7 @@ mod tests {
             ],
             CascadeSettings::default(),
         );
-        cascade.begin(&facts(), &[1], 8, &[]);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
         let draft = cascade.propose(4);
         assert_eq!(draft.source, Some(1), "draft {draft:?}");
         assert_eq!(cascade.stats()[0].faults, 1);
@@ -625,7 +628,7 @@ mod tests {
             vec![scripted("a", Ok(vec![1]), &log)],
             CascadeSettings::default(),
         );
-        cascade.begin(&facts(), &[1], 8, &[]);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
         assert_eq!(cascade.propose(0), Draft::default());
         assert_eq!(cascade.stats()[0].asked, 0);
     }
@@ -646,7 +649,7 @@ mod tests {
         };
         let mut cascade = Cascade::new(vec![lookup, model], CascadeSettings::default())
             .with_policy(Box::new(policy));
-        cascade.begin(&facts(), &[1], 8, &[]);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
         for committed in [5, 6, 7] {
             let draft = cascade.propose(8);
             assert!(draft.tokens.is_empty(), "no draft at K=0: {draft:?}");
@@ -692,7 +695,7 @@ mod tests {
         };
         let mut cascade =
             Cascade::new(vec![a, b], CascadeSettings::default()).with_policy(Box::new(policy));
-        cascade.begin(&facts(), &[1], 8, &[]);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
         let draft = cascade.propose(8);
         assert_eq!(
             (draft.tokens.clone(), draft.source, draft.max_draft_len),
@@ -716,7 +719,7 @@ mod tests {
         };
         let mut cascade =
             Cascade::new(vec![a, b], CascadeSettings::default()).with_policy(Box::new(policy));
-        cascade.begin(&facts(), &[1], 8, &[]);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
         assert_eq!(
             cascade.propose(8),
             Draft {
@@ -742,7 +745,7 @@ mod tests {
             Cascade::new(vec![source], scored())
         };
         let mut cascade = build();
-        cascade.begin(&facts(), &[1], 8, &[]);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
         for _ in 0..20 {
             let draft = cascade.propose(8);
             // The target never agrees.
@@ -780,7 +783,7 @@ mod tests {
         };
         let mut cascade = Cascade::new(vec![quick, slow], CascadeSettings::default())
             .with_policy(Box::new(policy));
-        cascade.begin(&facts(), &[1], 8, &[]);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
         let draft = cascade.propose(8);
         assert_eq!(draft.source, Some(1), "draft {draft:?}");
         cascade.accept(&draft, 2, &[5, 6, 7], RoundTiming::default(), "");
@@ -831,7 +834,7 @@ mod tests {
             };
             let mut cascade =
                 Cascade::new(vec![cheap, model, other], settings).with_policy(Box::new(policy));
-            cascade.begin(&facts(), &[1], 8, &[]);
+            cascade.begin(&facts(), &[1], 8, 64, &[]);
             let draft = cascade.propose(8);
             assert_eq!(draft.source, Some(2), "{mode:?}: draft {draft:?}");
             cascade.accept(&draft, 0, &[9], RoundTiming::default(), "");

@@ -60,12 +60,16 @@ impl ProposalSettings {
 
 /// What the draft model costs, measured on the contexts sources draft with (see
 /// `engine::measure_draft_model_costs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DraftModelCosts {
     /// Time to draft one token: a one-token decode and the choice of the next token.
     pub per_token: Duration,
     /// Time to catch up with one context token, decoded in batches.
     pub catch_up_per_token: Duration,
+    /// Share of the positions of a built-in chat answer at which the draft model's most likely
+    /// next token is the target's (teacher-forced), when measured (see
+    /// `engine::measure_agreement`).
+    pub agreement: Option<f32>,
 }
 
 /// A draft model's context for one source: the tokens it has been fed, and its cache.

@@ -23,6 +23,8 @@ pub struct PolicySetup {
     pub draft_model: Option<DraftModelSetup>,
     /// Tokens of the request's prompt.
     pub prompt_len: usize,
+    /// Most tokens the request may generate.
+    pub max_tokens: usize,
 }
 
 /// The draft model as a policy sees it when a request starts.

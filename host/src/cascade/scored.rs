@@ -56,7 +56,7 @@ mod tests {
         let (strong, _) = constant("strong", &[4, 5], &[0.9, 0.8], false);
         let (model, model_asked) = constant("model", &[6, 7, 8], &[1.0, 1.0, 1.0], true);
         let mut cascade = Cascade::new(vec![weak, strong, model], scored());
-        cascade.begin(&facts(), &[1], 8, &[]);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
         let draft = cascade.propose(8);
         assert_eq!(draft.source, Some(2), "draft {draft:?}");
         // The best cheap proposal expects 1.7 < 2.0 tokens: the draft model is asked, and its
@@ -69,7 +69,7 @@ mod tests {
         let (weak, _) = constant("weak", &[1, 2], &[0.4, 0.1], false);
         let (model, model_asked) = constant("model", &[6, 7, 8], &[0.9, 0.9, 0.9], true);
         let mut cascade = Cascade::new(vec![model, weak], scored());
-        cascade.begin(&facts(), &[1], 8, &[]);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
         let draft = cascade.propose(8);
         assert_eq!(draft.source, Some(0), "the draft model wins: {draft:?}");
         assert_eq!(*model_asked.lock().expect("counter"), 1);
@@ -77,7 +77,7 @@ mod tests {
         let (good, _) = constant("good", &[1, 2, 3], &[0.9, 0.9, 0.9], false);
         let (model, model_asked) = constant("model", &[6, 7, 8], &[1.0, 1.0, 1.0], true);
         let mut cascade = Cascade::new(vec![model, good], scored());
-        cascade.begin(&facts(), &[1], 8, &[]);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
         let draft = cascade.propose(8);
         assert_eq!(
             draft.source,
@@ -92,7 +92,7 @@ mod tests {
         let (left, _) = constant("left", &[1, 2, 3, 4], &[], false);
         let (right, _) = constant("right", &[5, 6, 7, 8], &[], false);
         let mut cascade = Cascade::new(vec![left, right], scored());
-        cascade.begin(&facts(), &[1], 8, &[]);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
         for _ in 0..5 {
             let draft = cascade.propose(4);
             // The target always continues 5, 6, 7, 8: `right` would have been fully accepted.
@@ -121,7 +121,7 @@ mod tests {
         let mut cascade = Cascade::new(vec![boastful, plain], scored());
         let mut winners = Vec::new();
         for _request in 0..2 {
-            cascade.begin(&facts(), &[1], 8, &[]);
+            cascade.begin(&facts(), &[1], 8, 64, &[]);
             for _ in 0..12 {
                 let draft = cascade.propose(4);
                 let n_accepted = if draft.source == Some(1) { 4 } else { 1 };

@@ -56,7 +56,7 @@ pub use self::chat_template::ChatTemplateChoice;
 pub use self::context::SeqId;
 pub use self::draft::{
     BatchDrafter, DraftAsk, DraftBatch, DraftModelConfig, DraftModelContext, DraftModelHost,
-    OwnedDraftAsk, check_vocab_compatible, measure_draft_model,
+    OwnedDraftAsk, check_vocab_compatible, measure_agreement, measure_draft_model,
 };
 pub use self::error::EngineError;
 pub use self::grammar::{GRAMMAR_SOURCE, Grammar, GrammarError, GrammarSource};

@@ -417,6 +417,7 @@ impl<'g> Generation<'g> {
             &self.facts,
             &self.request.prompt,
             self.request.max_draft_len,
+            self.request.max_tokens,
             &self.verify_costs,
         );
         // The prompt is fed alone, then what was generated before the cascade began (the token

@@ -481,7 +481,7 @@ fn fill(candidates: &mut LlamaTokenDataArray, logits: &[f32]) {
 /// Two passes over the vocabulary (a branch-free maximum the compiler vectorises, then a search
 /// for its first position) beat one branchy pass: on a 262K-token vocabulary this runs once per
 /// verified position and shows up in decode speed.
-fn argmax(logits: &[f32]) -> Token {
+pub(super) fn argmax(logits: &[f32]) -> Token {
     let max = max_logit(logits);
     logits.iter().position(|&logit| logit == max).unwrap_or(0) as Token
 }

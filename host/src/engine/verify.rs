@@ -29,7 +29,7 @@ use super::rounds::{
     Outcome, OutputPiece, Prefill, Request, RoundControl, RoundDecision, RoundDraft, Verified,
     Verifier, VerifyBatch, generate,
 };
-use super::sample::{SamplingParams, TokenLogprob, TokenSampler};
+use super::sample::{SamplingParams, TokenLogprob, TokenSampler, argmax};
 use crate::cascade::{Cascade, ModelFacts, Token};
 
 /// Default maximum draft length per round.
@@ -204,6 +204,18 @@ impl<'a> Session<'a> {
             last_index = chunk.len() - 1;
         }
         Ok(PromptRead::Done { last_index })
+    }
+
+    /// The target's most likely next token after every prefix of `tokens`
+    /// (`[i]`: after `tokens[..=i]`), decoded in the first sequence from position 0 in one
+    /// batch (at most the batch size) with logits at every position. Leaves the cache empty.
+    pub fn greedy_next_tokens(&mut self, tokens: &[Token]) -> Result<Vec<Token>, EngineError> {
+        self.decode_at(tokens, 0, true)?;
+        let next = (0..tokens.len())
+            .map(|index| argmax(self.context.logits(index)))
+            .collect();
+        self.context.clear();
+        Ok(next)
     }
 
     /// Checks that this session can run `request`: a non-empty prompt that fits in the context

@@ -155,8 +155,10 @@ impl From<&CascadeSetup> for PolicySetup {
                     sources: draft_model.sources.clone(),
                     per_token_us: micros_f32(draft_model.costs.per_token),
                     catch_up_per_token_us: micros_f32(draft_model.costs.catch_up_per_token),
+                    agreement: draft_model.costs.agreement,
                 }),
             prompt_len: saturating_u32(setup.prompt_len),
+            max_tokens: saturating_u32(setup.max_tokens),
         }
     }
 }

@@ -125,7 +125,7 @@ fn serve_with(
     // batcher owns the shared one.
     let draft_costs = draft_model
         .as_deref()
-        .and_then(|draft| measure_draft_model_costs(draft, draft));
+        .and_then(|draft| measure_draft_model_costs(draft, draft, &target, config.session.threads));
     let (batcher, sequences) = Batcher::new(
         session,
         draft,

@@ -34,6 +34,9 @@
 //! a_j = (accepted_j + prior · m_j) / (reached_j + prior),   m_1 = 0.5,   m_j = a_{j-1}
 //! ```
 //!
+//! (`m_1` is the host's measured agreement of its draft model with the target for sources that
+//! draft with it, below.)
+//!
 //! Borrowing the prior of position `j` from position `j - 1` lets K grow past the positions
 //! measured so far (a K that is never drafted would otherwise keep its prior forever): once the
 //! first positions are reliably accepted, the next one is presumed to be too, until measured.
@@ -57,7 +60,11 @@
 //! it made; the cost model uses the sources' average weighted by the rounds each won lately
 //! (decayed like the counts). A draft model's time to catch up with the context
 //! (`catch_up_us`: the prompt at its first ask in a request, the tokens committed while it was
-//! left out) is paid once for those tokens, so it is not counted as a cost per drafted token.
+//! left out) is paid once for those tokens, so it is not counted as a cost per drafted token;
+//! what its later asks in a request spend catching up (the target's own token of each round,
+//! and the tokens other sources' rounds committed since its last ask) recurs with every ask,
+//! so its moving average (weight 0.2; one token's catch-up until measured) is a cost of each
+//! ask (`catch_up_per_ask` below).
 //!
 //! **Costly sources.** A source whose asks take at least 5% of verifying one token (a draft
 //! model; `lookup` and `suffix` answer in microseconds) is *costly*. For each source the policy
@@ -65,7 +72,8 @@
 //! committed tokens), the moving averages of its ask time (proposing or not; catching up not
 //! counted) and of the share of its asks that proposed anything. A round that asks it commits
 //! `p · E_s[tokens | K] + (1 - p)` tokens on average in
-//! `p · verify(K + 1) + (1 - p) · verify(1) + max(ask, K · draft_per_token)` time; when no K
+//! `p · verify(K + 1) + (1 - p) · verify(1) + max(ask, K · draft_per_token) + catch_up_per_ask`
+//! time; when no K
 //! makes that beat plain decoding, a costly source is left out of the rounds
 //! (`Decision::exclude`): on a machine where the draft model costs about as much per token as
 //! the target, every token it drafts loses time, however often it is accepted. An excluded
@@ -87,7 +95,29 @@
 //! **The draft model before its first ask.** The host measures its draft model at start-up
 //! ([`PolicySetup::draft_model`]: the time to draft a token and to catch up with a context
 //! token, and the sources that draft with it); the time per token stands for the learned one
-//! of those sources until they are asked. So a draft model that could not pay at full
+//! of those sources until they are asked, and the share of tokens on which the draft model
+//! agreed with the target (`agreement`, measured on a built-in text) is their `m_1`, so their
+//! expected acceptance starts from the pair's, not from 0.5 (for the drafts of the whole
+//! cascade too, when every source drafts with the draft model). A draft model that agrees
+//! with the target almost always, and drafts cheaply, is asked at a long K from the first
+//! round; without the measurement it could look unprofitable at 0.5 and wait for a probe.
+//!
+//! **Catching up.** A draft model asked after a while (the prompt at a request's first ask, the
+//! tokens committed while it was left out) first catches up with those tokens, once; on a
+//! machine whose prompt processing is slow that can take longer than its drafts save over a
+//! short answer. So a costly source with a catch-up price is also left out while
+//! `remaining · left · (1 / plain - 1 / rate) < 2 · behind · catch_up_per_token`: the time its
+//! drafts save per committed token (at its best rate against plain decoding), over the tokens
+//! the request is expected to commit from now on, in the share of rounds no cheap source
+//! drafts for (`left`: the product of `1 - proposal rate` over the cheap sources asked so far;
+//! in a cascade whose `lookup` always has a draft, a draft model adds nothing), does not pay
+//! twice for the
+//! catch-up (the saving is an estimate, optimistic before any ask). The tokens expected are
+//! half of what the request's `max_tokens` leaves (`PolicySetup::max_tokens`; requests often
+//! end sooner), and no more than the moving average (weight 0.2) of the earlier sessions'
+//! committed tokens leaves, carried across requests (at least a quarter of it, for a request
+//! already longer). A long prompt before a short answer (an edit of a 500-token function)
+//! then decodes plainly, a short prompt before a long answer drafts from the first round. So a draft model that could not pay at full
 //! acceptance is never asked, and its prompt processing never paid. One whose drafts would
 //! pay at the acceptance the policy expects is asked from the first round. One that could pay
 //! only at a better acceptance than expected is measured as an excluded source is, its first
@@ -160,7 +190,7 @@ const DEFAULT_DECAY: f32 = 0.95;
 const DEFAULT_SHADOW_LEN: u32 = 8;
 /// Default rounds at K = 0 without shadow results before a probe.
 const DEFAULT_PROBE_AFTER: u32 = 64;
-/// Prior mean of the acceptance of the first draft position.
+/// Prior mean of the acceptance of the first draft position, unless measured.
 const FIRST_POSITION_PRIOR: f64 = 0.5;
 /// Weight of a new sample in the moving averages of verify and draft times.
 const EMA_WEIGHT: f64 = 0.2;
@@ -169,6 +199,10 @@ const VERIFY_SLOPE: f64 = 0.3;
 /// Drafting time per token, as a share of verifying one token, from which a source counts as
 /// costly (see "Costly sources" in the crate docs).
 const COSTLY_SHARE: f64 = 0.05;
+/// How many times over a draft model's drafts must be expected to save the time it takes to
+/// catch up with the tokens it lacks before it is asked (see "Catching up" in the crate docs):
+/// the saving is an estimate from the acceptance expected, often optimistic at first.
+const REPAY_MARGIN: f64 = 2.0;
 /// Most of the time spent asking a costly source that does not pay, to measure it again.
 const PROBE_SHARE: f64 = 0.02;
 
@@ -182,6 +216,8 @@ thread_local! {
 /// What a session hands to the next one: its counts and learned times, not its settings.
 #[derive(Debug, Clone, PartialEq)]
 struct Learned {
+    /// Moving average of the tokens the sessions committed.
+    output_len: Option<f64>,
     reached: Vec<f64>,
     accepted: Vec<f64>,
     verify_learned: Vec<Option<f64>>,
@@ -198,6 +234,8 @@ struct PositionCounts {
     accepted: Vec<f64>,
     decay: f64,
     prior: f64,
+    /// `m_1`, the prior mean of the first position's acceptance.
+    first_prior: f64,
 }
 
 impl PositionCounts {
@@ -207,6 +245,15 @@ impl PositionCounts {
             accepted: vec![0.0; positions],
             decay,
             prior,
+            first_prior: FIRST_POSITION_PRIOR,
+        }
+    }
+
+    /// The same counts with `m_1` at `first_prior` (a measured agreement) when there is one.
+    fn with_first_prior(self, first_prior: Option<f64>) -> Self {
+        Self {
+            first_prior: first_prior.unwrap_or(self.first_prior),
+            ..self
         }
     }
 
@@ -235,7 +282,7 @@ impl PositionCounts {
 
     /// `a_j` for every position `j`, each smoothed towards the previous one.
     fn acceptance(&self) -> Vec<f64> {
-        let mut prior_mean = FIRST_POSITION_PRIOR;
+        let mut prior_mean = self.first_prior;
         self.reached
             .iter()
             .zip(&self.accepted)
@@ -395,6 +442,11 @@ struct SourceModel {
     /// Tokens committed since its last ask (the prompt, at the start of a request): what a
     /// draft model catches up with at its next ask.
     behind: u64,
+    /// Moving average of the time its asks after a request's first spent catching up (the
+    /// tokens committed since its previous ask): a cost of every ask, unlike the prompt's.
+    catch_up_per_ask_us: Option<f64>,
+    /// Whether it was asked in this request (its next ask is not the prompt's catch-up).
+    asked_in_request: bool,
 }
 
 impl SourceModel {
@@ -410,6 +462,8 @@ impl SourceModel {
             since_ask_us: 0,
             catch_up_per_token_us: None,
             behind: 0,
+            catch_up_per_ask_us: None,
+            asked_in_request: false,
         }
     }
 
@@ -420,6 +474,8 @@ impl SourceModel {
         self.draft_per_token_us = Some(per_token_us);
         self.ask_us = Some(per_token_us);
         self.catch_up_per_token_us = Some(f64::from(costs.catch_up_per_token_us));
+        // Until measured: each round's ask catches up with the target's own token at least.
+        self.catch_up_per_ask_us = Some(f64::from(costs.catch_up_per_token_us));
         self
     }
 
@@ -442,6 +498,13 @@ impl SourceModel {
             self.since_ask_us = 0;
             // It drafted the round's accepted tokens; only the target's own token is new to it.
             self.behind = 1;
+            if self.asked_in_request {
+                self.catch_up_per_ask_us = Some(moving_average(
+                    self.catch_up_per_ask_us,
+                    round.catch_up_us as f64,
+                ));
+            }
+            self.asked_in_request = true;
             self.ask_us = Some(moving_average(self.ask_us, time));
             let proposed = if round.drafted > 0 { 1.0 } else { 0.0 };
             self.proposal_rate += EMA_WEIGHT * (proposed - self.proposal_rate);
@@ -465,7 +528,7 @@ impl SourceModel {
     /// up to K tokens, for every K in `1..verify.len()` (`verify[k]`: the batch's time with K
     /// drafted, which commits `others` tokens besides): it proposes with its proposal rate,
     /// else the round decodes one token plainly; the ask takes its average time, or K times its
-    /// time per drafted token if that is longer.
+    /// time per drafted token if that is longer, and its average catch-up after the first.
     fn rates(&self, verify: &[f64], others: f64) -> Vec<f64> {
         self.rates_at(
             verify,
@@ -498,11 +561,15 @@ impl SourceModel {
     fn rates_at(&self, verify: &[f64], others: f64, acceptance: &[f64], p: f64) -> Vec<f64> {
         let ask = self.ask_us.unwrap_or(0.0);
         let per_token = self.draft_per_token_us.unwrap_or(0.0);
+        let catch_up = self.catch_up_per_ask_us.unwrap_or(0.0);
         let expected = expected_tokens(acceptance, verify.len());
         (1..verify.len())
             .map(|k| {
                 let tokens = others + p * expected[k] + (1.0 - p);
-                let time = p * verify[k] + (1.0 - p) * verify[0] + ask.max(per_token * k as f64);
+                let time = p * verify[k]
+                    + (1.0 - p) * verify[0]
+                    + ask.max(per_token * k as f64)
+                    + catch_up;
                 if time > 0.0 { tokens / time } else { 0.0 }
             })
             .collect()
@@ -534,12 +601,23 @@ pub struct Cost {
     rounds_without_evidence: u32,
     /// Whether to hand what this session learned to the next one.
     carry: bool,
+    /// The request's `max_tokens` (0: unknown).
+    max_tokens: u64,
+    /// Tokens this session's rounds committed.
+    committed: u64,
+    /// Moving average of the tokens earlier sessions committed (see "Catching up").
+    output_len: Option<f64>,
 }
 
 impl Drop for Cost {
     fn drop(&mut self) {
         if self.carry {
+            let output_len = match self.committed {
+                0 => self.output_len,
+                committed => Some(moving_average(self.output_len, committed as f64)),
+            };
             let learned = Learned {
+                output_len,
                 reached: std::mem::take(&mut self.positions.reached),
                 accepted: std::mem::take(&mut self.positions.accepted),
                 verify_learned: std::mem::take(&mut self.verify.learned),
@@ -581,26 +659,32 @@ impl Policy for Cost {
             let draft_model = setup.draft_model.as_ref()?;
             draft_model.sources.contains(name).then_some(draft_model)
         };
+        let agreement = setup.draft_model.as_ref().and_then(measured_agreement);
+        let all_draft_model =
+            !setup.sources.is_empty() && setup.sources.iter().all(|name| priced(name).is_some());
         let mut cost = Cost {
             cap,
             sources: setup
                 .sources
                 .iter()
-                .map(|name| {
-                    let model = SourceModel::new(name, counts.clone());
-                    match priced(name) {
-                        Some(costs) => model.priced(costs),
-                        None => model,
+                .map(|name| match priced(name) {
+                    Some(costs) => {
+                        SourceModel::new(name, counts.clone().with_first_prior(agreement))
+                            .priced(costs)
                     }
+                    None => SourceModel::new(name, counts.clone()),
                 })
                 .collect(),
-            positions: counts,
+            positions: counts.with_first_prior(agreement.filter(|_| all_draft_model)),
             verify: VerifyCosts::new(cap as usize + 1, &setup.verify_us),
             others: Others::default(),
             shadow_len,
             probe_after,
             rounds_without_evidence: 0,
             carry,
+            max_tokens: u64::from(setup.max_tokens),
+            committed: 0,
+            output_len: None,
         };
         if let Some(learned) = CARRIED.with_borrow_mut(Option::take).filter(|_| carry) {
             cost.resume(learned);
@@ -608,6 +692,7 @@ impl Policy for Cost {
         for model in &mut cost.sources {
             // A new request: its draft model catches up with the prompt at its first ask.
             model.behind = u64::from(setup.prompt_len);
+            model.asked_in_request = false;
         }
         Ok(cost)
     }
@@ -625,6 +710,7 @@ impl Policy for Cost {
         };
         let round_us = round.verify_us.saturating_add(round.draft_us);
         let committed = u64::from(round.n_accepted) + 1;
+        self.committed = self.committed.saturating_add(committed);
         for model in &mut self.sources {
             model.since_ask_us = model.since_ask_us.saturating_add(round_us);
             model.behind = model.behind.saturating_add(committed);
@@ -715,10 +801,14 @@ impl Cost {
         }
         self.verify.learned = verify_learned;
         self.verify.batched = learned.verify_batched;
+        self.output_len = learned.output_len;
         for model in &mut self.sources {
             if let Some(earlier) = learned.sources.iter().find(|m| m.name == model.name) {
                 *model = SourceModel {
-                    positions: fit(earlier.positions.clone()),
+                    positions: fit(PositionCounts {
+                        first_prior: model.positions.first_prior,
+                        ..earlier.positions.clone()
+                    }),
                     ..earlier.clone()
                 };
             }
@@ -738,11 +828,54 @@ impl Cost {
                 .rates(verify, self.others.committed)
                 .into_iter()
                 .fold(0.0, f64::max);
-            if best_rate < plain {
+            if best_rate < plain || !self.repays_catch_up(model, best_rate, plain, verify_alone_us)
+            {
                 unprofitable.push(index);
             }
         }
         unprofitable
+    }
+
+    /// Whether what `model`'s drafts save over the rest of the request, committing at `rate`
+    /// instead of `plain` (tokens per microsecond) in the rounds no cheap source drafts for
+    /// (as far as their asks tell),
+    /// pays [`REPAY_MARGIN`] times for catching its draft model up with the tokens it lacks
+    /// (see "Catching up" in the crate docs). `verify_one_us`: one token's verify time.
+    fn repays_catch_up(
+        &self,
+        model: &SourceModel,
+        rate: f64,
+        plain: f64,
+        verify_one_us: f64,
+    ) -> bool {
+        let Some(catch_up_us) = model.catch_up_per_token_us else {
+            return true;
+        };
+        let catch_up = model.behind as f64 * catch_up_us;
+        let saved_per_token = 1.0 / plain - 1.0 / rate;
+        let left_to_it: f64 = self
+            .sources
+            .iter()
+            .filter(|other| other.name != model.name && !other.is_costly(verify_one_us))
+            .filter(|cheap| cheap.ask_us.is_some())
+            .map(|cheap| 1.0 - cheap.proposal_rate)
+            .product();
+        self.expected_remaining_tokens() * left_to_it * saved_per_token >= REPAY_MARGIN * catch_up
+    }
+
+    /// Tokens the request is expected to commit from now on: half of what `max_tokens` leaves
+    /// (requests often end sooner), and no more than what earlier requests' length leaves (at
+    /// least a quarter of that length, for a request already longer than they were).
+    fn expected_remaining_tokens(&self) -> f64 {
+        let committed = self.committed as f64;
+        let left = match self.max_tokens {
+            0 => f64::INFINITY,
+            max_tokens => max_tokens.saturating_sub(self.committed) as f64 / 2.0,
+        };
+        match self.output_len {
+            Some(typical) => left.min((typical - committed).max(typical / 4.0)),
+            None => left,
+        }
     }
 
     /// Drafting time per token of the sources still asked, weighted by how often each won.
@@ -782,6 +915,12 @@ impl Cost {
         };
         (argmax(0), argmax(1))
     }
+}
+
+/// The host's measured agreement of its draft model with the target, when it is a share.
+fn measured_agreement(costs: &DraftModelCosts) -> Option<f64> {
+    let agreement = f64::from(costs.agreement?);
+    (0.0..=1.0).contains(&agreement).then_some(agreement)
 }
 
 /// `old` moved towards `sample` by [`EMA_WEIGHT`], or `sample` when there is no `old`.
@@ -1255,6 +1394,7 @@ mod tests {
                 sources: vec!["model".to_owned()],
                 per_token_us,
                 catch_up_per_token_us: per_token_us / 4.0,
+                agreement: None,
             }),
             ..two_sources(slope)
         }
@@ -1282,6 +1422,127 @@ mod tests {
             });
         }
         asks
+    }
+
+    #[test]
+    fn asks_a_draft_model_that_agrees_with_the_target_from_the_first_round() {
+        // A quarter of a target step per drafted token and 30% more verify time per token: at
+        // the prior's acceptance (0.5) it does not pay, at the measured agreement it does.
+        let per_token_us = ONE_TOKEN_US * 0.25;
+        let first_decision = |agreement: Option<f32>, sources: &[&str]| {
+            let mut setup = two_sources_with_a_draft_model(0.3, per_token_us);
+            setup.sources = sources.iter().map(|&name| name.to_owned()).collect();
+            if let Some(costs) = &mut setup.draft_model {
+                costs.agreement = agreement;
+            }
+            cost("carry=false", setup).decide()
+        };
+        let unmeasured = first_decision(None, &["lookup", "model"]);
+        assert_eq!(unmeasured.exclude, ["model"], "{unmeasured:?}");
+        let agreeing = first_decision(Some(0.98), &["lookup", "model"]);
+        assert!(agreeing.exclude.is_empty(), "{agreeing:?}");
+        let disagreeing = first_decision(Some(0.2), &["lookup", "model"]);
+        assert_eq!(disagreeing.exclude, ["model"], "{disagreeing:?}");
+        // Alone in the cascade, it drafts where the agreement says it pays best, not one token.
+        let alone = first_decision(Some(0.98), &["model"]);
+        assert!(alone.max_draft_len > 4, "{alone:?}");
+        assert!(alone.exclude.is_empty(), "{alone:?}");
+        // A value that is no share is ignored.
+        let garbage = first_decision(Some(f32::NAN), &["lookup", "model"]);
+        assert_eq!(garbage, unmeasured);
+    }
+
+    #[test]
+    fn asks_a_draft_model_only_when_its_drafts_repay_catching_up_with_the_prompt() {
+        // At the agreement its drafts save about 3.5 ms per committed token against a 10 ms
+        // target step; catching up with a 500-token prompt takes 50 ms: it repays after about
+        // 15 tokens.
+        let setup = |max_tokens: u32| {
+            let mut setup = two_sources_with_a_draft_model(0.3, ONE_TOKEN_US * 0.25);
+            if let Some(costs) = &mut setup.draft_model {
+                costs.agreement = Some(0.98);
+                costs.catch_up_per_token_us = 100.0;
+            }
+            PolicySetup {
+                prompt_len: 500,
+                max_tokens,
+                ..setup
+            }
+        };
+        let short = cost("carry=false", setup(8)).decide();
+        assert_eq!(short.exclude, ["model"], "{short:?}");
+        let long = cost("carry=false", setup(4096)).decide();
+        assert!(long.exclude.is_empty(), "{long:?}");
+        let unknown = cost("carry=false", setup(0)).decide();
+        assert!(unknown.exclude.is_empty(), "{unknown:?}");
+        // Beside a `lookup` that has had a draft every round, it would add nothing.
+        let mut beside_lookup = cost("carry=false", setup(4096));
+        for _ in 0..5 {
+            beside_lookup.observe(&RoundRecord {
+                verify_us: ONE_TOKEN_US as u64,
+                ..lookup_round(4, 4)
+            });
+        }
+        let beside_lookup = beside_lookup.decide();
+        assert_eq!(beside_lookup.exclude, ["model"], "{beside_lookup:?}");
+        // Requests that ended after 10 tokens, whatever their `max_tokens`: the next one is
+        // expected to end as soon.
+        CARRIED.set(None);
+        for _ in 0..3 {
+            let mut harness = cost("", setup(4096));
+            for _ in 0..10 {
+                harness.observe(&RoundRecord {
+                    verify_us: ONE_TOKEN_US as u64,
+                    ..lookup_round(0, 0)
+                });
+            }
+        }
+        let after_short_answers = cost("", setup(4096)).decide();
+        assert_eq!(
+            after_short_answers.exclude,
+            ["model"],
+            "{after_short_answers:?}"
+        );
+        CARRIED.set(None);
+    }
+
+    #[test]
+    fn counts_what_later_asks_spend_catching_up_as_a_cost_of_each_ask() {
+        // Drafted tokens cost a tenth of a target step and are all accepted; each ask after
+        // the request's first also catches up with what other sources committed since.
+        let per_token_us = ONE_TOKEN_US * 0.1;
+        let still_asked_after_asks_catching_up = |catch_up_us: u64| {
+            let mut setup = two_sources_with_a_draft_model(0.3, per_token_us);
+            if let Some(costs) = &mut setup.draft_model {
+                costs.agreement = Some(1.0);
+                costs.catch_up_per_token_us = 1.0;
+            }
+            let mut harness = cost("carry=false", setup);
+            for _ in 0..20 {
+                let decision = harness.decide();
+                let mut round = if decision.exclude.is_empty() && decision.max_draft_len > 0 {
+                    let len = decision.max_draft_len;
+                    model_round(len, len, per_token_us)
+                } else {
+                    lookup_round(0, 0)
+                };
+                if let Some(model) = round.sources.get_mut(1) {
+                    model.catch_up_us = catch_up_us;
+                    model.draft_us += catch_up_us;
+                    round.draft_us += catch_up_us;
+                }
+                harness.observe(&RoundRecord {
+                    verify_us: ONE_TOKEN_US as u64,
+                    ..round
+                });
+            }
+            harness.decide().exclude.is_empty()
+        };
+        assert!(still_asked_after_asks_catching_up(0));
+        // Twenty target steps of catching up per ask: no draft repays that.
+        assert!(!still_asked_after_asks_catching_up(
+            20 * ONE_TOKEN_US as u64
+        ));
     }
 
     #[test]

@@ -371,7 +371,7 @@ mod tests {
         let mut report = CheckReport {
             plugin: "p.wasm".into(),
             kind: Some("drafter"),
-            wit: "spechost:drafter@0.7.0".into(),
+            wit: "spechost:drafter@0.8.0".into(),
             trace: "t".into(),
             checks: vec![
                 Check::pass("loads", "ok"),

@@ -41,6 +41,7 @@ pub(super) fn check(
         verify_costs: trace.target.verify_costs().per_batch,
         draft_model: None,
         prompt_len: 0,
+        max_tokens: 0,
     };
     config_checks(|config| plugin.check_config(config, &facts, &setup), report);
     if let Err(error) = plugin.check_config(&options.config, &facts, &setup) {

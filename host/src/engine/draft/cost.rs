@@ -21,7 +21,8 @@ const DRAFTED_TOKENS: usize = 8;
 const REPETITIONS: usize = 3;
 
 /// Measures `model`, a fresh context of the draft model as a plugin instance gets it (`run`,
-/// `bench`); leaves it empty. `None` when it drafts nothing (see [`measure`]).
+/// `bench`); leaves it empty. `None` when it drafts nothing (see [`measure`]). The costs'
+/// `agreement` is left to [`super::measure_agreement`].
 pub fn measure_draft_model(
     model: &mut dyn DraftModel,
     vocab_size: u32,
@@ -92,6 +93,7 @@ fn repeat(
     Some(DraftModelCosts {
         per_token: median(&mut per_token),
         catch_up_per_token: median(&mut catch_up_per_token),
+        agreement: None,
     })
 }
 

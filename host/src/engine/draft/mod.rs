@@ -13,7 +13,8 @@
 //!    kinds of context draft with [`DraftBatch`], one sequence or several.
 //!
 //! At start-up, before any request, [`measure_draft_model`] times drafting and catching up on
-//! such a context, for the policies' setup.
+//! such a context, and [`measure_agreement`] measures how often its greedy token is the
+//! target's, for the policies' setup.
 //!
 //! # Ownership
 //!
@@ -41,12 +42,14 @@
 //! be rolled back on any architecture, and a sequence drafts the same tokens whatever the
 //! others in its batch.
 
+mod agreement;
 mod batch;
 mod context;
 mod cost;
 mod fed;
 mod host;
 
+pub use self::agreement::measure_agreement;
 pub use self::batch::{BatchDrafter, DraftAsk, DraftBatch, OwnedDraftAsk};
 pub use self::context::DraftModelContext;
 pub use self::cost::measure_draft_model;

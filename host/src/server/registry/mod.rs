@@ -281,6 +281,7 @@ impl Registry {
             verify_costs: Vec::new(),
             draft_model: None,
             prompt_len: 0,
+            max_tokens: 0,
         };
         policy
             .policy
