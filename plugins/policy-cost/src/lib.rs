@@ -73,8 +73,7 @@
 //! counted) and of the share of its asks that proposed anything. A round that asks it commits
 //! `p · E_s[tokens | K] + (1 - p)` tokens on average in
 //! `p · verify(K + 1) + (1 - p) · verify(1) + max(ask, K · draft_per_token) + catch_up_per_ask`
-//! time; when no K
-//! makes that beat plain decoding, a costly source is left out of the rounds
+//! time; when no K makes that beat plain decoding, a costly source is left out of the rounds
 //! (`Decision::exclude`): on a machine where the draft model costs about as much per token as
 //! the target, every token it drafts loses time, however often it is accepted. An excluded
 //! source is asked again, to measure its acceptance afresh, once the rounds since its last ask
@@ -98,31 +97,31 @@
 //! of those sources until they are asked, and the share of tokens on which the draft model
 //! agreed with the target (`agreement`, measured on a built-in text) is their `m_1`, so their
 //! expected acceptance starts from the pair's, not from 0.5 (for the drafts of the whole
-//! cascade too, when every source drafts with the draft model). A draft model that agrees
-//! with the target almost always, and drafts cheaply, is asked at a long K from the first
-//! round; without the measurement it could look unprofitable at 0.5 and wait for a probe.
+//! cascade too, when every source drafts with the draft model). So a draft model that could
+//! not pay at full acceptance is never asked, and its prompt processing never paid. One whose
+//! drafts would pay at the acceptance the policy expects is asked from the first round (a
+//! draft model that agrees with the target almost always and drafts cheaply, at a long K), as
+//! long as that repays its catch-up with the prompt (below). One that could pay only at a
+//! better acceptance than expected is measured as an excluded source is, its first ask
+//! expected to catch up with the prompt (`prompt_len` tokens): a short request on a long
+//! prompt never pays that catch-up for a measurement that would not pay back.
 //!
 //! **Catching up.** A draft model asked after a while (the prompt at a request's first ask, the
 //! tokens committed while it was left out) first catches up with those tokens, once; on a
 //! machine whose prompt processing is slow that can take longer than its drafts save over a
 //! short answer. So a costly source with a catch-up price is also left out while
-//! `remaining · left · (1 / plain - 1 / rate) < 2 · behind · catch_up_per_token`: the time its
+//! `remaining · left · (1 / plain - 1 / rate) < 2 · behind · catch_up_per_token`: what its
 //! drafts save per committed token (at its best rate against plain decoding), over the tokens
 //! the request is expected to commit from now on, in the share of rounds no cheap source
 //! drafts for (`left`: the product of `1 - proposal rate` over the cheap sources asked so far;
-//! in a cascade whose `lookup` always has a draft, a draft model adds nothing), does not pay
-//! twice for the
-//! catch-up (the saving is an estimate, optimistic before any ask). The tokens expected are
-//! half of what the request's `max_tokens` leaves (`PolicySetup::max_tokens`; requests often
-//! end sooner), and no more than the moving average (weight 0.2) of the earlier sessions'
-//! committed tokens leaves, carried across requests (at least a quarter of it, for a request
-//! already longer). A long prompt before a short answer (an edit of a 500-token function)
-//! then decodes plainly, a short prompt before a long answer drafts from the first round. So a draft model that could not pay at full
-//! acceptance is never asked, and its prompt processing never paid. One whose drafts would
-//! pay at the acceptance the policy expects is asked from the first round. One that could pay
-//! only at a better acceptance than expected is measured as an excluded source is, its first
-//! ask expected to catch up with the prompt (`prompt_len` tokens): a short request on a long
-//! prompt never pays that catch-up for a measurement that would not pay back.
+//! beside a `lookup` that always has a draft, a draft model adds nothing), does not pay twice
+//! for the catch-up (the saving is an estimate, optimistic before any ask). The tokens
+//! expected are half of what the request's `max_tokens` leaves (`PolicySetup::max_tokens`;
+//! requests often end sooner), and no more than the moving average (weight 0.2) of the earlier
+//! sessions' committed tokens leaves, carried across requests (at least a quarter of it, for a
+//! request already longer). A long prompt before a short answer (an edit of a 500-token
+//! function) then decodes plainly, a short prompt before a long answer drafts from the first
+//! round.
 //!
 //! **Choice.** Each round the policy drafts `argmax_{K = 0..=max} E[tokens | K] / time(K)`
 //! (ties go to the smaller K), with `max` the host's `--draft-max`. With `a_j` at the prior
@@ -838,9 +837,9 @@ impl Cost {
 
     /// Whether what `model`'s drafts save over the rest of the request, committing at `rate`
     /// instead of `plain` (tokens per microsecond) in the rounds no cheap source drafts for
-    /// (as far as their asks tell),
-    /// pays [`REPAY_MARGIN`] times for catching its draft model up with the tokens it lacks
-    /// (see "Catching up" in the crate docs). `verify_one_us`: one token's verify time.
+    /// (as far as their asks tell), pays [`REPAY_MARGIN`] times for catching its draft model up
+    /// with the tokens it lacks (see "Catching up" in the crate docs). `verify_one_us`: one
+    /// token's verify time.
     fn repays_catch_up(
         &self,
         model: &SourceModel,
