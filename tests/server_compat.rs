@@ -273,8 +273,10 @@ fn tokenize_detokenize_and_llama_server_fields() {
 #[test]
 fn several_hosts_slots_templates_and_assistant_prefill() {
     let _guard = exclusive();
-    // 127.0.0.2 is loopback on Linux too: a second address without IPv6.
-    let server = Server::start(&["--host", "127.0.0.1,127.0.0.2"]);
+    // 127.0.0.2 is loopback on Linux too: a second address without IPv6. The server writes one
+    // `listening on` line per address to a stdout already closed (as `| head -1` leaves it), and
+    // serves on (a panic on the broken pipe once stopped it when the reader was fast).
+    let server = Server::start_with_stdout_closed(&["--host", "127.0.0.1,127.0.0.2"]);
     let port = server.base.rsplit(':').next().expect("a port").to_owned();
     let second = format!("http://127.0.0.2:{port}");
     for base in [server.base.clone(), second.clone()] {

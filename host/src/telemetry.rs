@@ -1,5 +1,8 @@
 //! Logging, set up in one place: `tracing` to stderr, `spechost=info` unless `RUST_LOG` says
-//! otherwise.
+//! otherwise; colours only on a terminal (and not with `NO_COLOR` set), so logs written to files
+//! and pipes hold plain text.
+
+use std::io::IsTerminal as _;
 
 use tracing_subscriber::EnvFilter;
 
@@ -13,6 +16,7 @@ pub fn init() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .with_target(false)
         .without_time()
         .try_init();

@@ -53,7 +53,58 @@ impl Server {
         Self::launch(model, &[&["--public-metrics"], args].concat())
     }
 
+    /// [`Self::start`] with stdout closed before the server writes to it, as `spechost serve |
+    /// head -1` leaves it after the first line; the address is read from the log instead.
+    pub fn start_with_stdout_closed(args: &[&str]) -> Self {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let args = [&["--public-metrics"], args].concat();
+        let (mut child, log) = Self::spawn("smollm2", &args, writer.into());
+        let started = Instant::now();
+        let base = loop {
+            let text = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let address = text
+                .lines()
+                .find(|line| line.contains(" serving "))
+                .and_then(|line| line.split_once("address="))
+                .and_then(|(_, rest)| rest.split([',', ' ']).next());
+            if let Some(address) = address {
+                break format!("http://{address}");
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("spechost serve stopped ({status}); its log:\n{text}");
+            }
+            assert!(
+                started.elapsed() < PATIENCE,
+                "spechost serve did not start; its log:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        Self { child, base, log }
+    }
+
     fn launch(model: &str, args: &[&str]) -> Self {
+        let (mut child, log) = Self::spawn(model, args, Stdio::piped());
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut line = String::new();
+        let read = BufReader::new(stdout).read_line(&mut line);
+        let base = match line.trim().strip_prefix("listening on ") {
+            Some(base) if read.is_ok() => base.to_owned(),
+            _ => {
+                let status = child.wait();
+                std::thread::sleep(Duration::from_millis(200));
+                panic!(
+                    "spechost serve did not start ({status:?}, stdout {line:?}); its log:\n{}",
+                    log.lock().unwrap_or_else(|e| e.into_inner())
+                );
+            }
+        };
+        Self { child, base, log }
+    }
+
+    /// Spawns `spechost serve --model MODEL --port 0 --ctx-size 2048 ARGS` with `stdout`, and
+    /// collects its stderr into the returned log.
+    fn spawn(model: &str, args: &[&str], stdout: Stdio) -> (Child, Arc<Mutex<String>>) {
         let default_ctx: &[&str] = if args.contains(&"--ctx-size") {
             &[]
         } else {
@@ -64,7 +115,7 @@ impl Server {
             .args(default_ctx)
             .args(args)
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
+            .stdout(stdout)
             .stderr(Stdio::piped())
             .spawn()
             .expect("spechost serve starts");
@@ -83,21 +134,7 @@ impl Server {
                     .push_str(&text);
             }
         });
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let mut line = String::new();
-        let read = BufReader::new(stdout).read_line(&mut line);
-        let base = match line.trim().strip_prefix("listening on ") {
-            Some(base) if read.is_ok() => base.to_owned(),
-            _ => {
-                let status = child.wait();
-                std::thread::sleep(Duration::from_millis(200));
-                panic!(
-                    "spechost serve did not start ({status:?}, stdout {line:?}); its log:\n{}",
-                    log.lock().unwrap_or_else(|e| e.into_inner())
-                );
-            }
-        };
-        Self { child, base, log }
+        (child, log)
     }
 
     pub fn url(&self, path: &str) -> String {

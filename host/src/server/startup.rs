@@ -416,11 +416,7 @@ fn serve_http(
                 Some(embedding.stop)
             }
             None => {
-                // Scripts and tests read the address from the first line; these are the only
-                // lines on stdout, one per --host, in order.
-                for address in &addresses {
-                    println!("listening on http://{address}");
-                }
+                announce(&addresses);
                 None
             }
         };
@@ -444,6 +440,25 @@ fn serve_http(
     // not hold the exit up.
     runtime.shutdown_timeout(Duration::from_secs(1));
     served
+}
+
+/// Writes `listening on http://ADDRESS` to stdout, one line per `--host` in order, in one write:
+/// scripts and tests read the address from the first line. A reader that closed stdout after
+/// the line it wanted (`| head -1`) must not stop the server, so a failed write is only logged
+/// (`println!` would panic on the broken pipe).
+fn announce(addresses: &[SocketAddr]) {
+    use std::io::Write as _;
+    let lines: String = addresses
+        .iter()
+        .map(|address| format!("listening on http://{address}\n"))
+        .collect();
+    let mut stdout = std::io::stdout().lock();
+    if let Err(error) = stdout
+        .write_all(lines.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        tracing::debug!(%error, "cannot write the listening addresses to stdout");
+    }
 }
 
 /// Listeners on every one of `hosts`, all on `port`; with port 0 the first picks a free port
