@@ -140,16 +140,33 @@ fn gemma3_seeded_sampling_is_reproducible_and_speculation_keeps_the_draws() {
     seeded_sampling_is_reproducible_and_speculation_keeps_the_draws(DefaultModel::Gemma3);
 }
 
-/// Gemma's output layer is Q8_0 and most of its layers Q5_0: on a CPU with AVX-512 VNNI the
-/// host's batched kernel computes those products for batches, after the session checked a batch
-/// against one-by-one decoding. The identity tests above then compare verify batches computed
+/// Gemma's output layer is Q8_0 and most of its layers Q5_0: the host's batched kernels compute
+/// the Q8_0 products of batches on a CPU with AVX2 and the Q5_0 ones with AVX-512 VNNI, after
+/// the session checked a batch against one-by-one decoding. The identity tests above then compare verify batches computed
 /// by the host with single tokens computed by llama.cpp; this makes sure that is what they
 /// test, and that turning the host's products off (`--llama-matmul`) changes nothing but speed.
 #[test]
 fn gemma3_batches_use_the_host_batched_products_exactly() {
+    batches_use_the_host_products_exactly(DefaultModel::Gemma3, avx2(), "Q8_0/Q5_0", "AVX2");
+}
+
+/// SmolLM2's layers are Q4_1, whose batched products the host computes on any CPU with AVX2
+/// (unless llama.cpp's AMX buffers hold them).
+#[test]
+fn smollm2_batches_use_the_host_q4_1_products_exactly() {
+    batches_use_the_host_products_exactly(DefaultModel::SmolLm2, avx2() && !amx(), "Q4_1", "AVX2");
+}
+
+/// Checks that `model`'s verify batches hand products to the host exactly when `expected`, and
+/// that with the host's products off the output is the same.
+fn batches_use_the_host_products_exactly(
+    model: DefaultModel,
+    expected: bool,
+    weights: &str,
+    instructions: &str,
+) {
     let _guard = exclusive();
-    let target = load(DefaultModel::Gemma3);
-    let vnni = vnni();
+    let target = load(model);
     let host = plugin_host();
     let message = &fixtures()[0].user_message;
     let lookup = [SourceSpec::Builtin("lookup".into())];
@@ -164,14 +181,14 @@ fn gemma3_batches_use_the_host_batched_products_exactly() {
         8,
         &mut cascade(&host, &lookup),
     );
-    // Gemma 3's Q8_0 output layer and Q5_0/Q8_0 layers: every verify batch takes tens.
+    // Every layer has such weights: each verify batch hands the host tens of products.
     assert_eq!(
         session.host_batch_products() > checked,
-        vnni,
-        "the host computes the batches' Q8_0/Q5_0 products exactly when the CPU has AVX-512 VNNI"
+        expected,
+        "the host computes the batches' {weights} products exactly when the CPU has {instructions}"
     );
     drop(session);
-    if !vnni {
+    if !expected {
         return;
     }
     let llama_only = Target::load(
@@ -199,7 +216,7 @@ fn gemma3_batches_use_the_host_batched_products_exactly() {
     );
     drop(session);
     // Contexts made from here on use the host's products again, as other tests expect.
-    drop(load(DefaultModel::Gemma3));
+    drop(load(model));
     assert_eq!(by_host.tokens, by_llama.tokens);
     assert!(
         by_host.stats.accepted > 0,

@@ -261,13 +261,13 @@ pub fn amx() -> bool {
         .is_ok_and(|info| info.split_whitespace().any(|flag| flag == "amx_int8"))
 }
 
-/// Whether this CPU runs the host's batched matrix products (AVX-512 VNNI,
-/// `engine::quant_matmul`); elsewhere llama.cpp computes every product.
-pub fn vnni() -> bool {
+/// Whether the CPU has the instructions of the host's AVX2 kernel (AVX2, FMA, F16C): it computes
+/// the Q4_1, Q8_0 and Q4_0 products of batches.
+pub fn avx2() -> bool {
     cfg!(target_arch = "x86_64")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-        && std::arch::is_x86_feature_detected!("avx512vnni")
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
 }
 
 /// A model of `kind` written by scripts/make-test-model.py (with `args`) as `file` in a scratch

@@ -140,7 +140,7 @@ impl<'m> ModelContext<'m> {
                 products,
                 rows = settings.check_rows,
                 sequences = settings.sequences,
-                "batches: the host computes the Q8_0/Q5_0/Q4_0 matrix products (checked bit-exact against one-by-one decoding)"
+                "batches: the host computes the Q8_0/Q5_0/Q4_0/Q4_1 matrix products (checked bit-exact against one-by-one decoding)"
             ),
             Ok(_) => tracing::debug!(
                 rows = settings.check_rows,

@@ -114,9 +114,10 @@ pub struct TargetParams {
     pub use_mlock: bool,
     /// llama.cpp's NUMA strategy; process-wide, so every target of a process must agree.
     pub numa: NumaMode,
-    /// Let the host compute the Q8_0, Q5_0 and Q4_0 matrix products of batches (verify batches,
-    /// prompts) in one pass over the weights when the CPU has AVX-512 VNNI and a short decode
-    /// checks out bit-exact against decoding one token at a time (the same output, faster);
+    /// Let the host compute the Q8_0, Q5_0, Q4_0 (AVX-512 VNNI) and Q4_1 (AVX2) matrix products
+    /// of batches (verify batches, prompts) in one pass over the weights when the CPU has the
+    /// instructions and a short decode checks out bit-exact against decoding one token at a
+    /// time (the same output, faster);
     /// `false` leaves them to llama.cpp. Process-wide: the last target loaded decides.
     pub host_batch_products: bool,
     /// The chat template chat prompts go through.
@@ -562,9 +563,7 @@ fn use_batch_products(wanted: bool) {
     if !wanted {
         super::kernels::backend::disable();
     } else if !super::kernels::backend::enable() {
-        tracing::info!(
-            "batches: llama.cpp computes every matrix product (this CPU lacks AVX-512 VNNI)"
-        );
+        tracing::info!("batches: llama.cpp computes every matrix product (this CPU lacks AVX2)");
     }
 }
 

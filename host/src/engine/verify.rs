@@ -142,8 +142,7 @@ impl<'a> Session<'a> {
         self.target
     }
 
-    /// How many matrix products of this session's batches the host's batched Q8_0/Q5_0/Q4_0 kernel
-    /// computed (see `TargetParams::host_batch_products`); 0 when llama.cpp computed them all.
+    /// How many matrix products of this session's batches the host's batched kernels computed (see `TargetParams::host_batch_products`); 0 when llama.cpp computed them all.
     pub fn host_batch_products(&self) -> u64 {
         self.context.host_products()
     }

@@ -1,20 +1,22 @@
-//! A ggml backend that computes the Q8_0, Q5_0 and Q4_0 matrix products of batches (verify batches,
-//! prompts) with `quant_matmul`: one pass over each weight matrix per
+//! A ggml backend that computes the Q8_0, Q5_0, Q4_0 and Q4_1 matrix products of batches (verify
+//! batches, prompts) with `quant_matmul` and `avx2`: one pass over each weight matrix per
 //! batch instead of llama.cpp's one vector dot product per (weight row, batch row), and the
 //! same bits.
 //!
 //! How it gets the work: llama.cpp gives every context one backend per registered
 //! "accelerator" device, ahead of the CPU backend, and ggml's scheduler hands a matrix product
 //! to the first backend that says it supports the product and the weights' buffer type (this is
-//! how llama.cpp's BLAS backend works). This device accepts matrix products of Q8_0, Q5_0 or
-//! Q4_0 weights in host memory with two or more `f32` batch rows when the CPU has AVX-512 VNNI;
-//! single rows (plain decoding) and everything else stay with llama.cpp's CPU backend. The
-//! weights stay where llama.cpp put them.
+//! how llama.cpp's BLAS backend works). This device accepts matrix products of weights in host
+//! memory with two or more `f32` batch rows: Q5_0 weights when the CPU has AVX-512 VNNI, Q8_0,
+//! Q4_0 and Q4_1 (SmolLM2's layers) when it has AVX2 (`avx2`; `quant_matmul` takes Q8_0 and
+//! Q4_0 with VNNI); single rows (plain decoding) and
+//! everything else stay with llama.cpp's CPU backend. The weights stay where llama.cpp put them.
 //!
 //! Gemma 3's output layer is Q8_0 and its layers mostly Q5_0 (their 640-wide rows do not fit
 //! Q4_K's 256-value blocks), and llama.cpp's kernels unpack every block again for every batch
 //! row: two thirds of a verify batch's time before. Q4_0 models (the default draft models) are
-//! Q4_0 throughout, so a draft model's catch-up with a prompt is batched here too. Sessions
+//! Q4_0 throughout, so a draft model's catch-up with a prompt is batched here too, and
+//! SmolLM2's layers are Q4_1, which needs only AVX2. Sessions
 //! check, when their context is made, that a batch decoded with this backend gives the logits
 //! of decoding its tokens one by one, bit for bit, and turn the backend off for the process
 //! otherwise (`engine::context`).
@@ -33,13 +35,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use llama_cpp_sys_2 as sys;
 
+use super::avx2::{self, Avx2Block, BlockQ4_1};
 use super::quant_matmul::{self, BLOCK, BlockQ4_0, BlockQ5_0, BlockQ8_0, QuantMatrix, WeightBlock};
 
 /// `GGML_BACKEND_API_VERSION` of the mirrored header.
 const API_VERSION: c_int = 3;
 /// The device's name, as `spechost info` and llama.cpp's logs show it.
 const NAME: &CStr = c"spechost-batch";
-const DESCRIPTION: &CStr = c"spechost's batched Q8_0/Q5_0/Q4_0 matrix products (AVX-512 VNNI)";
+const DESCRIPTION: &CStr =
+    c"spechost's batched Q8_0/Q4_0/Q4_1 (AVX2) and Q5_0 (AVX-512 VNNI) matrix products";
 /// The name under which llama.cpp looks up a backend's thread-count setter.
 const SET_THREADS: &CStr = c"ggml_backend_set_n_threads";
 
@@ -60,9 +64,9 @@ pub(in crate::engine) fn computed_on_this_thread() -> u64 {
 }
 
 /// Registers the device with ggml, once per process, and turns it on; returns whether it is on
-/// (not on a CPU without AVX-512 VNNI). Contexts made afterwards use it.
+/// (not on a CPU with neither kernel's instructions). Contexts made afterwards use it.
 pub(in crate::engine) fn enable() -> bool {
-    if !quant_matmul::kernel_available() {
+    if !WeightKind::ALL.iter().any(|kind| kind.kernel_available()) {
         return false;
     }
     REGISTERED.get_or_init(Registered::new);
@@ -393,7 +397,7 @@ unsafe extern "C" fn backend_graph_compute(
     }
 }
 
-/// A matrix product this backend computes: `weights` (`rows` × `width`, Q8_0, Q5_0 or Q4_0) times
+/// A matrix product this backend computes: `weights` (`rows` × `width`, of a [`WeightKind`]) times
 /// each of `batch` rows of `width` floats at `input`, into `batch` rows of `rows` floats at
 /// `output`.
 struct Product {
@@ -408,21 +412,36 @@ struct Product {
     output_stride: usize,
 }
 
-/// The weight types the kernel takes.
+/// The weight types the kernels take.
 #[derive(Clone, Copy)]
 enum WeightKind {
     Q8_0,
     Q5_0,
     Q4_0,
+    Q4_1,
 }
 
 impl WeightKind {
+    const ALL: [Self; 4] = [Self::Q8_0, Self::Q5_0, Self::Q4_0, Self::Q4_1];
+
+    /// The kind of `ggml_type`, if a kernel for it runs on this CPU.
     fn of(ggml_type: sys::ggml_type) -> Option<Self> {
-        match ggml_type {
-            sys::GGML_TYPE_Q8_0 => Some(Self::Q8_0),
-            sys::GGML_TYPE_Q5_0 => Some(Self::Q5_0),
-            sys::GGML_TYPE_Q4_0 => Some(Self::Q4_0),
-            _ => None,
+        let kind = match ggml_type {
+            sys::GGML_TYPE_Q8_0 => Self::Q8_0,
+            sys::GGML_TYPE_Q5_0 => Self::Q5_0,
+            sys::GGML_TYPE_Q4_0 => Self::Q4_0,
+            sys::GGML_TYPE_Q4_1 => Self::Q4_1,
+            _ => return None,
+        };
+        kind.kernel_available().then_some(kind)
+    }
+
+    /// Whether a kernel for this kind runs on this CPU.
+    fn kernel_available(self) -> bool {
+        match self {
+            Self::Q5_0 => quant_matmul::kernel_available(),
+            Self::Q8_0 | Self::Q4_0 => quant_matmul::kernel_available() || avx2::kernel_available(),
+            Self::Q4_1 => avx2::kernel_available(),
         }
     }
 
@@ -431,12 +450,13 @@ impl WeightKind {
             Self::Q8_0 => size_of::<BlockQ8_0>(),
             Self::Q5_0 => size_of::<BlockQ5_0>(),
             Self::Q4_0 => size_of::<BlockQ4_0>(),
+            Self::Q4_1 => size_of::<BlockQ4_1>(),
         }
     }
 }
 
 /// The product `node` asks for, if it is one this backend computes: a 2-D matrix product of
-/// Q8_0/Q5_0/Q4_0 weights with contiguous rows and two or more contiguous `f32` batch rows.
+/// weights of a [`WeightKind`] with contiguous rows and two or more contiguous `f32` batch rows.
 ///
 /// # Safety
 /// `node` and its sources must be live tensors.
@@ -480,20 +500,39 @@ unsafe fn product_of(node: &sys::ggml_tensor) -> Option<Product> {
 
 impl Product {
     /// Computes the product on `threads` threads.
-    fn compute(&self, threads: usize) {
+    fn compute(mut self, threads: usize) {
+        let vnni = quant_matmul::kernel_available();
         match self.kind {
-            WeightKind::Q8_0 => self.compute_with::<BlockQ8_0>(threads),
-            WeightKind::Q5_0 => self.compute_with::<BlockQ5_0>(threads),
-            WeightKind::Q4_0 => self.compute_with::<BlockQ4_0>(threads),
+            WeightKind::Q8_0 if vnni => self.compute_vnni::<BlockQ8_0>(threads),
+            WeightKind::Q5_0 => self.compute_vnni::<BlockQ5_0>(threads),
+            WeightKind::Q4_0 if vnni => self.compute_vnni::<BlockQ4_0>(threads),
+            WeightKind::Q8_0 => self.compute_avx2::<BlockQ8_0>(threads),
+            WeightKind::Q4_0 => self.compute_avx2::<BlockQ4_0>(threads),
+            WeightKind::Q4_1 => self.compute_avx2::<BlockQ4_1>(threads),
         }
     }
 
-    fn compute_with<B: WeightBlock>(&self, threads: usize) {
+    /// With `quant_matmul` (AVX-512 VNNI).
+    fn compute_vnni<B: WeightBlock>(&mut self, threads: usize) {
+        let (matrix, inputs, mut outputs) = self.operands::<B>();
+        quant_matmul::multiply(&matrix, &inputs, &mut outputs, threads);
+    }
+
+    /// With `avx2`.
+    fn compute_avx2<B: Avx2Block>(&mut self, threads: usize) {
+        let (matrix, inputs, mut outputs) = self.operands::<B>();
+        avx2::multiply(&matrix, &inputs, &mut outputs, threads);
+    }
+
+    /// The weights as a matrix of blocks of `B`, the batch rows and the output rows.
+    #[allow(clippy::type_complexity)]
+    fn operands<B>(&mut self) -> (QuantMatrix<'_, B>, Vec<&[f32]>, Vec<&mut [f32]>) {
         // SAFETY: `product_of` checked the shapes and strides against the tensors, which the
         // scheduler allocated in host memory (this device only takes host buffers): `rows`
-        // contiguous rows of blocks, `batch` input rows of `width` floats, `batch` output rows
-        // of `rows` floats that no input overlaps; ggml aligns tensor data beyond 4 bytes.
-        let (blocks, inputs, mut outputs) = unsafe {
+        // contiguous rows of blocks of `B`, `batch` input rows of `width` floats, `batch`
+        // output rows of `rows` floats that no input overlaps; ggml aligns tensor data beyond
+        // 4 bytes.
+        unsafe {
             let blocks = std::slice::from_raw_parts(
                 self.weights.cast::<B>(),
                 self.rows * self.width / BLOCK,
@@ -510,9 +549,11 @@ impl Product {
                     std::slice::from_raw_parts_mut(start, self.rows)
                 })
                 .collect();
-            (blocks, inputs, outputs)
-        };
-        let matrix = QuantMatrix::new(blocks, self.rows, self.width);
-        quant_matmul::multiply(&matrix, &inputs, &mut outputs, threads);
+            (
+                QuantMatrix::new(blocks, self.rows, self.width),
+                inputs,
+                outputs,
+            )
+        }
     }
 }

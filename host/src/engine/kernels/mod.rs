@@ -1,11 +1,16 @@
-//! The host's own compute, for x86-64 with AVX-512 VNNI: the only unsafe code of the engine.
+//! The host's own compute, for x86-64: the only unsafe code of the engine.
 //!
 //! - `quant_matmul`: matrix products of Q8_0, Q5_0 and Q4_0 weights with a batch of rows, in one
-//!   pass over the weights, bit for bit as llama.cpp computes them one row at a time;
+//!   pass over the weights, bit for bit as llama.cpp computes them one row at a time (AVX-512
+//!   VNNI);
+//! - `avx2`: the same for Q4_1, Q8_0 and Q4_0 weights on CPUs with AVX2 only;
+//! - `team`: both kernels' rows split among llama.cpp's OpenMP threads;
 //! - `backend`: a ggml backend device through which llama.cpp hands those products of its
-//!   batches to `quant_matmul`. Contexts check it bit-exact at creation (`engine::context`).
+//!   batches to the kernels. Contexts check it bit-exact at creation (`engine::context`).
 //!
 //! Everything else of the engine goes through llama-cpp-2's safe API.
 
+mod avx2;
 pub(super) mod backend;
 mod quant_matmul;
+mod team;

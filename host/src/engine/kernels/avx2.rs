@@ -1,0 +1,516 @@
+//! Matrix products of Q4_1, Q8_0 and Q4_0 weights with a batch of `f32` rows, computed in one
+//! pass over the weights, bit for bit as llama.cpp's CPU backend computes them one row at a
+//! time; for x86-64 with AVX2, FMA and F16C (no AVX-512 needed).
+//!
+//! Why: SmolLM2-135M, the default model, keeps its layers in Q4_1 and its output layer in Q8_0,
+//! and the default draft models are Q4_0. llama.cpp, built batch-invariant
+//! (`docs/exactness.md`), multiplies a weight matrix with a batch by one vector dot product per
+//! (weight row, batch row), unpacking every weight block and converting its `f16` scale again
+//! for each batch row. Here each weight block is unpacked once and used for up to
+//! [`ROWS_PER_PASS`] batch rows, whose quantized blocks stay in cache: prompts and verify batches
+//! get faster, with the same bits. On CPUs with AVX-512 VNNI, `quant_matmul` takes Q8_0 and Q4_0
+//! instead.
+//!
+//! Exactness: ggml's AVX2 dot products (`ggml_vec_dot_q4_1_q8_1`, `ggml_vec_dot_q8_0_q8_0`,
+//! `ggml_vec_dot_q4_0_q8_0`; builds for AVX-512 CPUs run the same arithmetic) read the batch row
+//! quantized by `quantize_row_q8_1` (Q4_1) or `quantize_row_q8_0` (called here, the same
+//! functions), and per 32-value block: take eight lane sums of four products of weight and
+//! activation bytes (integer sums, exact whatever instruction makes them), convert them to
+//! `f32`, and fused-multiply-add them times `d_w × d_a` into eight lane accumulators, in block
+//! order; Q4_1 also adds `m_w × s_a` (the block's minimum times the activation block's scaled
+//! sum) to a scalar. The result is the lanes summed as `((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7))`,
+//! plus Q4_1's scalar. The unit tests compare every output with ggml's own functions, linked
+//! from the same build.
+
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+use std::ffi::c_void;
+use std::ops::Range;
+
+use super::quant_matmul::{BLOCK, BlockQ4_0, BlockQ8_0, QuantMatrix};
+use super::team;
+
+/// A weight block the kernel takes.
+pub(super) trait Avx2Block: Copy + Sync {
+    /// How ggml quantizes the batch rows this block is multiplied with.
+    const ACTIVATIONS: Activations;
+    /// Whether the unpacked weights are signed bytes (the lane sums then go through ggml's
+    /// `mul_sum_i8_pairs_float`: `|w|` times `a` with `w`'s sign) rather than unsigned ones.
+    const SIGNED: bool;
+
+    /// The 32 weights as bytes, the scale and the minimum (0 when the type has none).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and F16C.
+    unsafe fn unpack(&self) -> (__m256i, f32, f32);
+}
+
+/// One Q4_1 block as ggml stores it (`block_q4_1`): an `f16` scale and minimum, and the 32
+/// values' four bits, two per byte; the weight is `scale × bits + min`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct BlockQ4_1 {
+    /// The block's scale, as `f16` bits.
+    scale: u16,
+    /// The block's minimum, as `f16` bits.
+    min: u16,
+    /// Byte `i` holds value `i` in its low nibble and value `i + 16` in its high nibble.
+    nibbles: [u8; BLOCK / 2],
+}
+
+impl Avx2Block for BlockQ4_1 {
+    const ACTIVATIONS: Activations = Activations::Q8_1;
+    const SIGNED: bool = false;
+
+    #[inline(always)]
+    unsafe fn unpack(&self) -> (__m256i, f32, f32) {
+        // SAFETY: the caller guarantees the instructions.
+        unsafe {
+            (
+                spread_nibbles(&self.nibbles),
+                f16_to_f32(self.scale),
+                f16_to_f32(self.min),
+            )
+        }
+    }
+}
+
+impl Avx2Block for BlockQ8_0 {
+    const ACTIVATIONS: Activations = Activations::Q8_0;
+    const SIGNED: bool = true;
+
+    #[inline(always)]
+    unsafe fn unpack(&self) -> (__m256i, f32, f32) {
+        // SAFETY: a block holds 32 bytes; `loadu` has no alignment requirement; the caller
+        // guarantees the instructions.
+        unsafe {
+            (
+                _mm256_loadu_si256(self.values.as_ptr().cast()),
+                f16_to_f32(self.scale),
+                0.0,
+            )
+        }
+    }
+}
+
+impl Avx2Block for BlockQ4_0 {
+    const ACTIVATIONS: Activations = Activations::Q8_0;
+    const SIGNED: bool = true;
+
+    #[inline(always)]
+    unsafe fn unpack(&self) -> (__m256i, f32, f32) {
+        // SAFETY: the caller guarantees the instructions.
+        unsafe {
+            let values = _mm256_sub_epi8(spread_nibbles(&self.nibbles), _mm256_set1_epi8(8));
+            (values, f16_to_f32(self.scale), 0.0)
+        }
+    }
+}
+
+/// How ggml quantizes a batch row for a weight type's dot product.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Activations {
+    /// `block_q8_0`: an `f16` scale and 32 signed bytes.
+    Q8_0,
+    /// `block_q8_1`: an `f16` scale, the `f16` of the scale times the values' sum, and 32
+    /// signed bytes.
+    Q8_1,
+}
+
+impl Activations {
+    /// Bytes of one quantized block.
+    fn block_bytes(self) -> usize {
+        match self {
+            Self::Q8_0 => 2 + BLOCK,
+            Self::Q8_1 => 4 + BLOCK,
+        }
+    }
+
+    /// Quantizes `row` into `out` (`row.len() / 32` blocks) with ggml's own function.
+    fn quantize(self, row: &[f32], out: &mut [u8]) {
+        assert_eq!(
+            out.len(),
+            row.len() / BLOCK * self.block_bytes(),
+            "quantized size"
+        );
+        let quantize = match self {
+            Self::Q8_0 => quantize_row_q8_0,
+            Self::Q8_1 => quantize_row_q8_1,
+        };
+        // SAFETY: `row` holds whole blocks of floats and `out` as many blocks of this layout.
+        unsafe { quantize(row.as_ptr(), out.as_mut_ptr().cast(), row.len() as i64) };
+    }
+}
+
+unsafe extern "C" {
+    /// ggml's quantizer of a batch row for Q4_1 products (`ggml-cpu/arch/x86/quants.c`).
+    fn quantize_row_q8_1(x: *const f32, y: *mut c_void, k: i64);
+    /// ggml's quantizer of a batch row for Q8_0, Q5_0 and Q4_0 products.
+    fn quantize_row_q8_0(x: *const f32, y: *mut c_void, k: i64);
+}
+
+/// Whether this CPU has the kernel's instructions.
+pub(super) fn kernel_available() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// Batch rows per pass over the weights: one AVX2 accumulator each, with room left for the
+/// weights and the products.
+const ROWS_PER_PASS: usize = 8;
+
+/// The product of `matrix` with each batch row of `inputs` (`matrix.columns()` values each):
+/// `outputs[i]` gets `matrix.rows()` values for `inputs[i]`, exactly llama.cpp's. Runs on
+/// `threads` threads of llama.cpp's OpenMP team.
+///
+/// # Panics
+/// When [`kernel_available`] is false, or the sizes do not match.
+pub(super) fn multiply<B: Avx2Block>(
+    matrix: &QuantMatrix<'_, B>,
+    inputs: &[&[f32]],
+    outputs: &mut [&mut [f32]],
+    threads: usize,
+) {
+    assert!(
+        kernel_available(),
+        "the AVX2 kernel needs AVX2, FMA and F16C"
+    );
+    assert_eq!(inputs.len(), outputs.len(), "one output per input");
+    assert!(
+        inputs.iter().all(|input| input.len() == matrix.columns()),
+        "inputs are rows of the matrix's width"
+    );
+    assert!(
+        outputs.iter().all(|output| output.len() == matrix.rows()),
+        "outputs are columns of the matrix's height"
+    );
+    let blocks_per_row = matrix.columns() / BLOCK;
+    for (pass_inputs, pass_outputs) in inputs
+        .chunks(ROWS_PER_PASS)
+        .zip(outputs.chunks_mut(ROWS_PER_PASS))
+    {
+        let batch = QuantizedBatch::new(pass_inputs, blocks_per_row, B::ACTIVATIONS);
+        team::split_rows(matrix.rows(), pass_outputs, threads, |range, outputs| {
+            // SAFETY: `multiply` checked that the CPU has the kernel's instructions.
+            unsafe { rows_kernel(matrix, &batch, range, outputs) };
+        });
+    }
+}
+
+/// The batch rows of one pass quantized by ggml, laid out block-major: block `b` of batch row
+/// `p` at `b * positions + p`, its scale and (Q8_1) scaled sum already in `f32`.
+struct QuantizedBatch {
+    positions: usize,
+    values: Vec<[i8; BLOCK]>,
+    scales: Vec<f32>,
+    scaled_sums: Vec<f32>,
+}
+
+impl QuantizedBatch {
+    fn new(inputs: &[&[f32]], blocks_per_row: usize, activations: Activations) -> Self {
+        let positions = inputs.len();
+        let block_bytes = activations.block_bytes();
+        let values_at = block_bytes - BLOCK;
+        let mut quantized = vec![0u8; blocks_per_row * block_bytes];
+        let mut batch = Self {
+            positions,
+            values: vec![[0; BLOCK]; blocks_per_row * positions],
+            scales: vec![0.0; blocks_per_row * positions],
+            scaled_sums: vec![0.0; blocks_per_row * positions],
+        };
+        for (position, input) in inputs.iter().enumerate() {
+            activations.quantize(input, &mut quantized);
+            for (block, bytes) in quantized.chunks_exact(block_bytes).enumerate() {
+                let at = block * positions + position;
+                let half = |offset: usize| u16::from_le_bytes([bytes[offset], bytes[offset + 1]]);
+                batch.values[at] = std::array::from_fn(|i| bytes[values_at + i] as i8);
+                // SAFETY: `multiply` checked that the CPU has F16C.
+                unsafe {
+                    batch.scales[at] = f16_to_f32(half(0));
+                    if activations == Activations::Q8_1 {
+                        batch.scaled_sums[at] = f16_to_f32(half(2));
+                    }
+                }
+            }
+        }
+        batch
+    }
+}
+
+/// Dispatches [`rows_avx2`] on the pass's batch size.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+unsafe fn rows_kernel<B: Avx2Block>(
+    matrix: &QuantMatrix<'_, B>,
+    batch: &QuantizedBatch,
+    range: Range<usize>,
+    outputs: &mut [&mut [f32]],
+) {
+    // SAFETY: the caller guarantees the instructions.
+    unsafe {
+        match batch.positions {
+            1 => rows_avx2::<B, 1>(matrix, batch, range, outputs),
+            2 => rows_avx2::<B, 2>(matrix, batch, range, outputs),
+            3 => rows_avx2::<B, 3>(matrix, batch, range, outputs),
+            4 => rows_avx2::<B, 4>(matrix, batch, range, outputs),
+            5 => rows_avx2::<B, 5>(matrix, batch, range, outputs),
+            6 => rows_avx2::<B, 6>(matrix, batch, range, outputs),
+            7 => rows_avx2::<B, 7>(matrix, batch, range, outputs),
+            8 => rows_avx2::<B, 8>(matrix, batch, range, outputs),
+            other => unreachable!("{other} batch rows in one pass"),
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_avx2<B: Avx2Block, const POSITIONS: usize>(
+    matrix: &QuantMatrix<'_, B>,
+    batch: &QuantizedBatch,
+    range: Range<usize>,
+    outputs: &mut [&mut [f32]],
+) {
+    let ones = _mm256_set1_epi16(1);
+    let has_min = B::ACTIVATIONS == Activations::Q8_1;
+    let first_row = range.start;
+    for row in range {
+        let mut acc = [_mm256_setzero_ps(); POSITIONS];
+        let mut minimums = [0.0f32; POSITIONS];
+        for (block, w) in matrix.row(row).iter().enumerate() {
+            // SAFETY: this function's features include those `unpack` needs.
+            let (x, scale, min) = unsafe { w.unpack() };
+            // ggml's `mul_sum_i8_pairs_float` for signed weights: `|w|` and `a` with `w`'s sign.
+            let unsigned_x = if B::SIGNED { _mm256_sign_epi8(x, x) } else { x };
+            let at = block * POSITIONS;
+            for position in 0..POSITIONS {
+                if has_min {
+                    // Two `f16` values multiply exactly in `f32`: ggml's `summs += m * s` gives
+                    // these bits whether its compiler fuses the multiply and add or not.
+                    minimums[position] += min * batch.scaled_sums[at + position];
+                }
+                let scales = _mm256_set1_ps(scale * batch.scales[at + position]);
+                // SAFETY: a block holds 32 bytes; `loadu` has no alignment requirement.
+                let y = unsafe { _mm256_loadu_si256(batch.values[at + position].as_ptr().cast()) };
+                let y = if B::SIGNED { _mm256_sign_epi8(y, x) } else { y };
+                let sums = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(unsigned_x, y));
+                acc[position] = _mm256_fmadd_ps(scales, _mm256_cvtepi32_ps(sums), acc[position]);
+            }
+        }
+        for position in 0..POSITIONS {
+            let sum = lane_sum(acc[position]);
+            // Adding a zero minimum could turn a `-0.0` into `+0.0`: types without one skip it.
+            outputs[position][row - first_row] = if has_min {
+                sum + minimums[position]
+            } else {
+                sum
+            };
+        }
+    }
+}
+
+/// ggml's `hsum_float_8`: `((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7))`.
+#[target_feature(enable = "avx")]
+fn lane_sum(acc: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_extractf128_ps::<1>(acc), _mm256_castps256_ps128(acc));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// 32 four-bit values, two per byte, one per byte in order: ggml's `bytes_from_nibbles_32`.
+#[target_feature(enable = "avx2")]
+fn spread_nibbles(packed: &[u8; BLOCK / 2]) -> __m256i {
+    // SAFETY: the load reads the 16 bytes of `packed`.
+    let packed = unsafe { _mm_loadu_si128(packed.as_ptr().cast()) };
+    let mask = _mm_set1_epi8(0x0f);
+    let low = _mm_and_si128(packed, mask);
+    let high = _mm_and_si128(_mm_srli_epi16::<4>(packed), mask);
+    _mm256_set_m128i(high, low)
+}
+
+/// `f16` bits to `f32` (exact).
+#[target_feature(enable = "f16c")]
+fn f16_to_f32(bits: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ggml's single-row dot product of a weight row with a quantized batch row.
+    type VecDot = unsafe extern "C" fn(
+        n: i32,
+        s: *mut f32,
+        bs: usize,
+        vx: *const c_void,
+        bx: usize,
+        vy: *const c_void,
+        by: usize,
+        nrc: i32,
+    );
+
+    unsafe extern "C" {
+        /// Fills ggml's conversion tables (its `f16` to `f32` may read one).
+        fn ggml_cpu_init();
+        fn ggml_vec_dot_q4_1_q8_1(
+            n: i32,
+            s: *mut f32,
+            bs: usize,
+            vx: *const c_void,
+            bx: usize,
+            vy: *const c_void,
+            by: usize,
+            nrc: i32,
+        );
+        fn ggml_vec_dot_q8_0_q8_0(
+            n: i32,
+            s: *mut f32,
+            bs: usize,
+            vx: *const c_void,
+            bx: usize,
+            vy: *const c_void,
+            by: usize,
+            nrc: i32,
+        );
+        fn ggml_vec_dot_q4_0_q8_0(
+            n: i32,
+            s: *mut f32,
+            bs: usize,
+            vx: *const c_void,
+            bx: usize,
+            vy: *const c_void,
+            by: usize,
+            nrc: i32,
+        );
+    }
+
+    /// A block type with random contents and ggml's dot product for it.
+    trait Tested: Avx2Block {
+        const DOT: VecDot;
+        fn random(state: &mut u64) -> Self;
+    }
+
+    impl Tested for BlockQ4_1 {
+        const DOT: VecDot = ggml_vec_dot_q4_1_q8_1;
+        fn random(state: &mut u64) -> Self {
+            Self {
+                scale: random_half(state),
+                min: random_half(state),
+                nibbles: std::array::from_fn(|_| next(state) as u8),
+            }
+        }
+    }
+
+    impl Tested for BlockQ8_0 {
+        const DOT: VecDot = ggml_vec_dot_q8_0_q8_0;
+        fn random(state: &mut u64) -> Self {
+            // The full byte range, -128 included (llama.cpp's quantizer stops at -127).
+            Self {
+                scale: random_half(state),
+                values: std::array::from_fn(|_| next(state) as i8),
+            }
+        }
+    }
+
+    impl Tested for BlockQ4_0 {
+        const DOT: VecDot = ggml_vec_dot_q4_0_q8_0;
+        fn random(state: &mut u64) -> Self {
+            Self {
+                scale: random_half(state),
+                nibbles: std::array::from_fn(|_| next(state) as u8),
+            }
+        }
+    }
+
+    /// What ggml computes for one weight row and one batch row.
+    fn ggml_dot<B: Tested>(row: &[B], input: &[f32]) -> f32 {
+        let mut quantized = vec![0u8; row.len() * B::ACTIVATIONS.block_bytes()];
+        B::ACTIVATIONS.quantize(input, &mut quantized);
+        let mut out = f32::NAN;
+        // SAFETY: both rows hold `input.len() / 32` blocks of ggml's layouts.
+        unsafe {
+            B::DOT(
+                input.len() as i32,
+                &mut out,
+                0,
+                row.as_ptr().cast(),
+                0,
+                quantized.as_ptr().cast(),
+                0,
+                1,
+            );
+        }
+        out
+    }
+
+    /// xorshift64: deterministic test data without a dependency.
+    fn next(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    /// Positive and negative f16 values between about 1e-4 and 1e-1.
+    fn random_half(state: &mut u64) -> u16 {
+        (0x0c00 + (next(state) % 0x2000) as u16) | (((next(state) % 2) as u16) << 15)
+    }
+
+    fn products_are_bit_identical_to_ggml_single_rows<B: Tested>() {
+        if !kernel_available() {
+            eprintln!("skipped: this CPU lacks AVX2, FMA or F16C");
+            return;
+        }
+        // SAFETY: ggml's CPU set-up, idempotent.
+        unsafe { ggml_cpu_init() };
+        // Enough rows for two threads to share them, and a remainder; SmolLM2's width.
+        let (rows, columns) = (301, 576);
+        let mut state = 0x9e37_79b9_7f4a_7c15;
+        let blocks: Vec<B> = (0..rows * columns / BLOCK)
+            .map(|_| B::random(&mut state))
+            .collect();
+        let matrix = QuantMatrix::new(&blocks, rows, columns);
+        // 1 to 18 batch rows: 9+ take two passes, 17+ three.
+        for positions in 1..=18 {
+            let mut inputs: Vec<f32> = (0..positions * columns)
+                .map(|_| (next(&mut state) % 2_000_001) as f32 / 1000.0 - 1000.0)
+                .collect();
+            // An all-zero block (scale 0).
+            inputs[..BLOCK].fill(0.0);
+            let inputs: Vec<&[f32]> = inputs.chunks_exact(columns).collect();
+            for threads in [1, 2, 3] {
+                let mut outputs = vec![f32::NAN; positions * rows];
+                let mut output_rows: Vec<&mut [f32]> = outputs.chunks_exact_mut(rows).collect();
+                multiply(&matrix, &inputs, &mut output_rows, threads);
+                for (position, input) in inputs.iter().enumerate() {
+                    for row in 0..rows {
+                        let want = ggml_dot(matrix.row(row), input);
+                        let got = outputs[position * rows + row];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{positions} rows on {threads} threads: batch row {position}, weight row {row}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q4_1_products_are_bit_identical_to_ggml_single_rows() {
+        products_are_bit_identical_to_ggml_single_rows::<BlockQ4_1>();
+    }
+
+    #[test]
+    fn q8_0_products_are_bit_identical_to_ggml_single_rows() {
+        products_are_bit_identical_to_ggml_single_rows::<BlockQ8_0>();
+    }
+
+    #[test]
+    fn q4_0_products_are_bit_identical_to_ggml_single_rows() {
+        products_are_bit_identical_to_ggml_single_rows::<BlockQ4_0>();
+    }
+}
