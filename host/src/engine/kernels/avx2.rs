@@ -28,7 +28,7 @@ use std::arch::x86_64::*;
 use std::ffi::c_void;
 use std::ops::Range;
 
-use super::quant_matmul::{BLOCK, BlockQ4_0, BlockQ8_0, QuantMatrix};
+use super::quant_matmul::{BLOCK, BlockQ4_0, BlockQ8_0, QuantMatrix, f16_to_f32, spread_nibbles};
 use super::team;
 
 /// A weight block the kernel takes.
@@ -226,12 +226,9 @@ impl QuantizedBatch {
                 let at = block * positions + position;
                 let half = |offset: usize| u16::from_le_bytes([bytes[offset], bytes[offset + 1]]);
                 batch.values[at] = std::array::from_fn(|i| bytes[values_at + i] as i8);
-                // SAFETY: `multiply` checked that the CPU has F16C.
-                unsafe {
-                    batch.scales[at] = f16_to_f32(half(0));
-                    if activations == Activations::Q8_1 {
-                        batch.scaled_sums[at] = f16_to_f32(half(2));
-                    }
+                batch.scales[at] = f16_to_f32(half(0));
+                if activations == Activations::Q8_1 {
+                    batch.scaled_sums[at] = f16_to_f32(half(2));
                 }
             }
         }
@@ -316,23 +313,6 @@ fn lane_sum(acc: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_extractf128_ps::<1>(acc), _mm256_castps256_ps128(acc));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-}
-
-/// 32 four-bit values, two per byte, one per byte in order: ggml's `bytes_from_nibbles_32`.
-#[target_feature(enable = "avx2")]
-fn spread_nibbles(packed: &[u8; BLOCK / 2]) -> __m256i {
-    // SAFETY: the load reads the 16 bytes of `packed`.
-    let packed = unsafe { _mm_loadu_si128(packed.as_ptr().cast()) };
-    let mask = _mm_set1_epi8(0x0f);
-    let low = _mm_and_si128(packed, mask);
-    let high = _mm_and_si128(_mm_srli_epi16::<4>(packed), mask);
-    _mm256_set_m128i(high, low)
-}
-
-/// `f16` bits to `f32` (exact).
-#[target_feature(enable = "f16c")]
-fn f16_to_f32(bits: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
 #[cfg(test)]

@@ -118,7 +118,7 @@ impl WeightBlock for BlockQ4_0 {
 /// # Safety
 /// The CPU must have AVX2.
 #[inline(always)]
-unsafe fn spread_nibbles(packed: &[u8; BLOCK / 2]) -> __m256i {
+pub(super) unsafe fn spread_nibbles(packed: &[u8; BLOCK / 2]) -> __m256i {
     // SAFETY: the caller guarantees AVX2; the load reads the 16 bytes of `packed`.
     unsafe {
         let packed = _mm_loadu_si128(packed.as_ptr().cast());
@@ -379,9 +379,10 @@ fn store_row<const PAIRS: usize>(
     }
 }
 
-/// `f16` bits to `f32` (exact).
-fn f16_to_f32(bits: u16) -> f32 {
-    // SAFETY: F16C is checked by `kernel_available` before any caller runs.
+/// `f16` bits to `f32` (exact), for both kernels (`avx2` too).
+pub(super) fn f16_to_f32(bits: u16) -> f32 {
+    // SAFETY: F16C is checked by this kernel's or `avx2`'s `kernel_available` before any caller
+    // runs.
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
 }
 
