@@ -1,7 +1,6 @@
 //! Several sequences in one context (a server's batch): each sequence's tokens are exactly what
-//! it decodes alone, whatever the rest of its batch holds, on both default models (SmolLM2's
-//! Q4_1 layers through llama.cpp's kernels, Gemma 3's Q8_0/Q5_0 ones through the host's batched
-//! kernel). Needs the models (`spechost models fetch smollm2 gemma3`).
+//! it decodes alone, whatever the rest of its batch holds, on both default models, their batched
+//! products computed by the host's kernels (on x86 with AVX2). Needs the models (`spechost models fetch smollm2 gemma3`).
 
 mod common;
 

@@ -140,14 +140,19 @@ fn gemma3_seeded_sampling_is_reproducible_and_speculation_keeps_the_draws() {
     seeded_sampling_is_reproducible_and_speculation_keeps_the_draws(DefaultModel::Gemma3);
 }
 
-/// Gemma's output layer is Q8_0 and most of its layers Q5_0: the host's batched kernels compute
-/// the Q8_0 products of batches on a CPU with AVX2 and the Q5_0 ones with AVX-512 VNNI, after
-/// the session checked a batch against one-by-one decoding. The identity tests above then compare verify batches computed
-/// by the host with single tokens computed by llama.cpp; this makes sure that is what they
-/// test, and that turning the host's products off (`--llama-matmul`) changes nothing but speed.
+/// Gemma's output layer is Q8_0, most of its layers Q5_0 and the rest Q4_K and Q6_K: the host's
+/// batched kernels compute them all on a CPU with AVX2, after the session checked a batch against one-by-one decoding. The
+/// identity tests above then compare verify batches computed by the host with single tokens
+/// computed by llama.cpp; this makes sure that is what they test, and that turning the host's
+/// products off (`--llama-matmul`) changes nothing but speed.
 #[test]
 fn gemma3_batches_use_the_host_batched_products_exactly() {
-    batches_use_the_host_products_exactly(DefaultModel::Gemma3, avx2(), "Q8_0/Q5_0", "AVX2");
+    batches_use_the_host_products_exactly(
+        DefaultModel::Gemma3,
+        avx2(),
+        "Q8_0/Q5_0/Q4_K/Q6_K",
+        "AVX2",
+    );
 }
 
 /// SmolLM2's layers are Q4_1, whose batched products the host computes on any CPU with AVX2

@@ -8,8 +8,8 @@
 //! whatever the other sequences do, so its attention is computed as in a context of its own,
 //! and one decode may hold rows of every sequence.
 //!
-//! The matrix products of batches with Q8_0, Q5_0 or Q4_0 weights go to the host's batched kernel
-//! (`engine::batch_backend`) when it is on. Its arithmetic is ggml's, checked by its unit tests
+//! The matrix products of batches with Q8_0, Q5_0, Q4_0, Q4_1, Q4_K or Q6_K weights go to the
+//! host's batched kernels (`engine::kernels`) when they are on. Its arithmetic is ggml's, checked by its unit tests
 //! against ggml's single-row kernels; the check here proves it again on the real model, for the
 //! batch shapes the context will decode: the rows of a largest verify batch of one sequence and,
 //! with several sequences, beside them rows of sequences with other lengths and other contexts,
@@ -140,7 +140,7 @@ impl<'m> ModelContext<'m> {
                 products,
                 rows = settings.check_rows,
                 sequences = settings.sequences,
-                "batches: the host computes the Q8_0/Q5_0/Q4_0/Q4_1 matrix products (checked bit-exact against one-by-one decoding)"
+                "batches: the host computes the Q8_0/Q5_0/Q4_0/Q4_1/Q4_K/Q6_K matrix products (checked bit-exact against one-by-one decoding)"
             ),
             Ok(_) => tracing::debug!(
                 rows = settings.check_rows,

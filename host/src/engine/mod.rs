@@ -4,9 +4,9 @@
 //! 1. [`Target::load`] checks and loads the GGUF (once per process);
 //! 2. [`Target::tokenize_chat`] (or [`Target::tokenize_raw`]) builds the prompt tokens;
 //! 3. [`Target::session`] creates the target's llama.cpp context (`context`), reused across
-//!    requests; in its batches the Q8_0/Q5_0/Q4_0/Q4_1 matrix products (Gemma 3's output layer and
-//!    most of its layers, SmolLM2's layers) go to the host's batched kernels (`kernels`: the ggml backend and the
-//!    x86 products), bit for bit as llama.cpp would compute them;
+//!    requests; in its batches the Q8_0/Q5_0/Q4_0/Q4_1/Q4_K/Q6_K matrix products (Gemma 3's,
+//!    SmolLM2's) go to the host's batched kernels (`kernels`: the ggml backend and the x86
+//!    products), bit for bit as llama.cpp would compute them;
 //! 4. [`Session::generate`] runs the round protocol of `rounds` ([`generate`] over a
 //!    [`Verifier`]; the session is the verifier that decodes, the benchmark's trace replayer
 //!    another): decode the prompt, then rounds of draft from the cascade, verify

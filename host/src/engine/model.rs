@@ -114,7 +114,7 @@ pub struct TargetParams {
     pub use_mlock: bool,
     /// llama.cpp's NUMA strategy; process-wide, so every target of a process must agree.
     pub numa: NumaMode,
-    /// Let the host compute the Q8_0, Q5_0, Q4_0 (AVX-512 VNNI) and Q4_1 (AVX2) matrix products
+    /// Let the host compute the Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K matrix products (AVX2)
     /// of batches (verify batches, prompts) in one pass over the weights when the CPU has the
     /// instructions and a short decode checks out bit-exact against decoding one token at a
     /// time (the same output, faster);

@@ -1,18 +1,19 @@
-//! Matrix products of Q4_1, Q8_0 and Q4_0 weights with a batch of `f32` rows, computed in one
+//! Matrix products of Q4_1, Q8_0, Q5_0 and Q4_0 weights with a batch of `f32` rows, computed in one
 //! pass over the weights, bit for bit as llama.cpp's CPU backend computes them one row at a
 //! time; for x86-64 with AVX2, FMA and F16C (no AVX-512 needed).
 //!
 //! Why: SmolLM2-135M, the default model, keeps its layers in Q4_1 and its output layer in Q8_0,
-//! and the default draft models are Q4_0. llama.cpp, built batch-invariant
+//! Gemma 3 its output layer in Q8_0 and most layers in Q5_0, and the default draft models are
+//! Q4_0. llama.cpp, built batch-invariant
 //! (`docs/exactness.md`), multiplies a weight matrix with a batch by one vector dot product per
 //! (weight row, batch row), unpacking every weight block and converting its `f16` scale again
 //! for each batch row. Here each weight block is unpacked once and used for up to
 //! [`ROWS_PER_PASS`] batch rows, whose quantized blocks stay in cache: prompts and verify batches
-//! get faster, with the same bits. On CPUs with AVX-512 VNNI, `quant_matmul` takes Q8_0 and Q4_0
-//! instead.
+//! get faster, with the same bits. On CPUs with AVX-512 VNNI, `quant_matmul` takes Q8_0, Q5_0
+//! and Q4_0 instead.
 //!
 //! Exactness: ggml's AVX2 dot products (`ggml_vec_dot_q4_1_q8_1`, `ggml_vec_dot_q8_0_q8_0`,
-//! `ggml_vec_dot_q4_0_q8_0`; builds for AVX-512 CPUs run the same arithmetic) read the batch row
+//! `ggml_vec_dot_q5_0_q8_0`, `ggml_vec_dot_q4_0_q8_0`; builds for AVX-512 CPUs run the same arithmetic) read the batch row
 //! quantized by `quantize_row_q8_1` (Q4_1) or `quantize_row_q8_0` (called here, the same
 //! functions), and per 32-value block: take eight lane sums of four products of weight and
 //! activation bytes (integer sums, exact whatever instruction makes them), convert them to
@@ -28,11 +29,35 @@ use std::arch::x86_64::*;
 use std::ffi::c_void;
 use std::ops::Range;
 
-use super::quant_matmul::{BLOCK, BlockQ4_0, BlockQ8_0, QuantMatrix, f16_to_f32, spread_nibbles};
+use super::quant_matmul::{
+    BLOCK, BlockQ4_0, BlockQ5_0, BlockQ8_0, QuantBlock, QuantMatrix, f16_to_f32, spread_nibbles,
+};
 use super::team;
 
-/// A weight block the kernel takes.
-pub(super) trait Avx2Block: Copy + Sync {
+/// Weights the AVX2 kernels take: how a pass's batch rows are quantized for them, and the
+/// kernel that multiplies a range of weight rows with them.
+pub(super) trait Avx2Weights: QuantBlock + Copy + Sync + Sized {
+    /// A pass's batch rows quantized as ggml quantizes them for this weight type.
+    type Batch: Sync;
+
+    /// Quantizes `inputs` (at most [`ROWS_PER_PASS`] rows of `blocks_per_row` blocks).
+    fn quantize_batch(inputs: &[&[f32]], blocks_per_row: usize) -> Self::Batch;
+
+    /// Computes rows `range` of `matrix` times each of `batch`'s rows into `outputs` (one
+    /// slice of `range.len()` values per batch row).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    unsafe fn rows(
+        matrix: &QuantMatrix<'_, Self>,
+        batch: &Self::Batch,
+        range: Range<usize>,
+        outputs: &mut [&mut [f32]],
+    );
+}
+
+/// A 32-value weight block the kernel takes.
+pub(super) trait Avx2Block: QuantBlock + Copy + Sync {
     /// How ggml quantizes the batch rows this block is multiplied with.
     const ACTIVATIONS: Activations;
     /// Whether the unpacked weights are signed bytes (the lane sums then go through ggml's
@@ -44,6 +69,24 @@ pub(super) trait Avx2Block: Copy + Sync {
     /// # Safety
     /// The CPU must have AVX2 and F16C.
     unsafe fn unpack(&self) -> (__m256i, f32, f32);
+}
+
+impl<B: Avx2Block> Avx2Weights for B {
+    type Batch = QuantizedBatch;
+
+    fn quantize_batch(inputs: &[&[f32]], blocks_per_row: usize) -> QuantizedBatch {
+        QuantizedBatch::new(inputs, blocks_per_row, B::ACTIVATIONS)
+    }
+
+    unsafe fn rows(
+        matrix: &QuantMatrix<'_, Self>,
+        batch: &QuantizedBatch,
+        range: Range<usize>,
+        outputs: &mut [&mut [f32]],
+    ) {
+        // SAFETY: the caller guarantees the instructions.
+        unsafe { rows_kernel(matrix, batch, range, outputs) }
+    }
 }
 
 /// One Q4_1 block as ggml stores it (`block_q4_1`): an `f16` scale and minimum, and the 32
@@ -58,6 +101,8 @@ pub(super) struct BlockQ4_1 {
     /// Byte `i` holds value `i` in its low nibble and value `i + 16` in its high nibble.
     nibbles: [u8; BLOCK / 2],
 }
+
+impl QuantBlock for BlockQ4_1 {}
 
 impl Avx2Block for BlockQ4_1 {
     const ACTIVATIONS: Activations = Activations::Q8_1;
@@ -91,6 +136,47 @@ impl Avx2Block for BlockQ8_0 {
                 0.0,
             )
         }
+    }
+}
+
+impl Avx2Block for BlockQ5_0 {
+    const ACTIVATIONS: Activations = Activations::Q8_0;
+    const SIGNED: bool = true;
+
+    #[inline(always)]
+    unsafe fn unpack(&self) -> (__m256i, f32, f32) {
+        // SAFETY: the caller guarantees the instructions.
+        unsafe {
+            // `(low | fifth << 4) - 16` as a signed byte is `low` when the fifth bit is set and
+            // `low | 0xf0` when it is clear (ggml's `bytes_from_bits_32` and `andnot`).
+            let fifth_set = bit_mask_bytes(u32::from_le_bytes(self.high_bits));
+            let high = _mm256_andnot_si256(fifth_set, _mm256_set1_epi8(0xf0u8 as i8));
+            let values = _mm256_or_si256(spread_nibbles(&self.low_bits), high);
+            (values, f16_to_f32(self.scale), 0.0)
+        }
+    }
+}
+
+/// Byte `i` all ones where bit `i` of `bits` is set, zero where it is clear.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+unsafe fn bit_mask_bytes(bits: u32) -> __m256i {
+    // SAFETY: the caller guarantees AVX2.
+    unsafe {
+        // Byte `i` gets byte `i / 8` of `bits`, then keeps only its bit `i % 8`.
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(bits as i32),
+            _mm256_set_epi64x(
+                0x0303_0303_0303_0303,
+                0x0202_0202_0202_0202,
+                0x0101_0101_0101_0101,
+                0,
+            ),
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
     }
 }
 
@@ -159,7 +245,7 @@ pub(super) fn kernel_available() -> bool {
 
 /// Batch rows per pass over the weights: one AVX2 accumulator each, with room left for the
 /// weights and the products.
-const ROWS_PER_PASS: usize = 8;
+pub(super) const ROWS_PER_PASS: usize = 8;
 
 /// The product of `matrix` with each batch row of `inputs` (`matrix.columns()` values each):
 /// `outputs[i]` gets `matrix.rows()` values for `inputs[i]`, exactly llama.cpp's. Runs on
@@ -167,7 +253,7 @@ const ROWS_PER_PASS: usize = 8;
 ///
 /// # Panics
 /// When [`kernel_available`] is false, or the sizes do not match.
-pub(super) fn multiply<B: Avx2Block>(
+pub(super) fn multiply<B: Avx2Weights>(
     matrix: &QuantMatrix<'_, B>,
     inputs: &[&[f32]],
     outputs: &mut [&mut [f32]],
@@ -186,22 +272,23 @@ pub(super) fn multiply<B: Avx2Block>(
         outputs.iter().all(|output| output.len() == matrix.rows()),
         "outputs are columns of the matrix's height"
     );
-    let blocks_per_row = matrix.columns() / BLOCK;
+    let blocks_per_row = matrix.columns() / B::VALUES;
     for (pass_inputs, pass_outputs) in inputs
         .chunks(ROWS_PER_PASS)
         .zip(outputs.chunks_mut(ROWS_PER_PASS))
     {
-        let batch = QuantizedBatch::new(pass_inputs, blocks_per_row, B::ACTIVATIONS);
+        let batch = B::quantize_batch(pass_inputs, blocks_per_row);
         team::split_rows(matrix.rows(), pass_outputs, threads, |range, outputs| {
             // SAFETY: `multiply` checked that the CPU has the kernel's instructions.
-            unsafe { rows_kernel(matrix, &batch, range, outputs) };
+            unsafe { B::rows(matrix, &batch, range, outputs) };
         });
     }
 }
 
-/// The batch rows of one pass quantized by ggml, laid out block-major: block `b` of batch row
-/// `p` at `b * positions + p`, its scale and (Q8_1) scaled sum already in `f32`.
-struct QuantizedBatch {
+/// The batch rows of one pass quantized by ggml for 32-value blocks, laid out block-major:
+/// block `b` of batch row `p` at `b * positions + p`, its scale and (Q8_1) scaled sum already in
+/// `f32`.
+pub(super) struct QuantizedBatch {
     positions: usize,
     values: Vec<[i8; BLOCK]>,
     scales: Vec<f32>,
@@ -309,18 +396,18 @@ fn rows_avx2<B: Avx2Block, const POSITIONS: usize>(
 
 /// ggml's `hsum_float_8`: `((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7))`.
 #[target_feature(enable = "avx")]
-fn lane_sum(acc: __m256) -> f32 {
+pub(super) fn lane_sum(acc: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_extractf128_ps::<1>(acc), _mm256_castps256_ps128(acc));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// ggml's single-row dot product of a weight row with a quantized batch row.
-    type VecDot = unsafe extern "C" fn(
+    pub(in crate::engine::kernels) type VecDot = unsafe extern "C" fn(
         n: i32,
         s: *mut f32,
         bs: usize,
@@ -354,6 +441,16 @@ mod tests {
             by: usize,
             nrc: i32,
         );
+        fn ggml_vec_dot_q5_0_q8_0(
+            n: i32,
+            s: *mut f32,
+            bs: usize,
+            vx: *const c_void,
+            bx: usize,
+            vy: *const c_void,
+            by: usize,
+            nrc: i32,
+        );
         fn ggml_vec_dot_q4_0_q8_0(
             n: i32,
             s: *mut f32,
@@ -366,13 +463,25 @@ mod tests {
         );
     }
 
-    /// A block type with random contents and ggml's dot product for it.
-    trait Tested: Avx2Block {
+    /// A block type with random contents, and ggml's dot product for it and quantizer of its
+    /// batch rows.
+    pub(in crate::engine::kernels) trait Tested: Avx2Weights {
         const DOT: VecDot;
         fn random(state: &mut u64) -> Self;
+        fn quantize(input: &[f32]) -> Vec<u8>;
+    }
+
+    /// A batch row quantized for 32-value blocks of `B`.
+    fn quantize_for<B: Avx2Block>(input: &[f32]) -> Vec<u8> {
+        let mut quantized = vec![0u8; input.len() / BLOCK * B::ACTIVATIONS.block_bytes()];
+        B::ACTIVATIONS.quantize(input, &mut quantized);
+        quantized
     }
 
     impl Tested for BlockQ4_1 {
+        fn quantize(input: &[f32]) -> Vec<u8> {
+            quantize_for::<Self>(input)
+        }
         const DOT: VecDot = ggml_vec_dot_q4_1_q8_1;
         fn random(state: &mut u64) -> Self {
             Self {
@@ -384,6 +493,9 @@ mod tests {
     }
 
     impl Tested for BlockQ8_0 {
+        fn quantize(input: &[f32]) -> Vec<u8> {
+            quantize_for::<Self>(input)
+        }
         const DOT: VecDot = ggml_vec_dot_q8_0_q8_0;
         fn random(state: &mut u64) -> Self {
             // The full byte range, -128 included (llama.cpp's quantizer stops at -127).
@@ -394,7 +506,24 @@ mod tests {
         }
     }
 
+    impl Tested for BlockQ5_0 {
+        fn quantize(input: &[f32]) -> Vec<u8> {
+            quantize_for::<Self>(input)
+        }
+        const DOT: VecDot = ggml_vec_dot_q5_0_q8_0;
+        fn random(state: &mut u64) -> Self {
+            Self {
+                scale: random_half(state),
+                high_bits: (next(state) as u32).to_le_bytes(),
+                low_bits: std::array::from_fn(|_| next(state) as u8),
+            }
+        }
+    }
+
     impl Tested for BlockQ4_0 {
+        fn quantize(input: &[f32]) -> Vec<u8> {
+            quantize_for::<Self>(input)
+        }
         const DOT: VecDot = ggml_vec_dot_q4_0_q8_0;
         fn random(state: &mut u64) -> Self {
             Self {
@@ -406,8 +535,7 @@ mod tests {
 
     /// What ggml computes for one weight row and one batch row.
     fn ggml_dot<B: Tested>(row: &[B], input: &[f32]) -> f32 {
-        let mut quantized = vec![0u8; row.len() * B::ACTIVATIONS.block_bytes()];
-        B::ACTIVATIONS.quantize(input, &mut quantized);
+        let quantized = B::quantize(input);
         let mut out = f32::NAN;
         // SAFETY: both rows hold `input.len() / 32` blocks of ggml's layouts.
         unsafe {
@@ -426,7 +554,7 @@ mod tests {
     }
 
     /// xorshift64: deterministic test data without a dependency.
-    fn next(state: &mut u64) -> u64 {
+    pub(in crate::engine::kernels) fn next(state: &mut u64) -> u64 {
         *state ^= *state << 13;
         *state ^= *state >> 7;
         *state ^= *state << 17;
@@ -434,21 +562,28 @@ mod tests {
     }
 
     /// Positive and negative f16 values between about 1e-4 and 1e-1.
-    fn random_half(state: &mut u64) -> u16 {
+    pub(in crate::engine::kernels) fn random_half(state: &mut u64) -> u16 {
         (0x0c00 + (next(state) % 0x2000) as u16) | (((next(state) % 2) as u16) << 15)
     }
 
-    fn products_are_bit_identical_to_ggml_single_rows<B: Tested>() {
+    /// SmolLM2's hidden size.
+    const SMOLLM2_WIDTH: usize = 576;
+
+    /// Checks [`multiply`] on a random matrix of `B` with `columns` columns against ggml's
+    /// single-row dot products, bit for bit, for 1 to 18 batch rows on 1 to 3 threads.
+    pub(in crate::engine::kernels) fn products_are_bit_identical_to_ggml_single_rows<B: Tested>(
+        columns: usize,
+    ) {
         if !kernel_available() {
             eprintln!("skipped: this CPU lacks AVX2, FMA or F16C");
             return;
         }
         // SAFETY: ggml's CPU set-up, idempotent.
         unsafe { ggml_cpu_init() };
-        // Enough rows for two threads to share them, and a remainder; SmolLM2's width.
-        let (rows, columns) = (301, 576);
+        // Enough rows for two threads to share them, and a remainder.
+        let rows = 301;
         let mut state = 0x9e37_79b9_7f4a_7c15;
-        let blocks: Vec<B> = (0..rows * columns / BLOCK)
+        let blocks: Vec<B> = (0..rows * columns / B::VALUES)
             .map(|_| B::random(&mut state))
             .collect();
         let matrix = QuantMatrix::new(&blocks, rows, columns);
@@ -481,16 +616,21 @@ mod tests {
 
     #[test]
     fn q4_1_products_are_bit_identical_to_ggml_single_rows() {
-        products_are_bit_identical_to_ggml_single_rows::<BlockQ4_1>();
+        products_are_bit_identical_to_ggml_single_rows::<BlockQ4_1>(SMOLLM2_WIDTH);
     }
 
     #[test]
     fn q8_0_products_are_bit_identical_to_ggml_single_rows() {
-        products_are_bit_identical_to_ggml_single_rows::<BlockQ8_0>();
+        products_are_bit_identical_to_ggml_single_rows::<BlockQ8_0>(SMOLLM2_WIDTH);
+    }
+
+    #[test]
+    fn q5_0_products_are_bit_identical_to_ggml_single_rows() {
+        products_are_bit_identical_to_ggml_single_rows::<BlockQ5_0>(SMOLLM2_WIDTH);
     }
 
     #[test]
     fn q4_0_products_are_bit_identical_to_ggml_single_rows() {
-        products_are_bit_identical_to_ggml_single_rows::<BlockQ4_0>();
+        products_are_bit_identical_to_ggml_single_rows::<BlockQ4_0>(SMOLLM2_WIDTH);
     }
 }

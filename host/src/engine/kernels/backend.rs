@@ -1,5 +1,5 @@
-//! A ggml backend that computes the Q8_0, Q5_0, Q4_0 and Q4_1 matrix products of batches (verify
-//! batches, prompts) with `quant_matmul` and `avx2`: one pass over each weight matrix per
+//! A ggml backend that computes the Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K matrix products of
+//! batches (verify batches, prompts) with `quant_matmul`, `avx2` and `k_quants`: one pass over each weight matrix per
 //! batch instead of llama.cpp's one vector dot product per (weight row, batch row), and the
 //! same bits.
 //!
@@ -7,9 +7,9 @@
 //! "accelerator" device, ahead of the CPU backend, and ggml's scheduler hands a matrix product
 //! to the first backend that says it supports the product and the weights' buffer type (this is
 //! how llama.cpp's BLAS backend works). This device accepts matrix products of weights in host
-//! memory with two or more `f32` batch rows: Q5_0 weights when the CPU has AVX-512 VNNI, Q8_0,
-//! Q4_0 and Q4_1 (SmolLM2's layers) when it has AVX2 (`avx2`; `quant_matmul` takes Q8_0 and
-//! Q4_0 with VNNI); single rows (plain decoding) and
+//! memory with two or more `f32` batch rows of Q8_0, Q5_0, Q4_0, Q4_1 (SmolLM2's layers), Q4_K and
+//! Q6_K weights when the CPU has AVX2 (`avx2`; `quant_matmul` takes Q8_0, Q5_0 and Q4_0 when it has
+//! AVX-512 VNNI); single rows (plain decoding) and
 //! everything else stay with llama.cpp's CPU backend. The weights stay where llama.cpp put them.
 //!
 //! Gemma 3's output layer is Q8_0 and its layers mostly Q5_0 (their 640-wide rows do not fit
@@ -35,15 +35,17 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use llama_cpp_sys_2 as sys;
 
-use super::avx2::{self, Avx2Block, BlockQ4_1};
-use super::quant_matmul::{self, BLOCK, BlockQ4_0, BlockQ5_0, BlockQ8_0, QuantMatrix, WeightBlock};
+use super::avx2::{self, Avx2Weights, BlockQ4_1};
+use super::k_quants::{BlockQ4K, BlockQ6K};
+use super::quant_matmul::{
+    self, BlockQ4_0, BlockQ5_0, BlockQ8_0, QuantBlock, QuantMatrix, WeightBlock,
+};
 
 /// `GGML_BACKEND_API_VERSION` of the mirrored header.
 const API_VERSION: c_int = 3;
 /// The device's name, as `spechost info` and llama.cpp's logs show it.
 const NAME: &CStr = c"spechost-batch";
-const DESCRIPTION: &CStr =
-    c"spechost's batched Q8_0/Q4_0/Q4_1 (AVX2) and Q5_0 (AVX-512 VNNI) matrix products";
+const DESCRIPTION: &CStr = c"spechost's batched Q8_0/Q5_0/Q4_0/Q4_1/Q4_K/Q6_K matrix products";
 /// The name under which llama.cpp looks up a backend's thread-count setter.
 const SET_THREADS: &CStr = c"ggml_backend_set_n_threads";
 
@@ -419,10 +421,19 @@ enum WeightKind {
     Q5_0,
     Q4_0,
     Q4_1,
+    Q4K,
+    Q6K,
 }
 
 impl WeightKind {
-    const ALL: [Self; 4] = [Self::Q8_0, Self::Q5_0, Self::Q4_0, Self::Q4_1];
+    const ALL: [Self; 6] = [
+        Self::Q8_0,
+        Self::Q5_0,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q4K,
+        Self::Q6K,
+    ];
 
     /// The kind of `ggml_type`, if a kernel for it runs on this CPU.
     fn of(ggml_type: sys::ggml_type) -> Option<Self> {
@@ -431,6 +442,8 @@ impl WeightKind {
             sys::GGML_TYPE_Q5_0 => Self::Q5_0,
             sys::GGML_TYPE_Q4_0 => Self::Q4_0,
             sys::GGML_TYPE_Q4_1 => Self::Q4_1,
+            sys::GGML_TYPE_Q4_K => Self::Q4K,
+            sys::GGML_TYPE_Q6_K => Self::Q6K,
             _ => return None,
         };
         kind.kernel_available().then_some(kind)
@@ -439,18 +452,25 @@ impl WeightKind {
     /// Whether a kernel for this kind runs on this CPU.
     fn kernel_available(self) -> bool {
         match self {
-            Self::Q5_0 => quant_matmul::kernel_available(),
-            Self::Q8_0 | Self::Q4_0 => quant_matmul::kernel_available() || avx2::kernel_available(),
-            Self::Q4_1 => avx2::kernel_available(),
+            Self::Q8_0 | Self::Q5_0 | Self::Q4_0 => {
+                quant_matmul::kernel_available() || avx2::kernel_available()
+            }
+            Self::Q4_1 | Self::Q4K | Self::Q6K => avx2::kernel_available(),
         }
     }
 
-    fn block_bytes(self) -> usize {
+    /// Bytes and values of one block.
+    fn block_layout(self) -> (usize, usize) {
+        fn of<B: QuantBlock>() -> (usize, usize) {
+            (size_of::<B>(), B::VALUES)
+        }
         match self {
-            Self::Q8_0 => size_of::<BlockQ8_0>(),
-            Self::Q5_0 => size_of::<BlockQ5_0>(),
-            Self::Q4_0 => size_of::<BlockQ4_0>(),
-            Self::Q4_1 => size_of::<BlockQ4_1>(),
+            Self::Q8_0 => of::<BlockQ8_0>(),
+            Self::Q5_0 => of::<BlockQ5_0>(),
+            Self::Q4_0 => of::<BlockQ4_0>(),
+            Self::Q4_1 => of::<BlockQ4_1>(),
+            Self::Q4K => of::<BlockQ4K>(),
+            Self::Q6K => of::<BlockQ6K>(),
         }
     }
 }
@@ -467,6 +487,7 @@ unsafe fn product_of(node: &sys::ggml_tensor) -> Option<Product> {
     // SAFETY: the caller guarantees live sources.
     let (weights, input) = unsafe { (node.src[0].as_ref()?, node.src[1].as_ref()?) };
     let kind = WeightKind::of(weights.type_)?;
+    let (block_bytes, block_values) = kind.block_layout();
     let [width, rows, batch] = [weights.ne[0], weights.ne[1], input.ne[1]].map(|n| n as usize);
     let float = size_of::<f32>();
     let two_dimensional = [weights, input, node]
@@ -475,12 +496,12 @@ unsafe fn product_of(node: &sys::ggml_tensor) -> Option<Product> {
     let supported = two_dimensional
         && input.type_ == sys::GGML_TYPE_F32
         && batch >= 2
-        && width.is_multiple_of(BLOCK)
+        && width.is_multiple_of(block_values)
         && input.ne[0] as usize == width
         && node.ne[0] as usize == rows
         && node.ne[1] as usize == batch
-        && weights.nb[0] == kind.block_bytes()
-        && weights.nb[1] == width / BLOCK * kind.block_bytes()
+        && weights.nb[0] == block_bytes
+        && weights.nb[1] == width / block_values * block_bytes
         && input.nb[0] == float
         && input.nb[1] >= width * float
         && node.nb[0] == float
@@ -504,11 +525,14 @@ impl Product {
         let vnni = quant_matmul::kernel_available();
         match self.kind {
             WeightKind::Q8_0 if vnni => self.compute_vnni::<BlockQ8_0>(threads),
-            WeightKind::Q5_0 => self.compute_vnni::<BlockQ5_0>(threads),
+            WeightKind::Q5_0 if vnni => self.compute_vnni::<BlockQ5_0>(threads),
             WeightKind::Q4_0 if vnni => self.compute_vnni::<BlockQ4_0>(threads),
             WeightKind::Q8_0 => self.compute_avx2::<BlockQ8_0>(threads),
+            WeightKind::Q5_0 => self.compute_avx2::<BlockQ5_0>(threads),
             WeightKind::Q4_0 => self.compute_avx2::<BlockQ4_0>(threads),
             WeightKind::Q4_1 => self.compute_avx2::<BlockQ4_1>(threads),
+            WeightKind::Q4K => self.compute_avx2::<BlockQ4K>(threads),
+            WeightKind::Q6K => self.compute_avx2::<BlockQ6K>(threads),
         }
     }
 
@@ -519,14 +543,14 @@ impl Product {
     }
 
     /// With `avx2`.
-    fn compute_avx2<B: Avx2Block>(&mut self, threads: usize) {
+    fn compute_avx2<B: Avx2Weights>(&mut self, threads: usize) {
         let (matrix, inputs, mut outputs) = self.operands::<B>();
         avx2::multiply(&matrix, &inputs, &mut outputs, threads);
     }
 
     /// The weights as a matrix of blocks of `B`, the batch rows and the output rows.
     #[allow(clippy::type_complexity)]
-    fn operands<B>(&mut self) -> (QuantMatrix<'_, B>, Vec<&[f32]>, Vec<&mut [f32]>) {
+    fn operands<B: QuantBlock>(&mut self) -> (QuantMatrix<'_, B>, Vec<&[f32]>, Vec<&mut [f32]>) {
         // SAFETY: `product_of` checked the shapes and strides against the tensors, which the
         // scheduler allocated in host memory (this device only takes host buffers): `rows`
         // contiguous rows of blocks of `B`, `batch` input rows of `width` floats, `batch`
@@ -535,7 +559,7 @@ impl Product {
         unsafe {
             let blocks = std::slice::from_raw_parts(
                 self.weights.cast::<B>(),
-                self.rows * self.width / BLOCK,
+                self.rows * self.width / B::VALUES,
             );
             let inputs: Vec<&[f32]> = (0..self.batch)
                 .map(|row| {

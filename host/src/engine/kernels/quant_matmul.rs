@@ -30,12 +30,23 @@ use std::ops::Range;
 
 use super::team;
 
-/// Values per block of every weight type the host's kernels take, and of quantized batch rows.
+/// Values per block of the 32-value weight types (Q8_0, Q5_0, Q4_0, Q4_1) and of their
+/// quantized batch rows.
 pub(super) const BLOCK: usize = 32;
+
+/// A block of quantized weights, as ggml stores it.
+pub(super) trait QuantBlock {
+    /// Values per block.
+    const VALUES: usize = BLOCK;
+}
+
+impl QuantBlock for BlockQ8_0 {}
+impl QuantBlock for BlockQ5_0 {}
+impl QuantBlock for BlockQ4_0 {}
 
 /// A block of quantized weights whose dot product with a Q8_0 block ggml computes as
 /// `scale × scale × (lane sums of int8 products)`.
-pub(super) trait WeightBlock: Copy + Sync {
+pub(super) trait WeightBlock: QuantBlock + Copy + Sync {
     /// The 32 weights as signed bytes, and the block's scale as `f16` bits.
     ///
     /// # Safety
@@ -137,14 +148,15 @@ pub(super) struct QuantMatrix<'w, B> {
     blocks_per_row: usize,
 }
 
-impl<'w, B> QuantMatrix<'w, B> {
+impl<'w, B: QuantBlock> QuantMatrix<'w, B> {
     /// The matrix over `blocks`, `rows` rows of `columns` values each.
     ///
     /// # Panics
-    /// When `columns` is not a multiple of [`BLOCK`] or `blocks` does not hold the matrix.
+    /// When `columns` is not a multiple of the block's values or `blocks` does not hold the
+    /// matrix.
     pub(super) fn new(blocks: &'w [B], rows: usize, columns: usize) -> Self {
-        assert!(columns.is_multiple_of(BLOCK), "rows are whole blocks");
-        let blocks_per_row = columns / BLOCK;
+        assert!(columns.is_multiple_of(B::VALUES), "rows are whole blocks");
+        let blocks_per_row = columns / B::VALUES;
         assert_eq!(blocks.len(), rows * blocks_per_row, "matrix size");
         Self {
             blocks,
@@ -160,7 +172,7 @@ impl<'w, B> QuantMatrix<'w, B> {
 
     /// Values per row (the width of a batch row).
     pub(super) fn columns(&self) -> usize {
-        self.blocks_per_row * BLOCK
+        self.blocks_per_row * B::VALUES
     }
 
     /// The blocks of row `row`.
