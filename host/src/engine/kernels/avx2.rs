@@ -418,49 +418,37 @@ pub(super) mod tests {
         nrc: i32,
     );
 
+    /// Declares ggml's single-row dot products, which share one signature ([`VecDot`]).
+    macro_rules! ggml_vec_dots {
+        ($($name:ident),*) => {
+            unsafe extern "C" {
+                $(
+                    fn $name(
+                        n: i32,
+                        s: *mut f32,
+                        bs: usize,
+                        vx: *const c_void,
+                        bx: usize,
+                        vy: *const c_void,
+                        by: usize,
+                        nrc: i32,
+                    );
+                )*
+            }
+        };
+    }
+    pub(in crate::engine::kernels) use ggml_vec_dots;
+
+    ggml_vec_dots!(
+        ggml_vec_dot_q4_1_q8_1,
+        ggml_vec_dot_q8_0_q8_0,
+        ggml_vec_dot_q5_0_q8_0,
+        ggml_vec_dot_q4_0_q8_0
+    );
+
     unsafe extern "C" {
         /// Fills ggml's conversion tables (its `f16` to `f32` may read one).
         fn ggml_cpu_init();
-        fn ggml_vec_dot_q4_1_q8_1(
-            n: i32,
-            s: *mut f32,
-            bs: usize,
-            vx: *const c_void,
-            bx: usize,
-            vy: *const c_void,
-            by: usize,
-            nrc: i32,
-        );
-        fn ggml_vec_dot_q8_0_q8_0(
-            n: i32,
-            s: *mut f32,
-            bs: usize,
-            vx: *const c_void,
-            bx: usize,
-            vy: *const c_void,
-            by: usize,
-            nrc: i32,
-        );
-        fn ggml_vec_dot_q5_0_q8_0(
-            n: i32,
-            s: *mut f32,
-            bs: usize,
-            vx: *const c_void,
-            bx: usize,
-            vy: *const c_void,
-            by: usize,
-            nrc: i32,
-        );
-        fn ggml_vec_dot_q4_0_q8_0(
-            n: i32,
-            s: *mut f32,
-            bs: usize,
-            vx: *const c_void,
-            bx: usize,
-            vy: *const c_void,
-            by: usize,
-            nrc: i32,
-        );
     }
 
     /// A block type with random contents, and ggml's dot product for it and quantizer of its

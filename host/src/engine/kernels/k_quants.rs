@@ -391,31 +391,11 @@ fn minimum_sum(minimums: __m128) -> f32 {
 mod tests {
     use super::*;
     use crate::engine::kernels::avx2::tests::{
-        Tested, VecDot, next, products_are_bit_identical_to_ggml_single_rows, random_half,
+        Tested, VecDot, ggml_vec_dots, next, products_are_bit_identical_to_ggml_single_rows,
+        random_half,
     };
 
-    unsafe extern "C" {
-        fn ggml_vec_dot_q4_K_q8_K(
-            n: i32,
-            s: *mut f32,
-            bs: usize,
-            vx: *const c_void,
-            bx: usize,
-            vy: *const c_void,
-            by: usize,
-            nrc: i32,
-        );
-        fn ggml_vec_dot_q6_K_q8_K(
-            n: i32,
-            s: *mut f32,
-            bs: usize,
-            vx: *const c_void,
-            bx: usize,
-            vy: *const c_void,
-            by: usize,
-            nrc: i32,
-        );
-    }
+    ggml_vec_dots!(ggml_vec_dot_q4_K_q8_K, ggml_vec_dot_q6_K_q8_K);
 
     fn quantize(input: &[f32]) -> Vec<u8> {
         let mut out = vec![0u8; input.len() / SUPER_BLOCK * size_of::<BlockQ8K>()];
