@@ -1,16 +1,16 @@
 //! A ggml backend that computes the Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K matrix products of
-//! batches (verify batches, prompts) with `quant_matmul`, `avx2` and `k_quants`: one pass over each weight matrix per
-//! batch instead of llama.cpp's one vector dot product per (weight row, batch row), and the
-//! same bits.
+//! batches (verify batches, prompts) with `quant_matmul`, `avx2` and `k_quants`: one pass over
+//! each weight matrix per batch instead of llama.cpp's one vector dot product per (weight row,
+//! batch row), and the same bits.
 //!
 //! How it gets the work: llama.cpp gives every context one backend per registered
 //! "accelerator" device, ahead of the CPU backend, and ggml's scheduler hands a matrix product
 //! to the first backend that says it supports the product and the weights' buffer type (this is
 //! how llama.cpp's BLAS backend works). This device accepts matrix products of weights in host
-//! memory with two or more `f32` batch rows of Q8_0, Q5_0, Q4_0, Q4_1 (SmolLM2's layers), Q4_K and
-//! Q6_K weights when the CPU has AVX2 (`avx2`; `quant_matmul` takes Q8_0, Q5_0 and Q4_0 when it has
-//! AVX-512 VNNI); single rows (plain decoding) and
-//! everything else stay with llama.cpp's CPU backend. The weights stay where llama.cpp put them.
+//! memory with two or more `f32` batch rows of Q8_0, Q5_0, Q4_0, Q4_1 (SmolLM2's layers), Q4_K
+//! and Q6_K weights when the CPU has AVX2 (`avx2`, `k_quants`; `quant_matmul` takes Q8_0, Q5_0
+//! and Q4_0 when it has AVX-512 VNNI); single rows (plain decoding) and everything else stay
+//! with llama.cpp's CPU backend. The weights stay where llama.cpp put them.
 //!
 //! Gemma 3's output layer is Q8_0 and its layers mostly Q5_0 (their 640-wide rows do not fit
 //! Q4_K's 256-value blocks), and llama.cpp's kernels unpack every block again for every batch
