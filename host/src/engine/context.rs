@@ -9,8 +9,8 @@
 //! and one decode may hold rows of every sequence.
 //!
 //! The matrix products of batches with Q8_0, Q5_0, Q4_0, Q4_1, Q4_K or Q6_K weights go to the
-//! host's batched kernels (`engine::kernels`) when they are on. Its arithmetic is ggml's, checked by its unit tests
-//! against ggml's single-row kernels; the check here proves it again on the real model, for the
+//! host's batched kernels (`engine::kernels`) when they are on. Their arithmetic is ggml's,
+//! checked by their unit tests against ggml's single-row kernels; the check here proves it again on the real model, for the
 //! batch shapes the context will decode: the rows of a largest verify batch of one sequence and,
 //! with several sequences, beside them rows of sequences with other lengths and other contexts,
 //! decoded one at a time (llama.cpp's own kernels throughout) and then as one batch, must give
