@@ -14,14 +14,14 @@
 //!
 //! Exactness: ggml's AVX2 dot products (`ggml_vec_dot_q4_1_q8_1`, `ggml_vec_dot_q8_0_q8_0`,
 //! `ggml_vec_dot_q5_0_q8_0`, `ggml_vec_dot_q4_0_q8_0`; builds for AVX-512 CPUs run the same
-//! arithmetic) read the batch row quantized by `quantize_row_q8_1` (Q4_1) or
-//! `quantize_row_q8_0` (called here, the same functions), and per 32-value block: take eight
-//! lane sums of four products of weight and activation bytes (integer sums, exact whatever
-//! instruction makes them), convert them to `f32`, and fused-multiply-add them times `d_w × d_a` into eight lane accumulators, in block
-//! order; Q4_1 also adds `m_w × s_a` (the block's minimum times the activation block's scaled
-//! sum) to a scalar. The result is the lanes summed as `((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7))`,
-//! plus Q4_1's scalar. The unit tests compare every output with ggml's own functions, linked
-//! from the same build.
+//! arithmetic) read the batch row quantized by `quantize_row_q8_1` (Q4_1) or `quantize_row_q8_0`
+//! (called here, the same functions), and per 32-value block: take eight lane sums of four products
+//! of weight and activation bytes (integer sums, exact whatever instruction makes them), convert
+//! them to `f32`, and fused-multiply-add them times `d_w × d_a` into eight lane accumulators, in
+//! block order; Q4_1 also adds `m_w × s_a` (the block's minimum times the activation block's scaled
+//! sum) to a scalar. The result is the lanes summed as `((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7))`, plus
+//! Q4_1's scalar. The unit tests compare every output with ggml's own functions, linked from the
+//! same build.
 
 #![allow(unsafe_code)]
 
