@@ -202,10 +202,10 @@ pub struct TargetArgs {
     #[arg(long)]
     pub no_mmap: bool,
     /// Let llama.cpp compute every matrix product of batches. By default the host computes
-    /// those of Q8_0, Q5_0 and Q4_0 weights (Gemma 3's output layer and most of its layers, Q4_0
-    /// draft models throughout) when the CPU has AVX-512 VNNI, and those of Q4_1 weights
-    /// (SmolLM2's layers) when it has AVX2, in one pass over the weights, after checking a short
-    /// batch bit-exact against decoding its tokens one by one: the same output, faster.
+    /// those of Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K weights (SmolLM2, Gemma 3 and the Q4_0
+    /// draft models throughout, the K-quants of `Q4_K_M` models) when the CPU has AVX2, in one
+    /// pass over the weights, after checking a short batch bit-exact against decoding its tokens
+    /// one by one: the same output, faster.
     /// (`--llama-output-layer`, its name before it covered every product, still works.)
     #[arg(long, alias = "llama-output-layer")]
     pub llama_matmul: bool,
