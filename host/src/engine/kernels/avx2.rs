@@ -397,7 +397,15 @@ fn rows_avx2<B: Avx2Block, const POSITIONS: usize>(
 /// ggml's `hsum_float_8`: `((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7))`.
 #[target_feature(enable = "avx")]
 pub(super) fn lane_sum(acc: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_extractf128_ps::<1>(acc), _mm256_castps256_ps128(acc));
+    quarter_sum(_mm_add_ps(
+        _mm256_extractf128_ps::<1>(acc),
+        _mm256_castps256_ps128(acc),
+    ))
+}
+
+/// Four lanes summed as ggml's horizontal sums end: `(s0+s2)+(s1+s3)`.
+#[target_feature(enable = "sse3")]
+pub(super) fn quarter_sum(s: __m128) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }

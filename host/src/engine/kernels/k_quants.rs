@@ -26,7 +26,7 @@ use std::arch::x86_64::*;
 use std::ffi::c_void;
 use std::ops::Range;
 
-use super::avx2::{Avx2Weights, ROWS_PER_PASS, lane_sum};
+use super::avx2::{Avx2Weights, ROWS_PER_PASS, lane_sum, quarter_sum};
 use super::quant_matmul::{QuantBlock, QuantMatrix, f16_to_f32};
 
 /// Values per super-block (ggml's `QK_K`).
@@ -372,19 +372,13 @@ fn rows_avx2<B: SuperBlock>(
         for position in 0..positions {
             let sum = lane_sum(lanes[position]);
             outputs[position][row - first_row] = if B::HAS_MINIMUMS {
-                sum + minimum_sum(minimums[position])
+                // ggml sums Q4_K's four minimum lanes as `(m0+m2)+(m1+m3)`.
+                sum + quarter_sum(minimums[position])
             } else {
                 sum
             };
         }
     }
-}
-
-/// ggml's sum of Q4_K's four minimum lanes: `(m0+m2)+(m1+m3)`.
-#[target_feature(enable = "sse3")]
-fn minimum_sum(minimums: __m128) -> f32 {
-    let s = _mm_add_ps(minimums, _mm_movehl_ps(minimums, minimums));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
 #[cfg(test)]
