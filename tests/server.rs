@@ -301,6 +301,10 @@ fn each_request_may_choose_its_policy_and_the_output_does_not_change() {
         1,
         "one measurement, at start-up: {log}"
     );
+    assert!(
+        !log.contains("WARN"),
+        "a server whose cascades need no draft model warns of nothing: {log}"
+    );
 }
 
 #[test]

@@ -20,8 +20,9 @@
 //! | `min_len` | 1 | drop drafts shorter than this |
 //! | `max_len` | 0 | draft at most this many tokens per round (0 = as many as the host asks) |
 //!
-//! Without a draft model loaded the plugin proposes nothing (the host refuses a cascade with
-//! `draft` and no `--draft-model` at start-up, so this only happens when driven by hand).
+//! Without a draft model loaded the plugin proposes nothing and warns once, at its first ask (the
+//! host refuses a cascade with `draft` and no `--draft-model` at start-up, so this only happens
+//! when driven by hand; instances the host makes only to check a config stay quiet).
 
 use spechost_sdk::config::Config;
 use spechost_sdk::{Drafter, Level, ModelFacts, Proposal, Token, draft_model, export_drafter, log};
@@ -38,6 +39,9 @@ pub struct Draft {
     p_min: f32,
     min_len: usize,
     max_len: Option<usize>,
+    /// Whether this instance has logged that it has no draft model to draft with (once, at
+    /// the first ask: instances the host makes only to check a config never draft).
+    warned_unavailable: bool,
 }
 
 impl Drafter for Draft {
@@ -47,17 +51,12 @@ impl Drafter for Draft {
         let min_len = config.get_usize("min_len", DEFAULT_MIN_LEN)?;
         let max_len = config.get_usize("max_len", DEFAULT_MAX_LEN)?;
         config.finish()?;
-        if !draft_model::available() {
-            log(
-                Level::Warn,
-                "no draft model is loaded (start spechost with --draft-model); proposing nothing",
-            );
-        }
         draft_model::reset();
         Ok(Self {
             p_min,
             min_len: min_len.max(1),
             max_len: (max_len > 0).then_some(max_len),
+            warned_unavailable: false,
         })
     }
 
@@ -70,6 +69,16 @@ impl Drafter for Draft {
             .max_len
             .map_or(max_draft_len, |cap| cap.min(max_draft_len));
         if max_draft_len == 0 {
+            return Proposal::empty();
+        }
+        if !draft_model::available() {
+            if !self.warned_unavailable {
+                self.warned_unavailable = true;
+                log(
+                    Level::Warn,
+                    "no draft model is loaded (start spechost with --draft-model); proposing nothing",
+                );
+            }
             return Proposal::empty();
         }
         let drafted = draft_model::propose(max_draft_len, self.p_min);
