@@ -273,16 +273,23 @@ pub(super) fn multiply<B: Avx2Weights>(
         "outputs are columns of the matrix's height"
     );
     let blocks_per_row = matrix.columns() / B::VALUES;
-    for (pass_inputs, pass_outputs) in inputs
+    let passes: Vec<B::Batch> = inputs
         .chunks(ROWS_PER_PASS)
-        .zip(outputs.chunks_mut(ROWS_PER_PASS))
-    {
-        let batch = B::quantize_batch(pass_inputs, blocks_per_row);
-        team::split_rows(matrix.rows(), pass_outputs, threads, |range, outputs| {
+        .map(|pass_inputs| B::quantize_batch(pass_inputs, blocks_per_row))
+        .collect();
+    let row_bytes = blocks_per_row * std::mem::size_of::<B>();
+    team::multiply_passes(
+        matrix.rows(),
+        row_bytes,
+        &passes,
+        ROWS_PER_PASS,
+        outputs,
+        threads,
+        |batch, range, outputs| {
             // SAFETY: `multiply` checked that the CPU has the kernel's instructions.
-            unsafe { B::rows(matrix, &batch, range, outputs) };
-        });
-    }
+            unsafe { B::rows(matrix, batch, range, outputs) };
+        },
+    );
 }
 
 /// The batch rows of one pass quantized by ggml for 32-value blocks, laid out block-major:

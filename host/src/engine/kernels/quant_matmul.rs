@@ -219,15 +219,20 @@ pub(super) fn multiply<B: WeightBlock>(
         .iter()
         .map(|input| QuantizedColumn::new(input))
         .collect();
-    for (pass_columns, pass_outputs) in columns
+    let passes: Vec<PairBlocks> = columns
         .chunks(2 * PAIRS_PER_PASS)
-        .zip(outputs.chunks_mut(2 * PAIRS_PER_PASS))
-    {
-        let pairs = PairBlocks::new(pass_columns, matrix.blocks_per_row);
-        team::split_rows(matrix.rows(), pass_outputs, threads, |range, outputs| {
-            rows_kernel(matrix, &pairs, range, outputs);
-        });
-    }
+        .map(|pass_columns| PairBlocks::new(pass_columns, matrix.blocks_per_row))
+        .collect();
+    let row_bytes = matrix.blocks_per_row * std::mem::size_of::<B>();
+    team::multiply_passes(
+        matrix.rows(),
+        row_bytes,
+        &passes,
+        2 * PAIRS_PER_PASS,
+        outputs,
+        threads,
+        |pairs, range, outputs| rows_kernel(matrix, pairs, range, outputs),
+    );
 }
 
 /// A batch row quantized as ggml's `quantize_row_q8_0` (x86 form) quantizes it.
