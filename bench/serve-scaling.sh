@@ -30,9 +30,10 @@
 # Environment: STEPS (default "current baseline variants llama"), BASELINE_COMMIT, SERVE_VARIANTS
 #   (`;`-separated flag sets of this build's serve, each a row), THREADS (llama-server's
 #   -t; default: spechost's plan, one per physical core), LLAMA_SPECS (`;`-separated llama-server
-#   flag sets, each a row; default: ngram-simple with a 3-token key and 8-token drafts, and
-#   ngram-cache, llama-lookup's n-gram cache), LLAMA_SERVER_ARGS (flags added to every
-#   llama-server, e.g. "-fa on -ctk q8_0 -ctv q8_0 --no-repack" for spechost's numerics).
+#   flag sets, each a row besides no speculation; default: ngram-simple with a 3-token key and
+#   8-token drafts, and ngram-cache, llama-lookup's n-gram cache; set empty: none),
+#   LLAMA_SERVER_ARGS (flags added to every llama-server, e.g. "-fa on -ctk q8_0 -ctv q8_0
+#   --no-repack" for spechost's numerics).
 set -euo pipefail
 source "$(dirname "$0")/../scripts/env.sh"
 cd "$SPECHOST_ROOT"
@@ -49,7 +50,7 @@ while [[ $# -gt 0 ]]; do
         --max-tokens) MAX_TOKENS=$2 ;;
         --ctx-size) CTX=$2 ;;
         --out) OUT=$2 ;;
-        *) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+        *) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
     shift 2
 done
@@ -57,7 +58,7 @@ OUT=$(realpath -m "${OUT:-serve-scaling-$(basename "$MODEL" .gguf)}")
 STEPS=${STEPS:-"current baseline variants llama"}
 SERVE_VARIANTS=${SERVE_VARIANTS:-"--cascade lookup --draft-cut off"}
 BASELINE_COMMIT=${BASELINE_COMMIT:-8080971}
-LLAMA_SPECS=${LLAMA_SPECS:-"--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 8;--spec-type ngram-cache"}
+LLAMA_SPECS=${LLAMA_SPECS-"--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 8;--spec-type ngram-cache"}
 THREADS=${THREADS:-$("$SPECHOST_BIN" info | sed -n 's/^ *threads *\([0-9][0-9]*\) compute.*/\1/p')}
 IFS=, read -ra COUNTS <<<"$CLIENTS"
 mkdir -p "$OUT"

@@ -25,8 +25,9 @@ pub struct Streamed {
     pub text: String,
     /// Generated tokens, as the server's `usage` counts them.
     pub completion_tokens: usize,
-    /// From sending the request (before connecting) to the first piece of text.
-    pub time_to_first_token: Duration,
+    /// From sending the request (before connecting) to the first piece of text; `None` when
+    /// no text came (an immediate end of generation), which no time to first token describes.
+    pub time_to_first_token: Option<Duration>,
     /// From the first piece of text to the last.
     pub generation_time: Duration,
 }
@@ -160,9 +161,9 @@ impl AnswerReader {
             "no chunk carried usage.completion_tokens; the server must honour stream_options.include_usage",
         )?;
         let (time_to_first_token, generation_time) = match (self.first_piece, self.last_piece) {
-            (Some(first), Some(last)) => (first - self.sent, last - first),
+            (Some(first), Some(last)) => (Some(first - self.sent), last - first),
             // No text at all (an immediate end of generation): nothing was streamed.
-            _ => (Duration::ZERO, Duration::ZERO),
+            _ => (None, Duration::ZERO),
         };
         Ok(Streamed {
             text: self.text,
@@ -209,7 +210,7 @@ mod tests {
             Streamed {
                 text: "Hello".into(),
                 completion_tokens: 4,
-                time_to_first_token: Duration::from_millis(20),
+                time_to_first_token: Some(Duration::from_millis(20)),
                 generation_time: Duration::from_millis(30),
             }
         );

@@ -39,7 +39,7 @@ pub struct LevelFigures {
     pub wall_seconds: f64,
     /// `completion_tokens / wall_seconds`: what the server delivered to all clients together.
     pub tokens_per_second: f64,
-    /// Time to first token over the requests.
+    /// Time to first token over the requests that streamed any text.
     pub time_to_first_token: Option<Percentiles>,
     /// Time per output token over the requests with at least two tokens: (last token time −
     /// first token time) / (tokens − 1).
@@ -59,7 +59,10 @@ pub fn time_per_output_token(answer: &Streamed) -> Option<Duration> {
 pub fn figures(answers: &[Streamed], wall_time: Duration) -> LevelFigures {
     let completion_tokens: usize = answers.iter().map(|a| a.completion_tokens).sum();
     let wall_seconds = wall_time.as_secs_f64();
-    let first_tokens: Vec<Duration> = answers.iter().map(|a| a.time_to_first_token).collect();
+    let first_tokens: Vec<Duration> = answers
+        .iter()
+        .filter_map(|a| a.time_to_first_token)
+        .collect();
     let per_token: Vec<Duration> = answers.iter().filter_map(time_per_output_token).collect();
     let timed_tokens: usize = answers
         .iter()
@@ -97,7 +100,7 @@ mod tests {
         Streamed {
             text: String::new(),
             completion_tokens: tokens,
-            time_to_first_token: Duration::from_millis(first_ms),
+            time_to_first_token: (tokens > 0).then(|| Duration::from_millis(first_ms)),
             generation_time: Duration::from_millis(generation_ms),
         }
     }
@@ -142,5 +145,24 @@ mod tests {
             "30 tokens after the first in 0.2 s: {level:?}"
         );
         assert_eq!(figures(&[], Duration::ZERO).tokens_per_second, 0.0);
+    }
+
+    #[test]
+    fn an_answer_without_text_has_no_time_to_first_token() {
+        let level = figures(
+            &[answer(0, 0, 0), answer(5, 100, 40)],
+            Duration::from_secs(1),
+        );
+        assert_eq!(
+            level.time_to_first_token,
+            Some(Percentiles {
+                p50_ms: 100.0,
+                p95_ms: 100.0
+            })
+        );
+        assert_eq!(
+            figures(&[answer(0, 0, 0)], Duration::ZERO).time_to_first_token,
+            None
+        );
     }
 }

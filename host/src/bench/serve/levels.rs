@@ -3,11 +3,11 @@
 //! In order, for each client count `C` (ascending) and each row (plain decoding first), so
 //! that the rows compared at one count are measured within a minute or two of each other (a
 //! shared machine drifts by more than the differences measured, over the half hour a whole
-//! run takes): one warm-up request, unmeasured; then `C` closed-loop clients, each sending its share of the
-//! level's requests ([`client_share`]) one after the other; the level's figures; and every
-//! answer's text compared with the reference, which is the request's answer under the first
-//! plain row at the fewest clients that sent it (plain decoding at one client, for every
-//! request a one-client level sends). Greedy decoding must give the same text at any
+//! run takes): one warm-up request, unmeasured; then `C` closed-loop clients, each sending its
+//! share of the level's requests ([`client_share`]) one after the other; the level's figures;
+//! and every answer's text compared with the reference, which is the request's answer under
+//! the first plain row at the fewest clients that sent it (plain decoding at one client, for
+//! every request a one-client level sends). Greedy decoding must give the same text at any
 //! concurrency and with any cascade.
 
 use std::collections::BTreeMap;
@@ -290,7 +290,7 @@ mod tests {
         Streamed {
             text: text.into(),
             completion_tokens: 1,
-            time_to_first_token: Duration::ZERO,
+            time_to_first_token: None,
             generation_time: Duration::ZERO,
         }
     }
