@@ -85,49 +85,6 @@ pub(super) fn multiply_passes<P, K>(
 /// server cores).
 const TILE_BYTES: usize = 256 * 1024;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every (pass, weight row) is computed once, into its batch row's output at the row's
-    /// place, whatever the tiles and threads.
-    #[test]
-    fn multiplying_passes_in_tiles_computes_every_value_once_in_its_place() {
-        let rows = 1000;
-        let rows_per_pass = 3;
-        let batch_rows = 8;
-        // Three passes (3 + 3 + 2 batch rows); a pass knows its first batch row.
-        let passes: Vec<usize> = (0..batch_rows).step_by(rows_per_pass).collect();
-        for (row_bytes, threads) in [(1, 1), (1000, 2), (4000, 3), (TILE_BYTES * 2, 2)] {
-            let mut outputs = vec![0.0f32; batch_rows * rows];
-            let mut output_rows: Vec<&mut [f32]> = outputs.chunks_exact_mut(rows).collect();
-            multiply_passes(
-                rows,
-                row_bytes,
-                &passes,
-                rows_per_pass,
-                &mut output_rows,
-                threads,
-                |&first, range, outputs| {
-                    for (i, output) in outputs.iter_mut().enumerate() {
-                        assert_eq!(output.len(), range.len());
-                        for (value, row) in output.iter_mut().zip(range.clone()) {
-                            *value += ((first + i) * rows + row) as f32 + 1.0;
-                        }
-                    }
-                },
-            );
-            for (at, value) in outputs.iter().enumerate() {
-                assert_eq!(
-                    *value,
-                    at as f32 + 1.0,
-                    "{row_bytes}-byte rows on {threads} threads: value {at}"
-                );
-            }
-        }
-    }
-}
-
 unsafe extern "C" {
     /// libgomp's entry of `#pragma omp parallel` (llama.cpp links libgomp for its own threads).
     fn GOMP_parallel(
@@ -182,4 +139,47 @@ fn parallel<F: Fn(usize, usize) + Sync>(threads: usize, work: F) {
         !job.panicked.load(Ordering::Relaxed),
         "a thread of the batched kernel panicked"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every (pass, weight row) is computed once, into its batch row's output at the row's
+    /// place, whatever the tiles and threads.
+    #[test]
+    fn multiplying_passes_in_tiles_computes_every_value_once_in_its_place() {
+        let rows = 1000;
+        let rows_per_pass = 3;
+        let batch_rows = 8;
+        // Three passes (3 + 3 + 2 batch rows); a pass knows its first batch row.
+        let passes: Vec<usize> = (0..batch_rows).step_by(rows_per_pass).collect();
+        for (row_bytes, threads) in [(1, 1), (1000, 2), (4000, 3), (TILE_BYTES * 2, 2)] {
+            let mut outputs = vec![0.0f32; batch_rows * rows];
+            let mut output_rows: Vec<&mut [f32]> = outputs.chunks_exact_mut(rows).collect();
+            multiply_passes(
+                rows,
+                row_bytes,
+                &passes,
+                rows_per_pass,
+                &mut output_rows,
+                threads,
+                |&first, range, outputs| {
+                    for (i, output) in outputs.iter_mut().enumerate() {
+                        assert_eq!(output.len(), range.len());
+                        for (value, row) in output.iter_mut().zip(range.clone()) {
+                            *value += ((first + i) * rows + row) as f32 + 1.0;
+                        }
+                    }
+                },
+            );
+            for (at, value) in outputs.iter().enumerate() {
+                assert_eq!(
+                    *value,
+                    at as f32 + 1.0,
+                    "{row_bytes}-byte rows on {threads} threads: value {at}"
+                );
+            }
+        }
+    }
 }
