@@ -10,14 +10,14 @@
 //!
 //! The matrix products of batches with Q8_0, Q5_0, Q4_0, Q4_1, Q4_K or Q6_K weights go to the
 //! host's batched kernels (`engine::kernels`) when they are on. Their arithmetic is ggml's,
-//! checked by their unit tests against ggml's single-row kernels; the check here proves it again on the real model, for the
-//! batch shapes the context will decode: the rows of a largest verify batch of one sequence and,
-//! with several sequences, beside them rows of sequences with other lengths and other contexts,
-//! decoded one at a time (llama.cpp's own kernels throughout) and then as one batch, must give
-//! the same logits, bit for bit, or the host's products are turned off for the process and the
-//! context is made again without them (then the check runs once more, on llama.cpp's kernels
-//! alone, and a difference there is logged as a warning: output may then differ from plain
-//! decoding near ties).
+//! checked by their unit tests against ggml's single-row kernels; the check here proves it
+//! again on the real model, for the batch shapes the context will decode: the rows of a largest
+//! verify batch of one sequence and, with several sequences, beside them rows of sequences with
+//! other lengths and other contexts, decoded one at a time (llama.cpp's own kernels throughout)
+//! and then as one batch, must give the same logits, bit for bit, or the host's products are
+//! turned off for the process and the context is made again without them (then the check runs
+//! once more, on llama.cpp's kernels alone, and a difference there is logged as a warning:
+//! output may then differ from plain decoding near ties).
 
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
