@@ -90,6 +90,8 @@ fn concurrent_requests_give_exactly_runs_output_under_every_cascade() {
         .iter()
         .map(|(prompt, max_tokens)| run(prompt, *max_tokens, &[]))
         .collect();
+    // The server reads prompts 16 tokens a step (several chunks each, beside other requests'
+    // rounds), `run` each in one batch: the KV cache, and so the output, must not depend on it.
     let server = Server::start(&[
         "--parallel",
         "4",
@@ -97,6 +99,8 @@ fn concurrent_requests_give_exactly_runs_output_under_every_cascade() {
         "auto",
         "--cascade",
         "lookup,suffix",
+        "--prefill-chunk",
+        "16",
     ]);
     let mut shared = 0.0f64;
     for cascade in ["none", "lookup,suffix", "draft"] {

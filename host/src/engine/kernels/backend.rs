@@ -1,7 +1,8 @@
 //! A ggml backend that computes the Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K matrix products of
 //! batches (verify batches, prompts) with `quant_matmul`, `avx2` and `k_quants`: one pass over
 //! each weight matrix per batch instead of llama.cpp's one vector dot product per (weight row,
-//! batch row), and the same bits.
+//! batch row), and the same bits; and their flash attention over the Q8_0 KV cache with
+//! `attention` (each cache row read once for the query rows that share a KV head).
 //!
 //! How it gets the work: llama.cpp gives every context one backend per registered
 //! "accelerator" device, ahead of the CPU backend, and ggml's scheduler hands a matrix product
@@ -9,8 +10,9 @@
 //! how llama.cpp's BLAS backend works). This device accepts matrix products of weights in host
 //! memory with two or more `f32` batch rows of Q8_0, Q5_0, Q4_0, Q4_1 (SmolLM2's layers), Q4_K
 //! and Q6_K weights when the CPU has AVX2 (`avx2`, `k_quants`; `quant_matmul` takes Q8_0, Q5_0
-//! and Q4_0 when it has AVX-512 VNNI); single rows (plain decoding) and everything else stay
-//! with llama.cpp's CPU backend. The weights stay where llama.cpp put them.
+//! and Q4_0 when it has AVX-512 VNNI), and flash attention of two or more query rows over a
+//! Q8_0 cache (`attention`, AVX2); single rows (plain decoding) and everything else stay with
+//! llama.cpp's CPU backend. The weights stay where llama.cpp put them.
 //!
 //! Gemma 3's output layer is Q8_0 and its layers mostly Q5_0 (their 640-wide rows do not fit
 //! Q4_K's 256-value blocks), and llama.cpp's kernels unpack every block again for every batch
@@ -35,6 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use llama_cpp_sys_2 as sys;
 
+use super::attention::Attention;
 use super::avx2::{self, Avx2Weights, BlockQ4_1};
 use super::k_quants::{BlockQ4K, BlockQ6K};
 use super::quant_matmul::{
@@ -45,7 +48,8 @@ use super::quant_matmul::{
 const API_VERSION: c_int = 3;
 /// The device's name, as `spechost info` and llama.cpp's logs show it.
 const NAME: &CStr = c"spechost-batch";
-const DESCRIPTION: &CStr = c"spechost's batched Q8_0/Q5_0/Q4_0/Q4_1/Q4_K/Q6_K matrix products";
+const DESCRIPTION: &CStr =
+    c"spechost's batched Q8_0/Q5_0/Q4_0/Q4_1/Q4_K/Q6_K matrix products and Q8_0-cache attention";
 /// The name under which llama.cpp looks up a backend's thread-count setter.
 const SET_THREADS: &CStr = c"ggml_backend_set_n_threads";
 
@@ -55,12 +59,13 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 static REGISTERED: OnceLock<Registered> = OnceLock::new();
 
 thread_local! {
-    /// Products computed for graphs run by this thread (ggml runs a graph's splits on the
+    /// Operations computed for graphs run by this thread (ggml runs a graph's splits on the
     /// thread that called `llama_decode`).
     static COMPUTED: Cell<u64> = const { Cell::new(0) };
 }
 
-/// How many matrix products the backend has computed for decodes made by this thread.
+/// How many operations (matrix products, attention) the backend has computed for decodes made
+/// by this thread.
 pub(in crate::engine) fn computed_on_this_thread() -> u64 {
     COMPUTED.get()
 }
@@ -337,7 +342,9 @@ unsafe extern "C" fn device_supports_buft(
 
 unsafe extern "C" fn device_supports_op(_: *mut Device, op: *const sys::ggml_tensor) -> bool {
     // SAFETY: ggml passes a live tensor whose sources are live.
-    enabled() && unsafe { op.as_ref() }.is_some_and(|op| unsafe { product_of(op) }.is_some())
+    enabled()
+        && unsafe { op.as_ref() }
+            .is_some_and(|op| unsafe { product_of(op).is_some() || Attention::of(op).is_some() })
 }
 
 unsafe extern "C" fn backend_name(_: *mut Backend) -> *const c_char {
@@ -380,6 +387,15 @@ unsafe extern "C" fn backend_graph_compute(
                 sys::GGML_OP_MUL_MAT => unsafe { product_of(node) }
                     .map(|product| {
                         product.compute(threads);
+                        COMPUTED.set(COMPUTED.get() + 1);
+                    })
+                    .is_some(),
+                // SAFETY: as above; the scheduler only assigns attention `supports_op` took,
+                // whose output ggml allocated apart from its inputs.
+                sys::GGML_OP_FLASH_ATTN_EXT => unsafe { Attention::of(node) }
+                    .map(|attention| {
+                        // SAFETY: `Attention::of` checked the layout and the instructions.
+                        unsafe { attention.compute(threads) };
                         COMPUTED.set(COMPUTED.get() + 1);
                     })
                     .is_some(),

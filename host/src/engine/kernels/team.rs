@@ -100,7 +100,7 @@ unsafe extern "C" {
 /// Runs `work(thread, team)` on `threads` threads (the calling one included) of the OpenMP team
 /// llama.cpp computes its graphs with, so the host's kernels and llama.cpp's take turns on the
 /// same, already running threads instead of competing with them.
-fn parallel<F: Fn(usize, usize) + Sync>(threads: usize, work: F) {
+pub(super) fn parallel<F: Fn(usize, usize) + Sync>(threads: usize, work: F) {
     if threads <= 1 {
         work(0, 1);
         return;

@@ -1,0 +1,547 @@
+//! Flash attention of a batch's query rows over a Q8_0 KV cache, bit for bit as llama.cpp's CPU
+//! backend computes it one query row at a time; for x86-64 with AVX2, FMA and F16C.
+//!
+//! Why: exactness needs a Q8_0 KV cache (`docs/exactness.md`), and ggml's flash attention over a
+//! quantized cache takes one query row at a time: for every (query row, cache position) it calls
+//! the dot product, converts the position's value row from Q8_0 to `f32` again and adds it in.
+//! A 2,000-token prompt spends most of its time there. Here the query rows that share a KV head
+//! (the heads of a group, a tile of positions) go through the cache together: each key row is
+//! unpacked once for up to eight query rows and each value row converted once for all of them.
+//!
+//! Exactness: each query row gets the arithmetic of ggml's
+//! `ggml_compute_forward_flash_attn_ext_f16_one_chunk` for Q8_0 keys and values, in the same
+//! order: the row quantized by ggml's `quantize_row_q8_0`; per cache position whose mask is not
+//! `-inf`, the Q8_0 dot product (`avx2`'s kernel, bit for bit ggml's), times the scale, plus the
+//! mask; on a new maximum `M`, the accumulator scaled by `exp(M_old - M)`, otherwise the weight
+//! `exp(s - M)`; the value row (each `i8` times its block's scale, exact) fused-multiply-added
+//! into the accumulator; the sum `S = S × ms + vs`; at the end the accumulator times `1 / S`.
+//! `exp` is the C library's `expf`, which ggml calls too. The unit tests compare every output
+//! with ggml's own operation on random rows, causal masks and grouped heads.
+//!
+//! Taken: `f32` queries, Q8_0 keys and values with head sizes a multiple of 64 (ggml's vector
+//! loops then have no scalar tail), an `f16` mask, no ALiBi, logit soft-capping or sinks. The
+//! rest stays with llama.cpp.
+
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::avx2::{self, Avx2Weights};
+use super::quant_matmul::{BLOCK, BlockQ8_0, QuantMatrix, f16_to_f32};
+use super::team;
+use llama_cpp_sys_2 as sys;
+
+/// Head sizes must be a multiple of this (ggml's widest `f32` vector step, AVX-512's).
+pub(super) const HEAD_SIZE_MULTIPLE: usize = 64;
+
+/// Query positions of one work item, at most: with a group's heads, the rows whose state stays
+/// in cache while they go through the KV cache together.
+const MAX_TILE_POSITIONS: usize = 8;
+
+/// Byte strides of a 4-D tensor's dimensions 1, 2 and 3.
+#[derive(Clone, Copy)]
+pub(super) struct Strides {
+    /// Between rows (positions).
+    pub(super) row: usize,
+    /// Between heads.
+    pub(super) head: usize,
+    /// Between streams (sequences with their own KV cells).
+    pub(super) stream: usize,
+}
+
+/// One flash-attention operation: the tensors' addresses, shapes and strides (ggml's layout:
+/// queries `[head_size, positions, heads, streams]`, keys and values `[head_size, cache,
+/// kv_heads, streams]`, the mask `[cache, positions, mask_heads, mask_streams]` of `f16`,
+/// the output `[value_size, heads, positions, streams]`, contiguous).
+pub(super) struct Attention {
+    /// The query rows (`f32`).
+    pub(super) queries: *const u8,
+    /// Their strides.
+    pub(super) query_strides: Strides,
+    /// The key rows (Q8_0).
+    pub(super) keys: *const u8,
+    /// Their strides.
+    pub(super) key_strides: Strides,
+    /// The value rows (Q8_0).
+    pub(super) values: *const u8,
+    /// Their strides.
+    pub(super) value_strides: Strides,
+    /// The mask (`f16`), if any.
+    pub(super) mask: Option<*const u8>,
+    /// Its strides.
+    pub(super) mask_strides: Strides,
+    /// Its heads and streams (broadcast over the queries').
+    pub(super) mask_heads: usize,
+    /// As above.
+    pub(super) mask_streams: usize,
+    /// The output (`f32`).
+    pub(super) output: *mut u8,
+    /// Bytes of one output row (one head of one position).
+    pub(super) output_row: usize,
+    /// Values per key and query row.
+    pub(super) key_size: usize,
+    /// Values per value and output row.
+    pub(super) value_size: usize,
+    /// Query positions, query heads and streams.
+    pub(super) positions: usize,
+    /// As above.
+    pub(super) heads: usize,
+    /// As above.
+    pub(super) streams: usize,
+    /// KV heads (each read by `heads / kv_heads` query heads; ggml gives keys and values the
+    /// queries' streams).
+    pub(super) kv_heads: usize,
+    /// Cache positions (key and value rows per head).
+    pub(super) cache: usize,
+    /// The factor of the dot products.
+    pub(super) scale: f32,
+}
+
+// SAFETY: the pointers address tensors the graph keeps alive while the operation runs; threads
+// only read the inputs and write disjoint output rows.
+unsafe impl Sync for Attention {}
+
+/// Whether this CPU has the kernel's instructions.
+pub(super) fn kernel_available() -> bool {
+    avx2::kernel_available()
+}
+
+impl Attention {
+    /// The operation `node` asks for, if it is one this kernel computes (see the module's
+    /// documentation) and the CPU has the kernel's instructions.
+    ///
+    /// # Safety
+    /// `node` and its sources must be live tensors.
+    pub(super) unsafe fn of(node: &sys::ggml_tensor) -> Option<Self> {
+        if node.op != sys::GGML_OP_FLASH_ATTN_EXT || !kernel_available() {
+            return None;
+        }
+        // SAFETY: the caller guarantees live sources.
+        let (queries, keys, values) = unsafe {
+            (
+                node.src[0].as_ref()?,
+                node.src[1].as_ref()?,
+                node.src[2].as_ref()?,
+            )
+        };
+        // SAFETY: as above; absent when null.
+        let mask = unsafe { node.src[3].as_ref() };
+        let sinks = node.src[4];
+        let parameter = |at: usize| f32::from_bits(node.op_params[at] as u32);
+        let (scale, max_bias, softcap) = (parameter(0), parameter(1), parameter(2));
+        let dims = |tensor: &sys::ggml_tensor| tensor.ne.map(|n| n as usize);
+        let strides = |tensor: &sys::ggml_tensor| Strides {
+            row: tensor.nb[1],
+            head: tensor.nb[2],
+            stream: tensor.nb[3],
+        };
+        let [key_size, positions, heads, streams] = dims(queries);
+        let [_, cache, kv_heads, _] = dims(keys);
+        let value_size = values.ne[0] as usize;
+        let q8_0 = |tensor: &sys::ggml_tensor| {
+            tensor.type_ == sys::GGML_TYPE_Q8_0 && tensor.nb[0] == size_of::<BlockQ8_0>()
+        };
+        let float = size_of::<f32>();
+        let supported = sinks.is_null()
+            && max_bias == 0.0
+            && softcap == 0.0
+            && node.type_ == sys::GGML_TYPE_F32
+            && queries.type_ == sys::GGML_TYPE_F32
+            && queries.nb[0] == float
+            && q8_0(keys)
+            && q8_0(values)
+            && positions >= 2
+            && key_size.is_multiple_of(HEAD_SIZE_MULTIPLE)
+            && value_size.is_multiple_of(HEAD_SIZE_MULTIPLE)
+            && dims(keys) == [key_size, cache, kv_heads, streams]
+            && dims(values) == [value_size, cache, kv_heads, streams]
+            && kv_heads > 0
+            && heads.is_multiple_of(kv_heads)
+            && dims(node) == [value_size, heads, positions, streams]
+            && node.nb[0] == float
+            && node.nb[1] == value_size * float
+            && node.nb[2] == heads * value_size * float
+            && node.nb[3] == positions * heads * value_size * float
+            && mask.is_none_or(|mask| {
+                let [mask_cache, mask_rows, mask_heads, mask_streams] = dims(mask);
+                mask.type_ == sys::GGML_TYPE_F16
+                    && mask.nb[0] == size_of::<u16>()
+                    && mask_cache == cache
+                    && mask_rows >= positions
+                    && mask_heads > 0
+                    && heads.is_multiple_of(mask_heads)
+                    && mask_streams > 0
+                    && streams.is_multiple_of(mask_streams)
+            });
+        supported.then(|| Self {
+            queries: queries.data.cast(),
+            query_strides: strides(queries),
+            keys: keys.data.cast(),
+            key_strides: strides(keys),
+            values: values.data.cast(),
+            value_strides: strides(values),
+            mask: mask.map(|mask| mask.data.cast_const().cast()),
+            mask_strides: mask.map_or(
+                Strides {
+                    row: 0,
+                    head: 0,
+                    stream: 0,
+                },
+                strides,
+            ),
+            mask_heads: mask.map_or(1, |mask| mask.ne[2] as usize),
+            mask_streams: mask.map_or(1, |mask| mask.ne[3] as usize),
+            output: node.data.cast(),
+            output_row: node.nb[1],
+            key_size,
+            value_size,
+            positions,
+            heads,
+            streams,
+            kv_heads,
+            cache,
+            scale,
+        })
+    }
+
+    /// Computes the operation on up to `threads` threads of llama.cpp's OpenMP team.
+    ///
+    /// # Safety
+    /// The tensors must be live, of the described layout, and the output must not overlap the
+    /// inputs; the CPU must have the kernel's instructions ([`kernel_available`]).
+    pub(super) unsafe fn compute(&self, threads: usize) {
+        let groups = self.streams * self.kv_heads;
+        // Enough items for every thread to take about two (so uneven items even out), each at
+        // most a tile.
+        let tiles_per_group = self
+            .positions
+            .div_ceil(MAX_TILE_POSITIONS)
+            .max((2 * threads).div_ceil(groups))
+            .min(self.positions);
+        let tile = self.positions.div_ceil(tiles_per_group);
+        let tiles = self.positions.div_ceil(tile);
+        let items = groups * tiles;
+        let next = AtomicUsize::new(0);
+        team::parallel(threads.min(items), |_, _| {
+            loop {
+                let item = next.fetch_add(1, Ordering::Relaxed);
+                if item >= items {
+                    break;
+                }
+                let (group, tile_index) = (item / tiles, item % tiles);
+                let first = tile_index * tile;
+                let positions = first..(first + tile).min(self.positions);
+                // SAFETY: the caller guarantees the tensors and the instructions.
+                unsafe {
+                    self.compute_item(group / self.kv_heads, group % self.kv_heads, positions)
+                };
+            }
+        });
+    }
+
+    /// The query rows of `positions` and of every head that reads KV head `kv_head`, in stream
+    /// `stream`.
+    ///
+    /// # Safety
+    /// As [`Attention::compute`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn compute_item(
+        &self,
+        stream: usize,
+        kv_head: usize,
+        positions: std::ops::Range<usize>,
+    ) {
+        let group_heads = self.heads / self.kv_heads;
+        let heads = kv_head * group_heads..(kv_head + 1) * group_heads;
+        let rows: Vec<(usize, usize)> = positions
+            .clone()
+            .flat_map(|position| heads.clone().map(move |head| (position, head)))
+            .collect();
+        let key_blocks = self.key_size / BLOCK;
+        let value_blocks = self.value_size / BLOCK;
+        // SAFETY (every dereference below): the caller guarantees tensors of the described
+        // layout; every offset is within them.
+        let query_rows: Vec<&[f32]> = rows
+            .iter()
+            .map(|&(position, head)| unsafe {
+                let at = self.queries.add(
+                    position * self.query_strides.row
+                        + head * self.query_strides.head
+                        + stream * self.query_strides.stream,
+                );
+                std::slice::from_raw_parts(at.cast::<f32>(), self.key_size)
+            })
+            .collect();
+        let passes: Vec<_> = query_rows
+            .chunks(avx2::ROWS_PER_PASS)
+            .map(|pass| BlockQ8_0::quantize_batch(pass, key_blocks))
+            .collect();
+        let masks: Vec<Option<*const u16>> = rows
+            .iter()
+            .map(|&(position, head)| {
+                self.mask.map(|mask| unsafe {
+                    mask.add(
+                        position * self.mask_strides.row
+                            + head % self.mask_heads * self.mask_strides.head
+                            + stream % self.mask_streams * self.mask_strides.stream,
+                    )
+                    .cast::<u16>()
+                })
+            })
+            .collect();
+        let mut maximums = vec![f32::NEG_INFINITY; rows.len()];
+        let mut sums = vec![0.0f32; rows.len()];
+        let mut accumulators = vec![0.0f32; rows.len() * self.value_size];
+        let mut scores = vec![0.0f32; rows.len()];
+        let mut biases = vec![0.0f32; rows.len()];
+        let mut value_row = vec![0.0f32; self.value_size];
+        for cell in 0..self.cache {
+            let mut attended = false;
+            for (bias, mask) in biases.iter_mut().zip(&masks) {
+                // ggml's `slope × mask` with no ALiBi: the slope is 1, the product exact.
+                *bias = mask.map_or(0.0, |mask| f16_to_f32(unsafe { *mask.add(cell) }));
+                attended |= *bias != f32::NEG_INFINITY;
+            }
+            if !attended {
+                continue;
+            }
+            let key_row: &[BlockQ8_0] = unsafe {
+                let at = self.keys.add(
+                    cell * self.key_strides.row
+                        + kv_head * self.key_strides.head
+                        + stream * self.key_strides.stream,
+                );
+                std::slice::from_raw_parts(at.cast(), key_blocks)
+            };
+            let key = QuantMatrix::new(key_row, 1, self.key_size);
+            for (pass, pass_scores) in passes.iter().zip(scores.chunks_mut(avx2::ROWS_PER_PASS)) {
+                let count = pass_scores.len();
+                let mut outputs: [&mut [f32]; avx2::ROWS_PER_PASS] = Default::default();
+                for (output, score) in outputs.iter_mut().zip(pass_scores.chunks_mut(1)) {
+                    *output = score;
+                }
+                // SAFETY: this function's features are the kernel's.
+                unsafe { BlockQ8_0::rows(&key, pass, 0..1, &mut outputs[..count]) };
+            }
+            let value_blocks_row: &[BlockQ8_0] = unsafe {
+                let at = self.values.add(
+                    cell * self.value_strides.row
+                        + kv_head * self.value_strides.head
+                        + stream * self.value_strides.stream,
+                );
+                std::slice::from_raw_parts(at.cast(), value_blocks)
+            };
+            dequantize(value_blocks_row, &mut value_row);
+            for (row, accumulator) in accumulators.chunks_exact_mut(self.value_size).enumerate() {
+                let bias = biases[row];
+                if bias == f32::NEG_INFINITY {
+                    continue;
+                }
+                let mut score = scores[row] * self.scale;
+                score += bias;
+                let old = maximums[row];
+                let (mut rescale, mut weight) = (1.0f32, 1.0f32);
+                if score > old {
+                    maximums[row] = score;
+                    rescale = (old - score).exp();
+                    scale_row(accumulator, rescale);
+                } else {
+                    weight = (score - old).exp();
+                }
+                add_scaled_row(accumulator, &value_row, weight);
+                sums[row] = sums[row].mul_add(rescale, weight);
+            }
+        }
+        for (row, accumulator) in accumulators.chunks_exact_mut(self.value_size).enumerate() {
+            let sum = sums[row];
+            scale_row(accumulator, if sum == 0.0 { 0.0 } else { 1.0 / sum });
+            let (position, head) = rows[row];
+            // ggml's output is permuted: position-major, then head.
+            let at = ((stream * self.positions + position) * self.heads + head) * self.output_row;
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    accumulator.as_ptr(),
+                    self.output.add(at).cast::<f32>(),
+                    self.value_size,
+                );
+            }
+        }
+    }
+}
+
+/// A Q8_0 row as `f32`: each value times its block's scale (one exact rounding, as ggml's
+/// `dequantize_row_q8_0`).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dequantize(blocks: &[BlockQ8_0], out: &mut [f32]) {
+    for (block, out) in blocks.iter().zip(out.chunks_exact_mut(BLOCK)) {
+        let scale = f16_to_f32(block.scale);
+        for (value, out) in block.values.iter().zip(out) {
+            *out = f32::from(*value) * scale;
+        }
+    }
+}
+
+/// `row *= factor`, element by element (ggml's `ggml_vec_scale_f32`).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_row(row: &mut [f32], factor: f32) {
+    for value in row {
+        *value *= factor;
+    }
+}
+
+/// `row += values × weight`, each element one fused multiply-add (ggml's `ggml_vec_mad_f32`,
+/// whose vector loop covers rows of a multiple of 64 values).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn add_scaled_row(row: &mut [f32], values: &[f32], weight: f32) {
+    for (value, add) in row.iter_mut().zip(values) {
+        *value = add.mul_add(weight, *value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::kernels::avx2::tests::next;
+
+    /// A random value between -2 and 2.
+    fn random(state: &mut u64) -> f32 {
+        (next(state) % 4_000_001) as f32 / 1_000_000.0 - 2.0
+    }
+
+    /// Shapes of one comparison: query rows, heads, KV heads, streams, head size, cache cells,
+    /// and the cache position of the first query row.
+    struct Case {
+        positions: usize,
+        heads: usize,
+        kv_heads: usize,
+        streams: usize,
+        head_size: usize,
+        cache: usize,
+        first: usize,
+    }
+
+    /// Builds ggml's flash attention of random queries, keys and values with a causal mask
+    /// (cells after a row's position and past the used ones are `-inf`), computes it with ggml's
+    /// CPU backend and with [`Attention`] on 1 to 3 threads, and compares every output bit.
+    fn compare_with_ggml(case: &Case, seed: u64) {
+        let mut state = seed;
+        let Case {
+            positions,
+            heads,
+            kv_heads,
+            streams,
+            head_size,
+            cache,
+            first,
+        } = *case;
+        let used = first + positions;
+        // SAFETY: a ggml context of its own; every tensor is filled within its size, and the
+        // context is freed at the end.
+        unsafe {
+            sys::ggml_cpu_init();
+            let context = sys::ggml_init(sys::ggml_init_params {
+                mem_size: 64 << 20,
+                mem_buffer: std::ptr::null_mut(),
+                no_alloc: false,
+            });
+            assert!(!context.is_null(), "a ggml context");
+            let [d, p, h, kh, s, c] =
+                [head_size, positions, heads, kv_heads, streams, cache].map(|n| n as i64);
+            // Queries as llama.cpp has them: heads contiguous per position, then permuted.
+            let queries = sys::ggml_new_tensor_4d(context, sys::GGML_TYPE_F32, d, h, p, s);
+            let values_of = |tensor: *mut sys::ggml_tensor, count: usize| {
+                std::slice::from_raw_parts_mut((*tensor).data.cast::<f32>(), count)
+            };
+            for value in values_of(queries, head_size * heads * positions * streams) {
+                *value = random(&mut state);
+            }
+            let queries = sys::ggml_permute(context, queries, 0, 2, 1, 3);
+            let quantized = |state: &mut u64| {
+                let tensor = sys::ggml_new_tensor_4d(context, sys::GGML_TYPE_Q8_0, d, c, kh, s);
+                let rows = cache * kv_heads * streams;
+                let floats: Vec<f32> = (0..rows * head_size).map(|_| random(state)).collect();
+                sys::ggml_quantize_chunk(
+                    sys::GGML_TYPE_Q8_0,
+                    floats.as_ptr(),
+                    (*tensor).data,
+                    0,
+                    rows as i64,
+                    d,
+                    std::ptr::null(),
+                );
+                tensor
+            };
+            let keys = quantized(&mut state);
+            let values = quantized(&mut state);
+            let mask = sys::ggml_new_tensor_4d(context, sys::GGML_TYPE_F16, c, p, 1, s);
+            let mask_values = std::slice::from_raw_parts_mut(
+                (*mask).data.cast::<u16>(),
+                cache * positions * streams,
+            );
+            for (at, value) in mask_values.iter_mut().enumerate() {
+                let (cell, row) = (at % cache, at / cache % positions);
+                let visible = cell < used && cell <= first + row;
+                *value = sys::ggml_fp32_to_fp16(if visible { 0.0 } else { f32::NEG_INFINITY });
+            }
+            let scale = 1.0 / (head_size as f32).sqrt();
+            let output =
+                sys::ggml_flash_attn_ext(context, queries, keys, values, mask, scale, 0.0, 0.0);
+            sys::ggml_flash_attn_ext_set_prec(output, sys::GGML_PREC_F32);
+            let graph = sys::ggml_new_graph(context);
+            sys::ggml_build_forward_expand(graph, output);
+            assert_eq!(
+                sys::ggml_graph_compute_with_ctx(context, graph, 2),
+                sys::GGML_STATUS_SUCCESS
+            );
+            let count = head_size * heads * positions * streams;
+            let want = values_of(output, count).to_vec();
+            let attention = Attention::of(&*output).expect("the kernel takes this operation");
+            for threads in [1, 2, 3] {
+                values_of(output, count).fill(f32::NAN);
+                attention.compute(threads);
+                for (at, (got, want)) in values_of(output, count).iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{threads} threads, {positions} rows of {heads} heads over {kv_heads}, \
+                         head size {head_size}: output {at}: {got} vs {want}"
+                    );
+                }
+            }
+            sys::ggml_free(context);
+        }
+    }
+
+    #[test]
+    fn attention_is_bit_identical_to_ggml_single_rows() {
+        if !kernel_available() {
+            eprintln!("skipped: this CPU lacks AVX2, FMA or F16C");
+            return;
+        }
+        let cases = [
+            // SmolLM2: 9 heads over 3 KV heads of 64; a verify batch, a prompt chunk.
+            (2, 9, 3, 1, 64, 256, 40),
+            (9, 9, 3, 1, 64, 256, 100),
+            (37, 9, 3, 1, 64, 256, 0),
+            // Gemma 3 270M: 4 heads over one KV head of 256.
+            (5, 4, 1, 1, 256, 256, 30),
+            (20, 4, 1, 1, 256, 512, 300),
+            // Two sequences with their own KV cells.
+            (6, 4, 2, 2, 64, 256, 17),
+        ];
+        for (seed, (positions, heads, kv_heads, streams, head_size, cache, first)) in
+            cases.into_iter().enumerate()
+        {
+            let case = Case {
+                positions,
+                heads,
+                kv_heads,
+                streams,
+                head_size,
+                cache,
+                first,
+            };
+            compare_with_ggml(&case, 0x2545_f491_4f6c_dd1d + seed as u64);
+        }
+    }
+}
