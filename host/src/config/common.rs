@@ -201,11 +201,12 @@ pub struct TargetArgs {
     /// Read the model into memory instead of mapping it.
     #[arg(long)]
     pub no_mmap: bool,
-    /// Let llama.cpp compute every matrix product of batches. By default the host computes
-    /// those of Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K weights (SmolLM2, Gemma 3 and the Q4_0
-    /// draft models throughout, the K-quants of `Q4_K_M` models) when the CPU has AVX2, in one
-    /// pass over the weights, after checking a short batch bit-exact against decoding its tokens
-    /// one by one: the same output, faster.
+    /// Let llama.cpp compute every matrix product and attention of batches. By default the
+    /// host computes the products of Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K weights (SmolLM2,
+    /// Gemma 3 and the Q4_0 draft models throughout, the K-quants of `Q4_K_M` models) when the
+    /// CPU has AVX2, in one pass over the weights, and the flash attention of batches over the
+    /// Q8_0 cache, after checking a short batch bit-exact against decoding its tokens one by
+    /// one: the same output, faster.
     /// (`--llama-output-layer`, its name before it covered every product, still works.)
     #[arg(long, alias = "llama-output-layer")]
     pub llama_matmul: bool,

@@ -49,6 +49,27 @@ pub(super) struct Strides {
     pub(super) stream: usize,
 }
 
+impl Strides {
+    /// The byte offset of row `row` of head `head` of stream `stream`.
+    fn offset(self, [row, head, stream]: [usize; 3]) -> usize {
+        row * self.row + head * self.head + stream * self.stream
+    }
+}
+
+/// The Q8_0 row of `blocks` blocks at `[cell, kv_head, stream]` of the cache tensor at `base`.
+///
+/// # Safety
+/// The row must lie within a live tensor of Q8_0 blocks at `base` with `strides`.
+unsafe fn cache_row<'a>(
+    base: *const u8,
+    strides: Strides,
+    at: [usize; 3],
+    blocks: usize,
+) -> &'a [BlockQ8_0] {
+    // SAFETY: the caller guarantees the row; Q8_0 rows are 2-byte aligned, as the blocks.
+    unsafe { std::slice::from_raw_parts(base.add(strides.offset(at)).cast(), blocks) }
+}
+
 /// One flash-attention operation: the tensors' addresses, shapes and strides (ggml's layout:
 /// queries `[head_size, positions, heads, streams]`, keys and values `[head_size, cache,
 /// kv_heads, streams]`, the mask `[cache, positions, mask_heads, mask_streams]` of `f16`,
@@ -264,11 +285,9 @@ impl Attention {
         let query_rows: Vec<&[f32]> = rows
             .iter()
             .map(|&(position, head)| unsafe {
-                let at = self.queries.add(
-                    position * self.query_strides.row
-                        + head * self.query_strides.head
-                        + stream * self.query_strides.stream,
-                );
+                let at = self
+                    .queries
+                    .add(self.query_strides.offset([position, head, stream]));
                 std::slice::from_raw_parts(at.cast::<f32>(), self.key_size)
             })
             .collect();
@@ -280,12 +299,8 @@ impl Attention {
             .iter()
             .map(|&(position, head)| {
                 self.mask.map(|mask| unsafe {
-                    mask.add(
-                        position * self.mask_strides.row
-                            + head % self.mask_heads * self.mask_strides.head
-                            + stream % self.mask_streams * self.mask_strides.stream,
-                    )
-                    .cast::<u16>()
+                    let at = [position, head % self.mask_heads, stream % self.mask_streams];
+                    mask.add(self.mask_strides.offset(at)).cast::<u16>()
                 })
             })
             .collect();
@@ -305,13 +320,13 @@ impl Attention {
             if !attended {
                 continue;
             }
-            let key_row: &[BlockQ8_0] = unsafe {
-                let at = self.keys.add(
-                    cell * self.key_strides.row
-                        + kv_head * self.key_strides.head
-                        + stream * self.key_strides.stream,
-                );
-                std::slice::from_raw_parts(at.cast(), key_blocks)
+            let key_row = unsafe {
+                cache_row(
+                    self.keys,
+                    self.key_strides,
+                    [cell, kv_head, stream],
+                    key_blocks,
+                )
             };
             let key = QuantMatrix::new(key_row, 1, self.key_size);
             for (pass, pass_scores) in passes.iter().zip(scores.chunks_mut(avx2::ROWS_PER_PASS)) {
@@ -323,15 +338,15 @@ impl Attention {
                 // SAFETY: this function's features are the kernel's.
                 unsafe { BlockQ8_0::rows(&key, pass, 0..1, &mut outputs[..count]) };
             }
-            let value_blocks_row: &[BlockQ8_0] = unsafe {
-                let at = self.values.add(
-                    cell * self.value_strides.row
-                        + kv_head * self.value_strides.head
-                        + stream * self.value_strides.stream,
-                );
-                std::slice::from_raw_parts(at.cast(), value_blocks)
+            let values = unsafe {
+                cache_row(
+                    self.values,
+                    self.value_strides,
+                    [cell, kv_head, stream],
+                    value_blocks,
+                )
             };
-            dequantize(value_blocks_row, &mut value_row);
+            dequantize(values, &mut value_row);
             for (row, accumulator) in accumulators.chunks_exact_mut(self.value_size).enumerate() {
                 let bias = biases[row];
                 if bias == f32::NEG_INFINITY {
