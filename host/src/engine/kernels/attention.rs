@@ -423,32 +423,15 @@ mod tests {
         (next(state) % 4_000_001) as f32 / 1_000_000.0 - 2.0
     }
 
-    /// Shapes of one comparison: query rows, heads, KV heads, streams, head size, cache cells,
-    /// and the cache position of the first query row.
-    struct Case {
-        positions: usize,
-        heads: usize,
-        kv_heads: usize,
-        streams: usize,
-        head_size: usize,
-        cache: usize,
-        first: usize,
-    }
-
     /// Builds ggml's flash attention of random queries, keys and values with a causal mask
     /// (cells after a row's position and past the used ones are `-inf`), computes it with ggml's
     /// CPU backend and with [`Attention`] on 1 to 3 threads, and compares every output bit.
-    fn compare_with_ggml(case: &Case, seed: u64) {
+    ///
+    /// `shape`: query rows, heads, KV heads, streams, head size, cache cells, and the cache
+    /// position of the first query row.
+    fn compare_with_ggml(shape: [usize; 7], seed: u64) {
+        let [positions, heads, kv_heads, streams, head_size, cache, first] = shape;
         let mut state = seed;
-        let Case {
-            positions,
-            heads,
-            kv_heads,
-            streams,
-            head_size,
-            cache,
-            first,
-        } = *case;
         let used = first + positions;
         // SAFETY: a ggml context of its own; every tensor is filled within its size, and the
         // context is freed at the end.
@@ -533,30 +516,19 @@ mod tests {
             eprintln!("skipped: this CPU lacks AVX2, FMA or F16C");
             return;
         }
-        let cases = [
+        let shapes = [
             // SmolLM2: 9 heads over 3 KV heads of 64; a verify batch, a prompt chunk.
-            (2, 9, 3, 1, 64, 256, 40),
-            (9, 9, 3, 1, 64, 256, 100),
-            (37, 9, 3, 1, 64, 256, 0),
+            [2, 9, 3, 1, 64, 256, 40],
+            [9, 9, 3, 1, 64, 256, 100],
+            [37, 9, 3, 1, 64, 256, 0],
             // Gemma 3 270M: 4 heads over one KV head of 256.
-            (5, 4, 1, 1, 256, 256, 30),
-            (20, 4, 1, 1, 256, 512, 300),
+            [5, 4, 1, 1, 256, 256, 30],
+            [20, 4, 1, 1, 256, 512, 300],
             // Two sequences with their own KV cells.
-            (6, 4, 2, 2, 64, 256, 17),
+            [6, 4, 2, 2, 64, 256, 17],
         ];
-        for (seed, (positions, heads, kv_heads, streams, head_size, cache, first)) in
-            cases.into_iter().enumerate()
-        {
-            let case = Case {
-                positions,
-                heads,
-                kv_heads,
-                streams,
-                head_size,
-                cache,
-                first,
-            };
-            compare_with_ggml(&case, 0x2545_f491_4f6c_dd1d + seed as u64);
+        for (seed, shape) in shapes.into_iter().enumerate() {
+            compare_with_ggml(shape, 0x2545_f491_4f6c_dd1d + seed as u64);
         }
     }
 }
