@@ -56,20 +56,6 @@ impl Strides {
     }
 }
 
-/// The Q8_0 row of `blocks` blocks at `[cell, kv_head, stream]` of the cache tensor at `base`.
-///
-/// # Safety
-/// The row must lie within a live tensor of Q8_0 blocks at `base` with `strides`.
-unsafe fn cache_row<'a>(
-    base: *const u8,
-    strides: Strides,
-    at: [usize; 3],
-    blocks: usize,
-) -> &'a [BlockQ8_0] {
-    // SAFETY: the caller guarantees the row; Q8_0 rows are 2-byte aligned, as the blocks.
-    unsafe { std::slice::from_raw_parts(base.add(strides.offset(at)).cast(), blocks) }
-}
-
 /// One flash-attention operation: the tensors' addresses, shapes and strides (ggml's layout:
 /// queries `[head_size, positions, heads, streams]`, keys and values `[head_size, cache,
 /// kv_heads, streams]`, the mask `[cache, positions, mask_heads, mask_streams]` of `f16`,
@@ -260,6 +246,28 @@ impl Attention {
         });
     }
 
+    /// The key and value rows (Q8_0) of cache cell `cell` of KV head `kv_head` in stream
+    /// `stream`.
+    ///
+    /// # Safety
+    /// As [`Attention::compute`]; `cell` is within the cache.
+    unsafe fn cache_rows(
+        &self,
+        cell: usize,
+        kv_head: usize,
+        stream: usize,
+    ) -> (&[BlockQ8_0], &[BlockQ8_0]) {
+        let at = [cell, kv_head, stream];
+        // SAFETY: the caller guarantees the rows; Q8_0 rows are 2-byte aligned, as the blocks.
+        let row = |base: *const u8, strides: Strides, values: usize| unsafe {
+            std::slice::from_raw_parts(base.add(strides.offset(at)).cast(), values / BLOCK)
+        };
+        (
+            row(self.keys, self.key_strides, self.key_size),
+            row(self.values, self.value_strides, self.value_size),
+        )
+    }
+
     /// The query rows of `positions` and of every head that reads KV head `kv_head`, in stream
     /// `stream`.
     ///
@@ -279,7 +287,6 @@ impl Attention {
             .flat_map(|position| heads.clone().map(move |head| (position, head)))
             .collect();
         let key_blocks = self.key_size / BLOCK;
-        let value_blocks = self.value_size / BLOCK;
         // SAFETY (every dereference below): the caller guarantees tensors of the described
         // layout; every offset is within them.
         let query_rows: Vec<&[f32]> = rows
@@ -320,14 +327,7 @@ impl Attention {
             if !attended {
                 continue;
             }
-            let key_row = unsafe {
-                cache_row(
-                    self.keys,
-                    self.key_strides,
-                    [cell, kv_head, stream],
-                    key_blocks,
-                )
-            };
+            let (key_row, value_row_blocks) = unsafe { self.cache_rows(cell, kv_head, stream) };
             let key = QuantMatrix::new(key_row, 1, self.key_size);
             for (pass, pass_scores) in passes.iter().zip(scores.chunks_mut(avx2::ROWS_PER_PASS)) {
                 let count = pass_scores.len();
@@ -338,15 +338,7 @@ impl Attention {
                 // SAFETY: this function's features are the kernel's.
                 unsafe { BlockQ8_0::rows(&key, pass, 0..1, &mut outputs[..count]) };
             }
-            let values = unsafe {
-                cache_row(
-                    self.values,
-                    self.value_strides,
-                    [cell, kv_head, stream],
-                    value_blocks,
-                )
-            };
-            dequantize(values, &mut value_row);
+            dequantize(value_row_blocks, &mut value_row);
             for (row, accumulator) in accumulators.chunks_exact_mut(self.value_size).enumerate() {
                 let bias = biases[row];
                 if bias == f32::NEG_INFINITY {
