@@ -8,8 +8,9 @@
 //! (`docs/exactness.md`), multiplies a weight matrix with a batch by one vector dot product per
 //! (weight row, batch row), unpacking every weight block and converting its `f16` scale again
 //! for each batch row. Here each weight block is unpacked once and used for up to
-//! [`ROWS_PER_PASS`] batch rows, whose quantized blocks stay in cache: prompts and verify batches
-//! get faster, with the same bits. On CPUs with AVX-512 VNNI, `quant_matmul` takes Q8_0, Q5_0
+//! [`ROWS_PER_PASS`] batch rows, whose quantized blocks stay in cache, and the scale products of
+//! a block with every row of the pass are one vector multiply (ggml computes each in a scalar
+//! one): prompts and verify batches get faster, with the same bits. On CPUs with AVX-512 VNNI, `quant_matmul` takes Q8_0, Q5_0
 //! and Q4_0 instead.
 //!
 //! Exactness: ggml's AVX2 dot products (`ggml_vec_dot_q4_1_q8_1`, `ggml_vec_dot_q8_0_q8_0`,
@@ -246,6 +247,10 @@ pub(super) fn kernel_available() -> bool {
 /// Batch rows per pass over the weights: one AVX2 accumulator each, with room left for the
 /// weights and the products.
 pub(super) const ROWS_PER_PASS: usize = 8;
+const _: () = assert!(
+    ROWS_PER_PASS == 8,
+    "a pass's scales are one vector of eight f32"
+);
 
 /// The product of `matrix` with each batch row of `inputs` (`matrix.columns()` values each):
 /// `outputs[i]` gets `matrix.rows()` values for `inputs[i]`, exactly llama.cpp's. Runs on
@@ -293,36 +298,38 @@ pub(super) fn multiply<B: Avx2Weights>(
 }
 
 /// The batch rows of one pass quantized by ggml for 32-value blocks, laid out block-major:
-/// block `b` of batch row `p` at `b * positions + p`, its scale and (Q8_1) scaled sum already in
-/// `f32`.
+/// block `b` of batch row `p` at `b * positions + p`; its scale and (Q8_1) scaled sum already in
+/// `f32`, at `[b][p]` of arrays padded with zeros to [`ROWS_PER_PASS`] rows, so that the kernel
+/// loads a block's scales as one vector.
 pub(super) struct QuantizedBatch {
     positions: usize,
     values: Vec<[i8; BLOCK]>,
-    scales: Vec<f32>,
-    scaled_sums: Vec<f32>,
+    scales: Vec<[f32; ROWS_PER_PASS]>,
+    scaled_sums: Vec<[f32; ROWS_PER_PASS]>,
 }
 
 impl QuantizedBatch {
     fn new(inputs: &[&[f32]], blocks_per_row: usize, activations: Activations) -> Self {
         let positions = inputs.len();
+        assert!(positions <= ROWS_PER_PASS, "batch rows of one pass");
         let block_bytes = activations.block_bytes();
         let values_at = block_bytes - BLOCK;
         let mut quantized = vec![0u8; blocks_per_row * block_bytes];
         let mut batch = Self {
             positions,
             values: vec![[0; BLOCK]; blocks_per_row * positions],
-            scales: vec![0.0; blocks_per_row * positions],
-            scaled_sums: vec![0.0; blocks_per_row * positions],
+            scales: vec![[0.0; ROWS_PER_PASS]; blocks_per_row],
+            scaled_sums: vec![[0.0; ROWS_PER_PASS]; blocks_per_row],
         };
         for (position, input) in inputs.iter().enumerate() {
             activations.quantize(input, &mut quantized);
             for (block, bytes) in quantized.chunks_exact(block_bytes).enumerate() {
-                let at = block * positions + position;
                 let half = |offset: usize| u16::from_le_bytes([bytes[offset], bytes[offset + 1]]);
-                batch.values[at] = std::array::from_fn(|i| bytes[values_at + i] as i8);
-                batch.scales[at] = f16_to_f32(half(0));
+                batch.values[block * positions + position] =
+                    std::array::from_fn(|i| bytes[values_at + i] as i8);
+                batch.scales[block][position] = f16_to_f32(half(0));
                 if activations == Activations::Q8_1 {
-                    batch.scaled_sums[at] = f16_to_f32(half(2));
+                    batch.scaled_sums[block][position] = f16_to_f32(half(2));
                 }
             }
         }
@@ -368,32 +375,52 @@ fn rows_avx2<B: Avx2Block, const POSITIONS: usize>(
     let first_row = range.start;
     for row in range {
         let mut acc = [_mm256_setzero_ps(); POSITIONS];
-        let mut minimums = [0.0f32; POSITIONS];
+        let mut minimums = _mm256_setzero_ps();
         for (block, w) in matrix.row(row).iter().enumerate() {
             // SAFETY: this function's features include those `unpack` needs.
             let (x, scale, min) = unsafe { w.unpack() };
             // ggml's `mul_sum_i8_pairs_float` for signed weights: `|w|` and `a` with `w`'s sign.
             let unsigned_x = if B::SIGNED { _mm256_sign_epi8(x, x) } else { x };
-            let at = block * POSITIONS;
+            let values: &[[i8; BLOCK]; POSITIONS] = batch.values
+                [block * POSITIONS..(block + 1) * POSITIONS]
+                .try_into()
+                .expect("a block of every batch row");
+            // ggml's `d_w × d_a`, a row at a time; here every row's in one vector multiply (the
+            // same bits: a multiply rounds each lane alone), then broadcast lane by lane.
+            let mut scales = [0.0f32; ROWS_PER_PASS];
+            // SAFETY: both arrays hold `ROWS_PER_PASS` (8) floats; no alignment is required.
+            unsafe {
+                let activation_scales = _mm256_loadu_ps(batch.scales[block].as_ptr());
+                let products = _mm256_mul_ps(_mm256_set1_ps(scale), activation_scales);
+                _mm256_storeu_ps(scales.as_mut_ptr(), products);
+            }
+            if has_min {
+                // Two `f16` values multiply exactly in `f32`: ggml's `summs += m * s` gives
+                // these bits whether its compiler fuses the multiply and add or not.
+                // SAFETY: the array holds `ROWS_PER_PASS` (8) floats.
+                let scaled_sums = unsafe { _mm256_loadu_ps(batch.scaled_sums[block].as_ptr()) };
+                minimums = _mm256_add_ps(minimums, _mm256_mul_ps(_mm256_set1_ps(min), scaled_sums));
+            }
             for position in 0..POSITIONS {
-                if has_min {
-                    // Two `f16` values multiply exactly in `f32`: ggml's `summs += m * s` gives
-                    // these bits whether its compiler fuses the multiply and add or not.
-                    minimums[position] += min * batch.scaled_sums[at + position];
-                }
-                let scales = _mm256_set1_ps(scale * batch.scales[at + position]);
                 // SAFETY: a block holds 32 bytes; `loadu` has no alignment requirement.
-                let y = unsafe { _mm256_loadu_si256(batch.values[at + position].as_ptr().cast()) };
+                let y = unsafe { _mm256_loadu_si256(values[position].as_ptr().cast()) };
                 let y = if B::SIGNED { _mm256_sign_epi8(y, x) } else { y };
                 let sums = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(unsigned_x, y));
-                acc[position] = _mm256_fmadd_ps(scales, _mm256_cvtepi32_ps(sums), acc[position]);
+                acc[position] = _mm256_fmadd_ps(
+                    _mm256_broadcast_ss(&scales[position]),
+                    _mm256_cvtepi32_ps(sums),
+                    acc[position],
+                );
             }
         }
+        let mut row_minimums = [0.0f32; ROWS_PER_PASS];
+        // SAFETY: the array holds `ROWS_PER_PASS` (8) floats.
+        unsafe { _mm256_storeu_ps(row_minimums.as_mut_ptr(), minimums) };
         for position in 0..POSITIONS {
             let sum = lane_sum(acc[position]);
             // Adding a zero minimum could turn a `-0.0` into `+0.0`: types without one skip it.
             outputs[position][row - first_row] = if has_min {
-                sum + minimums[position]
+                sum + row_minimums[position]
             } else {
                 sum
             };
