@@ -245,6 +245,12 @@ fn replicas_sharing_their_responses_draft_more_and_answer_the_same() {
         shared.texts, alone.texts,
         "sharing changes what drafters know, never the output"
     );
+    // Each replica's last response reaches the other after its request has returned.
+    for server in [&a, &b] {
+        wait_for(server, "the other replica's last response", || {
+            received(server) >= (distinct.len() / 2) as u64
+        });
+    }
     let health = share_health(&a);
     assert_eq!(health["connected"], true, "{health}");
     assert_eq!(health["namespace"], "extract");
