@@ -10,8 +10,8 @@
 //! for each batch row. Here each weight block is unpacked once and used for up to
 //! [`ROWS_PER_PASS`] batch rows, whose quantized blocks stay in cache, and the scale products of
 //! a block with every row of the pass are one vector multiply (ggml computes each in a scalar
-//! one): prompts and verify batches get faster, with the same bits. On CPUs with AVX-512 VNNI, `quant_matmul` takes Q8_0, Q5_0
-//! and Q4_0 instead.
+//! one): prompts and verify batches get faster, with the same bits. On CPUs with AVX-512 VNNI,
+//! `quant_matmul` takes Q8_0, Q5_0 and Q4_0 instead.
 //!
 //! Exactness: ggml's AVX2 dot products (`ggml_vec_dot_q4_1_q8_1`, `ggml_vec_dot_q8_0_q8_0`,
 //! `ggml_vec_dot_q5_0_q8_0`, `ggml_vec_dot_q4_0_q8_0`; builds for AVX-512 CPUs run the same
