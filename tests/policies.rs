@@ -327,11 +327,10 @@ fn cost_prices_a_measured_draft_model_before_its_first_ask() {
     assert_eq!(calls.load(Ordering::Relaxed), 0);
     let (host, _) = clairvoyant_host(&plain.tokens, prompt_len, drafting_at(0), true);
     let stats = cost_run(&host, &target, &message, &["draft"], &plain.tokens);
+    let (asked, rounds) = (stats.sources[0].asked, rounds_with_room(&stats));
     assert!(
-        stats.sources[0].asked * 10 >= stats.rounds * 9,
-        "asked in {} of {} rounds: {stats:?}",
-        stats.sources[0].asked,
-        stats.rounds
+        asked * 10 >= rounds * 9,
+        "asked in {asked} of {rounds} rounds: {stats:?}"
     );
 }
 
@@ -349,12 +348,19 @@ fn cost_keeps_asking_a_draft_model_whose_only_cost_was_catching_up_with_the_prom
     };
     let (host, calls) = clairvoyant_host(&plain.tokens, prompt_len, costs, false);
     let stats = cost_run(&host, &target, &message, &["draft"], &plain.tokens);
-    let (asked, rounds) = (stats.sources[0].asked, stats.rounds);
+    let (asked, rounds) = (stats.sources[0].asked, rounds_with_room(&stats));
     assert!(
         asked * 10 >= rounds * 9,
         "asked in {asked} of {rounds} rounds: {stats:?}"
     );
     assert_eq!(u64::from(calls.load(Ordering::Relaxed)), asked);
+}
+
+/// The rounds that surely had room for a draft: all but the last, which has none (and asks
+/// nothing) when the drafts before it left exactly one token to generate, as measured timings
+/// decide.
+fn rounds_with_room(stats: &GenerationStats) -> u64 {
+    stats.rounds - 1
 }
 
 /// With `lookup,draft`, a draft model slower than it saves is measured when `lookup` first has

@@ -15,7 +15,8 @@
 //! mask; on a new maximum `M`, the accumulator scaled by `exp(M_old - M)`, otherwise the weight
 //! `exp(s - M)`; the value row (each `i8` times its block's scale, exact) fused-multiply-added
 //! into the accumulator; the sum `S = S × ms + vs`; at the end the accumulator times `1 / S`.
-//! `exp` is the C library's `expf`, which ggml calls too. The unit tests compare every output
+//! `exp` is the C library's `expf`, which ggml calls too (taken for all rows of a cache position
+//! together, bit for bit the same: [`exp`]). The unit tests compare every output
 //! with ggml's own operation on random rows, causal masks and grouped heads.
 //!
 //! Taken: `f32` queries, Q8_0 keys and values with head sizes a multiple of 64 (ggml's vector
@@ -27,6 +28,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::avx2::{self, Avx2Weights};
+use super::exp;
 use super::quant_matmul::{BLOCK, BlockQ8_0, QuantMatrix, f16_to_f32};
 use super::team;
 use llama_cpp_sys_2 as sys;
@@ -316,6 +318,7 @@ impl Attention {
         let mut accumulators = vec![0.0f32; rows.len() * self.value_size];
         let mut scores = vec![0.0f32; rows.len()];
         let mut biases = vec![0.0f32; rows.len()];
+        let mut exponents = vec![0.0f32; rows.len()];
         let mut value_row = vec![0.0f32; self.value_size];
         for cell in 0..self.cache {
             let mut attended = false;
@@ -339,21 +342,33 @@ impl Attention {
                 unsafe { BlockQ8_0::rows(&key, pass, 0..1, &mut outputs[..count]) };
             }
             dequantize(value_row_blocks, &mut value_row);
+            // The rows' exponents first, so that their `exp`s are taken together.
+            for (((score, exponent), bias), old) in scores
+                .iter_mut()
+                .zip(&mut exponents)
+                .zip(&biases)
+                .zip(&maximums)
+            {
+                *score = *score * self.scale + bias;
+                *exponent = if *score > *old {
+                    old - *score
+                } else {
+                    *score - old
+                };
+            }
+            exp::exp_in_place(&mut exponents);
             for (row, accumulator) in accumulators.chunks_exact_mut(self.value_size).enumerate() {
-                let bias = biases[row];
-                if bias == f32::NEG_INFINITY {
+                if biases[row] == f32::NEG_INFINITY {
                     continue;
                 }
-                let mut score = scores[row] * self.scale;
-                score += bias;
-                let old = maximums[row];
+                let score = scores[row];
                 let (mut rescale, mut weight) = (1.0f32, 1.0f32);
-                if score > old {
+                if score > maximums[row] {
                     maximums[row] = score;
-                    rescale = (old - score).exp();
+                    rescale = exponents[row];
                     scale_row(accumulator, rescale);
                 } else {
-                    weight = (score - old).exp();
+                    weight = exponents[row];
                 }
                 add_scaled_row(accumulator, &value_row, weight);
                 sums[row] = sums[row].mul_add(rescale, weight);
