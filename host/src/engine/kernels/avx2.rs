@@ -39,7 +39,7 @@ use super::team;
 /// kernel that multiplies a range of weight rows with them.
 pub(super) trait Avx2Weights: QuantBlock + Copy + Sync + Sized {
     /// A pass's batch rows quantized as ggml quantizes them for this weight type.
-    type Batch: Sync;
+    type Batch: Send + Sync;
 
     /// Quantizes `inputs` (at most [`ROWS_PER_PASS`] rows of `blocks_per_row` blocks).
     fn quantize_batch(inputs: &[&[f32]], blocks_per_row: usize) -> Self::Batch;
@@ -278,10 +278,10 @@ pub(super) fn multiply<B: Avx2Weights>(
         "outputs are columns of the matrix's height"
     );
     let blocks_per_row = matrix.columns() / B::VALUES;
-    let passes: Vec<B::Batch> = inputs
-        .chunks(ROWS_PER_PASS)
-        .map(|pass_inputs| B::quantize_batch(pass_inputs, blocks_per_row))
-        .collect();
+    let pass_inputs: Vec<&[&[f32]]> = inputs.chunks(ROWS_PER_PASS).collect();
+    let passes: Vec<B::Batch> = team::map(&pass_inputs, threads, |pass_inputs| {
+        B::quantize_batch(pass_inputs, blocks_per_row)
+    });
     let row_bytes = blocks_per_row * std::mem::size_of::<B>();
     team::multiply_passes(
         matrix.rows(),

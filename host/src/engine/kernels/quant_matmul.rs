@@ -215,14 +215,14 @@ pub(super) fn multiply<B: WeightBlock>(
         outputs.iter().all(|output| output.len() == matrix.rows()),
         "outputs are columns of the matrix's height"
     );
-    let columns: Vec<QuantizedColumn> = inputs
-        .iter()
-        .map(|input| QuantizedColumn::new(input))
-        .collect();
-    let passes: Vec<PairBlocks> = columns
-        .chunks(2 * PAIRS_PER_PASS)
-        .map(|pass_columns| PairBlocks::new(pass_columns, matrix.blocks_per_row))
-        .collect();
+    let pass_inputs: Vec<&[&[f32]]> = inputs.chunks(2 * PAIRS_PER_PASS).collect();
+    let passes: Vec<PairBlocks> = team::map(&pass_inputs, threads, |pass_inputs| {
+        let columns: Vec<QuantizedColumn> = pass_inputs
+            .iter()
+            .map(|input| QuantizedColumn::new(input))
+            .collect();
+        PairBlocks::new(&columns, matrix.blocks_per_row)
+    });
     let row_bytes = matrix.blocks_per_row * std::mem::size_of::<B>();
     team::multiply_passes(
         matrix.rows(),
@@ -336,6 +336,9 @@ fn rows_kernel<B: WeightBlock>(
     }
 }
 
+/// Weight rows the kernel takes together: each pass block loaded once serves all of them.
+const ROWS_PER_STEP: usize = 2;
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 unsafe fn rows_avx512<B: WeightBlock, const PAIRS: usize>(
     matrix: &QuantMatrix<'_, B>,
@@ -343,32 +346,62 @@ unsafe fn rows_avx512<B: WeightBlock, const PAIRS: usize>(
     range: Range<usize>,
     outputs: &mut [&mut [f32]],
 ) {
-    let offset_weights = _mm512_set1_epi8(-128);
     let first_row = range.start;
-    for row in range {
-        let mut acc = [_mm512_setzero_ps(); PAIRS];
-        for (block, weights) in matrix.row(row).iter().enumerate() {
-            // SAFETY: this function's features include those `unpack` needs.
-            let (x, scale) = unsafe { weights.unpack() };
-            let x = _mm512_xor_si512(_mm512_broadcast_i64x4(x), offset_weights);
-            let row_scale = _mm512_set1_ps(f16_to_f32(scale));
-            let batch = &pairs.blocks[block * PAIRS..(block + 1) * PAIRS];
-            for (acc, pair) in acc.iter_mut().zip(batch) {
-                // SAFETY: `PairBlock` is 64-byte aligned and each field is 64 bytes long.
-                let (y, offsets, scales) = unsafe {
-                    (
-                        _mm512_load_si512(pair.values.as_ptr().cast()),
-                        _mm512_load_si512(pair.offsets.as_ptr().cast()),
-                        _mm512_load_ps(pair.scales.as_ptr()),
-                    )
-                };
-                let sums = _mm512_dpbusd_epi32(offsets, x, y);
-                let scale = _mm512_mul_ps(row_scale, scales);
-                *acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sums), *acc);
-            }
+    let mut row = range.start;
+    while row + ROWS_PER_STEP <= range.end {
+        // SAFETY: this function's features are the callee's.
+        let accs = unsafe { accumulate::<B, PAIRS, ROWS_PER_STEP>(matrix, pairs, row) };
+        for (step_row, acc) in accs.iter().enumerate() {
+            store_row(acc, pairs, row + step_row - first_row, outputs);
         }
+        row += ROWS_PER_STEP;
+    }
+    for row in row..range.end {
+        // SAFETY: as above.
+        let [acc] = unsafe { accumulate::<B, PAIRS, 1>(matrix, pairs, row) };
         store_row(&acc, pairs, row - first_row, outputs);
     }
+}
+
+/// The lane accumulators of weight rows `first_row..first_row + ROWS` with every batch row of
+/// `pairs`: each (weight row, batch row) gets exactly the operations it would get alone, the
+/// rows only share the loads of the pass's blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+unsafe fn accumulate<B: WeightBlock, const PAIRS: usize, const ROWS: usize>(
+    matrix: &QuantMatrix<'_, B>,
+    pairs: &PairBlocks,
+    first_row: usize,
+) -> [[__m512; PAIRS]; ROWS] {
+    let offset_weights = _mm512_set1_epi8(-128);
+    let weight_rows: [&[B]; ROWS] = std::array::from_fn(|i| matrix.row(first_row + i));
+    let mut accs = [[_mm512_setzero_ps(); PAIRS]; ROWS];
+    for block in 0..matrix.blocks_per_row {
+        let mut xs = [_mm512_setzero_si512(); ROWS];
+        let mut row_scales = [_mm512_setzero_ps(); ROWS];
+        for ((x, row_scale), weights) in xs.iter_mut().zip(&mut row_scales).zip(&weight_rows) {
+            // SAFETY: this function's features include those `unpack` needs.
+            let (unpacked, scale) = unsafe { weights[block].unpack() };
+            *x = _mm512_xor_si512(_mm512_broadcast_i64x4(unpacked), offset_weights);
+            *row_scale = _mm512_set1_ps(f16_to_f32(scale));
+        }
+        let batch = &pairs.blocks[block * PAIRS..(block + 1) * PAIRS];
+        for (pair_index, pair) in batch.iter().enumerate() {
+            // SAFETY: `PairBlock` is 64-byte aligned and each field is 64 bytes long.
+            let (y, offsets, scales) = unsafe {
+                (
+                    _mm512_load_si512(pair.values.as_ptr().cast()),
+                    _mm512_load_si512(pair.offsets.as_ptr().cast()),
+                    _mm512_load_ps(pair.scales.as_ptr()),
+                )
+            };
+            for ((acc, x), row_scale) in accs.iter_mut().zip(&xs).zip(&row_scales) {
+                let sums = _mm512_dpbusd_epi32(offsets, *x, y);
+                let scale = _mm512_mul_ps(*row_scale, scales);
+                acc[pair_index] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sums), acc[pair_index]);
+            }
+        }
+    }
+    accs
 }
 
 /// Sums each batch row's lanes as ggml does and stores the sum at `index` of its output.

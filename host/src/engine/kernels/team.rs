@@ -97,6 +97,36 @@ unsafe extern "C" {
     fn omp_get_num_threads() -> c_int;
 }
 
+/// `f` of every item, computed on up to `threads` threads of the team (a batch's passes
+/// quantized in parallel rather than by the calling thread alone), in the items' order.
+pub(super) fn map<I, T, F>(items: &[I], threads: usize, f: F) -> Vec<T>
+where
+    I: Sync,
+    T: Send,
+    F: Fn(&I) -> T + Sync,
+{
+    let threads = threads.min(items.len()).max(1);
+    if threads == 1 {
+        return items.iter().map(f).collect();
+    }
+    let results: Vec<Mutex<Option<T>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    parallel(threads, |thread, team| {
+        for (item, result) in items.iter().zip(&results).skip(thread).step_by(team) {
+            let value = f(item);
+            *result.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+        }
+    });
+    results
+        .into_iter()
+        .map(|result| {
+            result
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every item mapped")
+        })
+        .collect()
+}
+
 /// Runs `work(thread, team)` on `threads` threads (the calling one included) of the OpenMP team
 /// llama.cpp computes its graphs with, so the host's kernels and llama.cpp's take turns on the
 /// same, already running threads instead of competing with them.
