@@ -4,9 +4,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use common::*;
 use spechost::cascade::Cascade;
 use spechost::engine::SamplingParams;
@@ -15,26 +12,6 @@ use spechost::plugins::SandboxLimits;
 use spechost::plugins::SourceSpec;
 
 const MAX_TOKENS: usize = 48;
-
-/// A `tracing` writer that keeps everything in memory, so the test can read the warnings.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log buffer").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("log buffer")).into_owned()
-    }
-}
 
 /// Runs `[hostile, lookup]` and plain decoding on the same prompt under the default sandbox
 /// limits; returns the warnings logged and the hostile source's fault count.
@@ -56,14 +33,7 @@ fn run_hostile_with(stem: &str, limits: &SandboxLimits) -> (String, u64) {
         8,
         &mut Cascade::empty(),
     );
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    let spec = tracing::subscriber::with_default(subscriber, || {
+    let (spec, logs) = capture_warnings(|| {
         let specs = [wasm(stem), SourceSpec::Builtin("lookup".into())];
         let mut cascade = cascade_with_limits(&host, &specs, limits);
         generate(
@@ -82,7 +52,7 @@ fn run_hostile_with(stem: &str, limits: &SandboxLimits) -> (String, u64) {
         first_difference(&spec.tokens, &plain.tokens)
     );
     let faults = spec.stats.sources[0].faults;
-    (logs.text(), faults)
+    (logs, faults)
 }
 
 /// Asserts the plugin was reported by name with each of `needles`, and quarantined.
@@ -202,14 +172,7 @@ fn run_hostile_policy(stem: &str) -> (String, spechost::engine::GenerationStats)
         8,
         &mut Cascade::empty(),
     );
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    let spec = tracing::subscriber::with_default(subscriber, || {
+    let (spec, logs) = capture_warnings(|| {
         let policy = host
             .load_policy(&wasm(stem))
             .unwrap_or_else(|e| panic!("{e:#}; build the plugins with scripts/build-plugins.sh"));
@@ -230,7 +193,7 @@ fn run_hostile_policy(stem: &str) -> (String, spechost::engine::GenerationStats)
         "{stem}: output differs from plain decoding at token {:?}",
         first_difference(&spec.tokens, &plain.tokens)
     );
-    (logs.text(), spec.stats)
+    (logs, spec.stats)
 }
 
 #[test]

@@ -4,10 +4,12 @@
 //! The `.wasm` files come from `scripts/build-plugins.sh`: they are looked for in
 //! `$SPECHOST_WASM_DIR`, else `<target>/wasm32-wasip2/release` next to this test binary.
 
-use std::io::Write;
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use common::capture_warnings;
 
 use spechost::cascade::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 use spechost::plugins::SourceSpec;
@@ -452,14 +454,8 @@ fn sandbox_denies_files_environment_and_network() {
 
 #[test]
 fn plugin_log_lines_name_the_plugin() {
-    let log = CapturedLog::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(log.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
     let mut source = source("hostile_fileopen", SandboxLimits::default());
-    tracing::subscriber::with_default(subscriber, || {
+    let ((), text) = capture_warnings(|| {
         source
             .begin(&facts(), &repetitive_prompt())
             .expect("hostile_fileopen opens");
@@ -467,7 +463,6 @@ fn plugin_log_lines_name_the_plugin() {
             .propose(MAX_DRAFT_LEN)
             .expect("hostile_fileopen proposes");
     });
-    let text = log.text();
     let line = text
         .lines()
         .find(|line| line.contains("sandbox denied, in propose"))
@@ -480,18 +475,11 @@ fn plugin_log_lines_name_the_plugin() {
 
 #[test]
 fn quarantine_is_announced_once_naming_plugin_and_last_fault() {
-    let log = CapturedLog::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(log.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
     let mut source = source("hostile_flood", SandboxLimits::default());
-    tracing::subscriber::with_default(subscriber, || {
+    let ((), text) = capture_warnings(|| {
         run_until_quarantined(&mut source);
         assert_quarantined_calls_are_quick(&mut source);
     });
-    let text = log.text();
     let quarantine_lines: Vec<&str> = text
         .lines()
         .filter(|line| line.contains("quarantined"))
@@ -598,36 +586,4 @@ fn corrupt_cache_entry_is_recompiled_and_overwritten() {
     let mut source = plugin.source("");
     source.begin(&facts(), &repetitive_prompt()).expect("begin");
     assert_eq!(source.propose(2).expect("propose").tokens, [104, 105]);
-}
-
-/// A `tracing` writer that keeps everything in memory.
-#[derive(Clone, Default)]
-struct CapturedLog(Arc<Mutex<Vec<u8>>>);
-
-impl CapturedLog {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
-    }
-}
-
-impl Write for CapturedLog {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLog {
-    type Writer = CapturedLog;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
 }

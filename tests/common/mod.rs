@@ -4,9 +4,10 @@
 
 pub mod server;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use spechost::cascade::{Cascade, CascadeSettings, DraftSource};
 use spechost::config::cache_dir;
@@ -292,4 +293,50 @@ pub fn generated_model(kind: &str, args: &[&str], file: &str) -> PathBuf {
         .expect("python runs");
     assert!(status.success(), "make-test-model.py {kind} failed");
     out
+}
+
+/// A `tracing` writer that keeps everything in memory, so a test can read the warnings.
+#[derive(Clone, Default)]
+pub struct CapturedLog(Arc<Mutex<Vec<u8>>>);
+
+impl CapturedLog {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+    }
+}
+
+impl Write for CapturedLog {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs `f` with this thread's `tracing` warnings captured; returns its result and the log.
+///
+/// `tracing` caches each callsite's interest for the whole process. While a single dispatcher
+/// is registered, a callsite first reached on another test's thread (which has no subscriber)
+/// is cached as never enabled, and this thread's events from it are dropped. A second
+/// dispatcher, registered for as long as the capture runs, makes every callsite registration
+/// ask all registered dispatchers instead.
+pub fn capture_warnings<T>(f: impl FnOnce() -> T) -> (T, String) {
+    let warnings_to = |writer: CapturedLog| {
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish()
+    };
+    let log = CapturedLog::default();
+    let _anchor = tracing::Dispatch::new(warnings_to(CapturedLog::default()));
+    let result = tracing::subscriber::with_default(warnings_to(log.clone()), f);
+    (result, log.text())
 }
