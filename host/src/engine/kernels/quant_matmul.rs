@@ -217,13 +217,16 @@ pub(super) fn multiply<B: WeightBlock>(
         "outputs are columns of the matrix's height"
     );
     let pass_inputs: Vec<&[&[f32]]> = inputs.chunks(2 * PAIRS_PER_PASS).collect();
-    let passes: Vec<PairBlocks> = team::map(&pass_inputs, threads, |pass_inputs| {
+    let mut passes: Vec<PairBlocks> = team::map(&pass_inputs, threads, |pass_inputs| {
         let columns: Vec<QuantizedColumn> = pass_inputs
             .iter()
             .map(|input| QuantizedColumn::new(input))
             .collect();
         PairBlocks::new(&columns, matrix.blocks_per_row)
     });
+    if let [only] = passes.as_mut_slice() {
+        only.streams_weights = true;
+    }
     let row_bytes = matrix.blocks_per_row * std::mem::size_of::<B>();
     team::multiply_passes(
         matrix.rows(),
@@ -275,6 +278,9 @@ struct PairBlock {
 
 /// The positions of one pass, as [`PairBlock`]s in block-major order.
 struct PairBlocks {
+    /// Whether this is the batch's only pass: its weights then come from memory once, and the
+    /// kernel prefetches them (several passes reuse a tile of weights from the cache instead).
+    streams_weights: bool,
     pairs: usize,
     positions: usize,
     blocks: Vec<PairBlock>,
@@ -306,6 +312,7 @@ impl PairBlocks {
             }
         }
         Self {
+            streams_weights: false,
             pairs,
             positions: columns.len(),
             blocks,
@@ -337,6 +344,9 @@ fn rows_kernel<B: WeightBlock>(
     }
 }
 
+/// How many weight rows ahead the kernel prefetches.
+const PREFETCH_ROWS: usize = 4;
+
 /// Weight rows the kernel takes together: each pass block loaded once serves all of them.
 const ROWS_PER_STEP: usize = 2;
 
@@ -349,7 +359,8 @@ unsafe fn rows_avx512<B: WeightBlock, const PAIRS: usize>(
 ) {
     let first_row = range.start;
     let mut row = range.start;
-    while row + ROWS_PER_STEP <= range.end {
+    // One batch pair streams the weights from memory faster a row at a time.
+    while PAIRS > 1 && row + ROWS_PER_STEP <= range.end {
         // SAFETY: this function's features are the callee's.
         let accs = unsafe { accumulate::<B, PAIRS, ROWS_PER_STEP>(matrix, pairs, row) };
         for (step_row, acc) in accs.iter().enumerate() {
@@ -375,11 +386,23 @@ unsafe fn accumulate<B: WeightBlock, const PAIRS: usize, const ROWS: usize>(
 ) -> [[__m512; PAIRS]; ROWS] {
     let offset_weights = _mm512_set1_epi8(-128);
     let weight_rows: [&[B]; ROWS] = std::array::from_fn(|i| matrix.row(first_row + i));
+    let row_bytes = std::mem::size_of_val(weight_rows[0]);
     let mut accs = [[_mm512_setzero_ps(); PAIRS]; ROWS];
     for block in 0..matrix.blocks_per_row {
         let mut xs = [_mm512_setzero_si512(); ROWS];
         let mut row_scales = [_mm512_setzero_ps(); ROWS];
         for ((x, row_scale), weights) in xs.iter_mut().zip(&mut row_scales).zip(&weight_rows) {
+            if pairs.streams_weights {
+                // Weights a few rows ahead, so that memory keeps streaming while the batch
+                // rows are computed (a prefetch never faults, past the matrix's end included).
+                _mm_prefetch::<_MM_HINT_T0>(
+                    weights
+                        .as_ptr()
+                        .wrapping_add(block)
+                        .cast::<i8>()
+                        .wrapping_add(PREFETCH_ROWS * row_bytes),
+                );
+            }
             // SAFETY: this function's features include those `unpack` needs.
             let (unpacked, scale) = unsafe { weights[block].unpack() };
             *x = _mm512_xor_si512(_mm512_broadcast_i64x4(unpacked), offset_weights);
