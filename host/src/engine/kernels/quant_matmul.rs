@@ -5,7 +5,8 @@
 //! with a batch by one vector dot product per (weight row, batch row), unpacking every weight
 //! block again for every row of the batch: verifying `n` tokens costs close to `n` single-token
 //! passes. Here each weight block is loaded and unpacked once and used for up to 16 batch rows,
-//! and each block of those batch rows is loaded once for two weight rows.
+//! and each block of those batch rows is loaded once for two weight rows (batches of more than
+//! two rows).
 //! `kernels::backend` hands it llama.cpp's products: on Gemma 3, its output layer (the
 //! 262144 × 640 Q8_0 token embedding) and most of its layers (Q5_0); on Q4_0 models (the
 //! default draft models, `spechost models quantize --type Q4_0`), every layer.
