@@ -31,7 +31,8 @@ use std::ffi::c_void;
 use std::ops::Range;
 
 use super::quant_matmul::{
-    BLOCK, BlockQ4_0, BlockQ5_0, BlockQ8_0, QuantBlock, QuantMatrix, f16_to_f32, spread_nibbles,
+    BLOCK, BlockQ4_0, BlockQ5_0, BlockQ8_0, QuantBlock, QuantMatrix, f16_to_f32, quantize_row_q8_0,
+    spread_nibbles,
 };
 use super::team;
 
@@ -233,8 +234,6 @@ impl Activations {
 unsafe extern "C" {
     /// ggml's quantizer of a batch row for Q4_1 products (`ggml-cpu/arch/x86/quants.c`).
     fn quantize_row_q8_1(x: *const f32, y: *mut c_void, k: i64);
-    /// ggml's quantizer of a batch row for Q8_0, Q5_0 and Q4_0 products.
-    fn quantize_row_q8_0(x: *const f32, y: *mut c_void, k: i64);
 }
 
 /// Whether this CPU has the kernel's instructions.

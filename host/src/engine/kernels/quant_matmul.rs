@@ -32,6 +32,12 @@ use std::ops::Range;
 
 use super::team;
 
+unsafe extern "C" {
+    /// ggml's quantizer of a batch row for Q8_0, Q5_0 and Q4_0 products
+    /// (`ggml-cpu/arch/x86/quants.c`), for both kernels (`avx2` too).
+    pub(super) fn quantize_row_q8_0(x: *const f32, y: *mut std::ffi::c_void, k: i64);
+}
+
 /// Values per block of the 32-value weight types (Q8_0, Q5_0, Q4_0, Q4_1) and of their
 /// quantized batch rows.
 pub(super) const BLOCK: usize = 32;
@@ -219,11 +225,7 @@ pub(super) fn multiply<B: WeightBlock>(
     );
     let pass_inputs: Vec<&[&[f32]]> = inputs.chunks(2 * PAIRS_PER_PASS).collect();
     let mut passes: Vec<PairBlocks> = team::map(&pass_inputs, threads, |pass_inputs| {
-        let columns: Vec<QuantizedColumn> = pass_inputs
-            .iter()
-            .map(|input| QuantizedColumn::new(input))
-            .collect();
-        PairBlocks::new(&columns, matrix.blocks_per_row)
+        PairBlocks::new(pass_inputs, matrix.blocks_per_row)
     });
     if let [only] = passes.as_mut_slice() {
         only.streams_weights = true;
@@ -240,30 +242,25 @@ pub(super) fn multiply<B: WeightBlock>(
     );
 }
 
-/// A batch row quantized as ggml's `quantize_row_q8_0` (x86 form) quantizes it.
-struct QuantizedColumn {
-    /// Per block: the scale, rounded to `f16` and back, as the dot product reads it.
-    scales: Vec<f32>,
-    values: Vec<i8>,
-}
-
-impl QuantizedColumn {
-    fn new(hidden: &[f32]) -> Self {
-        let mut scales = Vec::with_capacity(hidden.len() / BLOCK);
-        let mut values = Vec::with_capacity(hidden.len());
-        for block in hidden.chunks_exact(BLOCK) {
-            let max = block.iter().fold(0.0f32, |max, x| max.max(x.abs()));
-            let scale = max / 127.0;
-            let inverse = if max != 0.0 { 127.0 / max } else { 0.0 };
-            scales.push(f16_to_f32(f32_to_f16(scale)));
-            values.extend(
-                block
-                    .iter()
-                    .map(|&x| (x * inverse).round_ties_even().clamp(-128.0, 127.0) as i8),
-            );
-        }
-        Self { scales, values }
-    }
+/// `hidden` (whole blocks) quantized by ggml's own `quantize_row_q8_0`, as its single-row
+/// product quantizes a batch row.
+fn quantize_column(hidden: &[f32], blocks: &mut Vec<BlockQ8_0>) {
+    assert!(hidden.len().is_multiple_of(BLOCK), "whole blocks");
+    let empty = BlockQ8_0 {
+        scale: 0,
+        values: [0; BLOCK],
+    };
+    blocks.clear();
+    blocks.resize(hidden.len() / BLOCK, empty);
+    // SAFETY: `hidden` holds whole blocks of floats and `blocks` as many Q8_0 blocks, ggml's
+    // `block_q8_0` layout.
+    unsafe {
+        quantize_row_q8_0(
+            hidden.as_ptr(),
+            blocks.as_mut_ptr().cast(),
+            hidden.len() as i64,
+        )
+    };
 }
 
 /// Two positions' data for one block, laid out for the kernel's 512-bit registers: the low
@@ -277,6 +274,25 @@ struct PairBlock {
     scales: [f32; 16],
 }
 
+impl PairBlock {
+    /// Lays out one position's quantized block as half `half` (0 or 1) of this pair's.
+    #[target_feature(enable = "avx512f,avx512vl,avx512vnni,f16c")]
+    fn set_half(&mut self, half: usize, quantized: &BlockQ8_0) {
+        let range = half * BLOCK..(half + 1) * BLOCK;
+        self.values[range].copy_from_slice(&quantized.values);
+        // SAFETY: `values` holds 32 bytes; `offsets` and `scales` hold 16 values, eight per half.
+        unsafe {
+            let values = _mm256_loadu_si256(quantized.values.as_ptr().cast());
+            // Each lane's sum of its four signed bytes (`vpdpbusd` with ones), times -128.
+            let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), values);
+            let offsets = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<7>(sums));
+            _mm256_storeu_si256(self.offsets[half * 8..].as_mut_ptr().cast(), offsets);
+            let scale = _mm256_set1_ps(f16_to_f32(quantized.scale));
+            _mm256_storeu_ps(self.scales[half * 8..].as_mut_ptr(), scale);
+        }
+    }
+}
+
 /// The positions of one pass, as [`PairBlock`]s in block-major order.
 struct PairBlocks {
     /// Whether this is the batch's only pass: its weights then come from memory once, and the
@@ -288,34 +304,29 @@ struct PairBlocks {
 }
 
 impl PairBlocks {
-    fn new(columns: &[QuantizedColumn], blocks_per_row: usize) -> Self {
-        let pairs = columns.len().div_ceil(2);
+    /// The batch rows of one pass (at most `2 * PAIRS_PER_PASS`), quantized and laid out for
+    /// the kernel, two rows per pair.
+    fn new(inputs: &[&[f32]], blocks_per_row: usize) -> Self {
+        let pairs = inputs.len().div_ceil(2);
         let empty = PairBlock {
             values: [0; 2 * BLOCK],
             offsets: [0; 16],
             scales: [0.0; 16],
         };
         let mut blocks = vec![empty; pairs * blocks_per_row];
-        for (position, column) in columns.iter().enumerate() {
+        let mut column = Vec::with_capacity(blocks_per_row);
+        for (position, input) in inputs.iter().enumerate() {
+            quantize_column(input, &mut column);
             let (pair, half) = (position / 2, position % 2);
-            for block in 0..blocks_per_row {
-                let target = &mut blocks[block * pairs + pair];
-                let values = &column.values[block * BLOCK..(block + 1) * BLOCK];
-                target.values[half * BLOCK..(half + 1) * BLOCK].copy_from_slice(values);
-                for lane in 0..8 {
-                    let sum: i32 = values[4 * lane..4 * lane + 4]
-                        .iter()
-                        .map(|&v| i32::from(v))
-                        .sum();
-                    target.offsets[half * 8 + lane] = -128 * sum;
-                    target.scales[half * 8 + lane] = column.scales[block];
-                }
+            for (block, quantized) in column.iter().enumerate() {
+                // SAFETY: `multiply` checked that the CPU has the instructions.
+                unsafe { blocks[block * pairs + pair].set_half(half, quantized) };
             }
         }
         Self {
             streams_weights: false,
             pairs,
-            positions: columns.len(),
+            positions: inputs.len(),
             blocks,
         }
     }
@@ -461,14 +472,6 @@ pub(super) fn f16_to_f32(bits: u16) -> f32 {
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
 }
 
-/// `f32` to `f16` bits, rounding to nearest even, as ggml's `GGML_CPU_FP32_TO_FP16` on x86.
-fn f32_to_f16(value: f32) -> u16 {
-    // SAFETY: as in `f16_to_f32`.
-    unsafe {
-        _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(value))) as u16
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -555,14 +558,14 @@ mod tests {
 
     /// One output as ggml's single-row kernel (AVX2 form) computes it, in scalar code.
     fn reference_dot<B: ScalarWeights>(row: &[B], input: &[f32]) -> f32 {
-        let column = QuantizedColumn::new(input);
+        let column = quantized(input);
         let mut acc = [0.0f32; 8];
-        for (block, weights) in row.iter().enumerate() {
-            let scale = f16_to_f32(weights.scale_bits()) * column.scales[block];
+        for (weights, quantized) in row.iter().zip(&column) {
+            let scale = f16_to_f32(weights.scale_bits()) * f16_to_f32(quantized.scale);
             let values = weights.weights();
             for (lane, acc) in acc.iter_mut().enumerate() {
                 let sum: i32 = (4 * lane..4 * lane + 4)
-                    .map(|i| values[i] * i32::from(column.values[block * BLOCK + i]))
+                    .map(|i| values[i] * i32::from(quantized.values[i]))
                     .sum();
                 *acc = scale.mul_add(sum as f32, *acc);
             }
@@ -669,21 +672,29 @@ mod tests {
         weights_unpack_as_ggml_lays_them_out::<BlockQ4_0>();
     }
 
+    /// `input` quantized as the kernel quantizes a batch row.
+    fn quantized(input: &[f32]) -> Vec<BlockQ8_0> {
+        let mut blocks = Vec::new();
+        quantize_column(input, &mut blocks);
+        blocks
+    }
+
     #[test]
-    fn hidden_states_are_quantized_as_ggml_does() {
+    fn batch_rows_are_quantized_by_ggml_into_its_block_layout() {
         let mut block = [0.5f32; BLOCK];
         block[0] = -127.0;
         block[1] = 63.5;
         block[2] = -0.25;
-        let column = QuantizedColumn::new(&block);
+        let column = quantized(&block);
         // Scale 1: values round to nearest, ties to even (`_mm256_round_ps`).
-        assert_eq!(column.scales, vec![1.0]);
-        assert_eq!(&column.values[..4], &[-127, 64, 0, 0]);
-        let zeros = QuantizedColumn::new(&[0.0; BLOCK]);
-        assert_eq!((zeros.scales[0], zeros.values[5]), (0.0, 0));
+        assert_eq!(f16_to_f32(column[0].scale), 1.0);
+        assert_eq!(&column[0].values[..4], &[-127, 64, 0, 0]);
+        let zeros = quantized(&[0.0; 2 * BLOCK]);
+        assert_eq!(zeros.len(), 2);
+        assert_eq!((f16_to_f32(zeros[1].scale), zeros[1].values[5]), (0.0, 0));
         // The scale is stored as f16: 1/3 rounds to 0.33325195.
-        let third = QuantizedColumn::new(&[127.0 / 3.0; BLOCK]);
-        assert_eq!(third.scales[0], 0.333_251_95);
-        assert!(third.values.iter().all(|&v| v == 127));
+        let third = quantized(&[127.0 / 3.0; BLOCK]);
+        assert_eq!(f16_to_f32(third[0].scale), 0.333_251_95);
+        assert!(third[0].values.iter().all(|&v| v == 127));
     }
 }
