@@ -72,6 +72,14 @@ pub(super) struct BlockQ8_0 {
     pub(super) values: [i8; BLOCK],
 }
 
+impl BlockQ8_0 {
+    /// All zeros: room for a block that ggml's quantizer fills.
+    const EMPTY: Self = Self {
+        scale: 0,
+        values: [0; BLOCK],
+    };
+}
+
 impl WeightBlock for BlockQ8_0 {
     #[inline(always)]
     unsafe fn unpack(&self) -> (__m256i, u16) {
@@ -242,16 +250,14 @@ pub(super) fn multiply<B: WeightBlock>(
     );
 }
 
-/// `hidden` (whole blocks) quantized by ggml's own `quantize_row_q8_0`, as its single-row
-/// product quantizes a batch row.
-fn quantize_column(hidden: &[f32], blocks: &mut Vec<BlockQ8_0>) {
-    assert!(hidden.len().is_multiple_of(BLOCK), "whole blocks");
-    let empty = BlockQ8_0 {
-        scale: 0,
-        values: [0; BLOCK],
-    };
-    blocks.clear();
-    blocks.resize(hidden.len() / BLOCK, empty);
+/// `hidden` quantized into `blocks` (one per 32 values) by ggml's own `quantize_row_q8_0`, as its
+/// single-row product quantizes a batch row.
+fn quantize_column(hidden: &[f32], blocks: &mut [BlockQ8_0]) {
+    assert_eq!(
+        hidden.len(),
+        blocks.len() * BLOCK,
+        "one block per 32 values"
+    );
     // SAFETY: `hidden` holds whole blocks of floats and `blocks` as many Q8_0 blocks, ggml's
     // `block_q8_0` layout.
     unsafe {
@@ -314,7 +320,7 @@ impl PairBlocks {
             scales: [0.0; 16],
         };
         let mut blocks = vec![empty; pairs * blocks_per_row];
-        let mut column = Vec::with_capacity(blocks_per_row);
+        let mut column = vec![BlockQ8_0::EMPTY; blocks_per_row];
         for (position, input) in inputs.iter().enumerate() {
             quantize_column(input, &mut column);
             let (pair, half) = (position / 2, position % 2);
@@ -674,7 +680,7 @@ mod tests {
 
     /// `input` quantized as the kernel quantizes a batch row.
     fn quantized(input: &[f32]) -> Vec<BlockQ8_0> {
-        let mut blocks = Vec::new();
+        let mut blocks = vec![BlockQ8_0::EMPTY; input.len() / BLOCK];
         quantize_column(input, &mut blocks);
         blocks
     }
