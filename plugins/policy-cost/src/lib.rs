@@ -81,8 +81,9 @@
 //! model the host measured, an ask's time plus catching up with every token committed since,
 //! the prompt's at the start of a request, or drafting the probe's K if that is longer), so
 //! re-measuring a source that does not pay costs at most 2% of the time; but never when it
-//! could not pay even if every token it drafted were accepted: measuring its acceptance cannot
-//! change the verdict. A probe drafts at least the K at which the source would pay best if
+//! could not pay even if every token it drafted were accepted, nor when drafts accepted in
+//! full would not repay catching its draft model up (below) over the rest of the request:
+//! measuring its acceptance cannot change the verdict. A probe drafts at least the K at which the source would pay best if
 //! every token were accepted: its acceptance there decides whether it pays, and a one-token
 //! probe, accepted, says too little about longer drafts to bring a draft model back. A draft model left out falls
 //! further behind the context with every round, and its catch-up grows as fast as the rounds'
@@ -538,10 +539,10 @@ impl SourceModel {
     }
 
     /// The K at which the source would pay best if it always proposed and the target accepted
-    /// every token it drafted, when that beats `plain` (committed tokens per microsecond):
-    /// the length to measure it at, since its acceptance there decides whether it pays. `None`
-    /// when no K would pay even then.
-    fn probe_length(&self, verify: &[f64], others: f64, plain: f64) -> Option<u32> {
+    /// every token it drafted, when that beats `plain` (committed tokens per microsecond), and
+    /// its rate there: the length to measure it at, since its acceptance there decides whether
+    /// it pays. `None` when no K would pay even then.
+    fn probe_length(&self, verify: &[f64], others: f64, plain: f64) -> Option<(u32, f64)> {
         let all_accepted = vec![1.0; verify.len()];
         let mut best: Option<(usize, f64)> = None;
         for (index, rate) in self
@@ -553,7 +554,7 @@ impl SourceModel {
                 best = Some((index + 1, rate));
             }
         }
-        best.and_then(|(k, _)| u32::try_from(k).ok())
+        best.and_then(|(k, rate)| Some((u32::try_from(k).ok()?, rate)))
     }
 
     /// [`Self::rates`] for the acceptance per position `acceptance` and the proposal rate `p`.
@@ -768,9 +769,15 @@ impl Policy for Cost {
         for &index in &unprofitable {
             let model = &self.sources[index];
             // A probe measures the source where it could pay: a one-token probe, accepted,
-            // says too little about longer drafts to bring a draft model back.
+            // says too little about longer drafts to bring a draft model back. And only where
+            // its verdict could change: when even drafts accepted in full would not repay the
+            // catch-up this request would ask of its draft model, it stays out whatever the
+            // probe measures.
             match model.probe_length(verify, self.others.committed, plain) {
-                Some(probe) if model.is_due_for_a_probe(probe) => {
+                Some((probe, full_rate))
+                    if model.is_due_for_a_probe(probe)
+                        && self.repays_catch_up(model, full_rate, plain, table[0]) =>
+                {
                     length = length.max(probe.min(self.cap));
                 }
                 _ => excluded.push(model.name.clone()),
@@ -1616,11 +1623,63 @@ mod tests {
         );
     }
 
+    /// [`rounds_asking_the_model`], except that `lookup` drafts only in every other round.
+    fn rounds_asking_the_model_beside_half_of_lookup(
+        harness: &mut PolicyHarness<Cost>,
+        ask: &RoundRecord,
+        rounds: usize,
+    ) -> usize {
+        let mut asks = 0;
+        for round_index in 0..rounds {
+            let decision = harness.decide();
+            let round = if decision.exclude.is_empty() {
+                asks += 1;
+                ask.clone()
+            } else if round_index % 2 == 0 {
+                lookup_round(decision.max_draft_len, decision.max_draft_len)
+            } else {
+                lookup_round(0, 0)
+            };
+            harness.observe(&RoundRecord {
+                verify_us: ONE_TOKEN_US as u64,
+                ..round
+            });
+        }
+        asks
+    }
+
+    #[test]
+    fn never_measures_a_draft_model_whose_catch_up_the_request_cannot_repay() {
+        // As below, but the next request may commit only 8 tokens: even drafts accepted in
+        // full would save less than twice the 75 ms of catching up with its prompt, so no
+        // probe can bring the model in, and none is paid for.
+        let setup = PolicySetup {
+            prompt_len: 100,
+            ..two_sources_with_a_draft_model(0.3, ONE_TOKEN_US * 0.3)
+        };
+        let ask = model_round(4, 4, ONE_TOKEN_US * 0.3);
+        let mut first = cost("", setup.clone());
+        rounds_asking_the_model_beside_half_of_lookup(&mut first, &ask, 400);
+        drop(first);
+        let mut second = cost(
+            "",
+            PolicySetup {
+                max_tokens: 8,
+                ..setup
+            },
+        );
+        assert_eq!(
+            rounds_asking_the_model_beside_half_of_lookup(&mut second, &ask, 8),
+            0
+        );
+    }
+
     #[test]
     fn measures_a_draft_model_that_might_pay_at_the_start_of_a_request_within_2_percent() {
         // 30% of a step per token: it pays only if its drafts are accepted more often than the
         // prior expects. Catching up with a prompt of 100 tokens takes 75 ms, with the 17 tokens
-        // a round of `lookup` commits 12.75 ms: more than 2% of the round's 10 ms.
+        // a round of `lookup` commits 12.75 ms: more than 2% of the round's 10 ms. `lookup`
+        // drafts in every other round: the model could add drafts to the rest.
         let setup = PolicySetup {
             prompt_len: 100,
             ..two_sources_with_a_draft_model(0.3, ONE_TOKEN_US * 0.3)
@@ -1628,7 +1687,7 @@ mod tests {
         let ask = model_round(4, 4, ONE_TOKEN_US * 0.3);
         let mut first = cost("", setup.clone());
         assert_eq!(
-            rounds_asking_the_model(&mut first, &ask, 400),
+            rounds_asking_the_model_beside_half_of_lookup(&mut first, &ask, 400),
             0,
             "within a request it falls behind faster than 2% of the time would catch it up"
         );
