@@ -128,13 +128,21 @@ def requests(args):
     return by_workload
 
 
+def degenerate_requests(bench):
+    """(workload, request id) of every request spechost's figures leave out as degenerate."""
+    return {(w["name"], d["request"]) for w in bench["workloads"] for d in w["degenerate"]}
+
+
 def measure(args, bench, peer_bin):
-    """Runs every tool on every request, interleaved, --repeat times; sums per workload."""
+    """Runs every tool on every request spechost's figures count (its degenerate ones left out,
+    so both sides measure the same requests), interleaved, --repeat times; sums per workload."""
     chosen = tools(args, bench, peer_bin)
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    left_out = degenerate_requests(bench)
     totals = {}  # (workload, tool) -> one sum per pass
     for workload, entries in requests(args).items():
+        entries = [entry for entry in entries if (workload, entry["id"]) not in left_out]
         for pass_index in range(args.repeat):
             for entry in entries:
                 prompt = (args.prompts / entry["file"]).read_text()
@@ -186,7 +194,8 @@ def peers_table(args, bench, chosen, totals):
         "| spechost | tok/s | speedup | acceptance | spechost / llama.cpp |",
         "|---|--:|---|--:|--:|--:|---|--:|--:|--:|--:|",
     ]
-    workloads = list(requests(args))
+    # A workload whose every request is degenerate has nothing to compare.
+    workloads = [w for w in requests(args) if (w, "llama-lookup K=0") in totals]
     for workload in workloads:
         baseline = summarise(totals[(workload, "llama-lookup K=0")])["tokens_per_second"]
         for name, label, _, _ in chosen:
@@ -217,7 +226,7 @@ def peers_table(args, bench, chosen, totals):
                          "llama": theirs, "llama_speedup": their_speedup,
                          "spechost_tokens_per_second": our_rate,
                          "spechost_speedup": our_speedup})
-    counts = {w["name"]: w["requests"] for w in bench["workloads"]}
+    counts = {w["name"]: w["requests"] - len(w["degenerate"]) for w in bench["workloads"]}
     partial = [w for w in workloads
                if summarise(totals[(w, "llama-lookup K=0")])["requests"] < counts.get(w, 0)]
     notes = [
@@ -225,7 +234,8 @@ def peers_table(args, bench, chosen, totals):
         f"llama.cpp's tools from the `llama-cpp-python==0.3.36` sdist (bench/llama-peer.sh), "
         f"greedy (`--temp 0`), {bench['threads']} threads, context {bench['ctx_size']}, each "
         f"request's max_tokens as in spechost bench, with their default numerics; "
-        f"{args.repeat} interleaved pass(es), medians. tok/s: generated tokens over generation "
+        f"{args.repeat} interleaved pass(es), medians, over the requests spechost's figures "
+        f"count (its degenerate ones left out on both sides). tok/s: generated tokens over generation "
         f"time, prompt excluded, summed over the workload's requests. The speedup of a llama.cpp "
         f"tool is over `llama-lookup K=0` (the same tool and settings, no drafts); spechost's is "
         f"over its plain decoding. `spechost / llama.cpp` is the ratio of tok/s for plain "
@@ -242,15 +252,20 @@ def best_lookup_table(args, bench, totals):
     """Every spechost cascade against llama-lookup at its best K on each workload."""
     lines = [
         "| workload | llama-lookup best K | its speedup | spechost configuration | speedup "
-        "| spechost / llama-lookup | degenerate requests |",
-        "|---|--:|--:|---|--:|--:|--:|",
+        "| spechost / llama-lookup | degenerate requests (left out) "
+        "| tokens per pass, llama-lookup K=0 / spechost plain |",
+        "|---|--:|--:|---|--:|--:|--:|--:|",
     ]
     rows = []
     for w in bench["workloads"]:
         name = w["name"]
         if (name, "llama-lookup K=0") not in totals:
             continue
-        baseline = summarise(totals[(name, "llama-lookup K=0")])["tokens_per_second"]
+        baseline_passes = totals[(name, "llama-lookup K=0")]
+        baseline = summarise(baseline_passes)["tokens_per_second"]
+        plain = next((c for c in w["configurations"] if not c["cascade"]), None)
+        tokens = (f"{statistics.median(p['tokens'] for p in baseline_passes):.0f} / "
+                  f"{fmt(plain['generated_tokens'] if plain else None, '{}')}")
         speedups = {}
         for k in args.draft_max:
             rate = summarise(totals[(name, f"llama-lookup K={k}")])["tokens_per_second"]
@@ -267,7 +282,8 @@ def best_lookup_table(args, bench, totals):
             ours = c["speedup"]
             ratio = ours / theirs if ours else None
             lines.append(f"| {name} | {best_k} | {theirs:.2f}x | {c['label']} "
-                         f"| {fmt(ours, '{:.2f}x')} | {fmt(ratio, '**{:.2f}**')} | {share} |")
+                         f"| {fmt(ours, '{:.2f}x')} | {fmt(ratio, '**{:.2f}**')} | {share} "
+                         f"| {tokens} |")
             rows.append({"workload": name, "llama_lookup_k": best_k,
                          "llama_lookup_speedup": theirs, "spechost": c["label"],
                          "spechost_speedup": ours, "ratio": ratio})
@@ -275,8 +291,10 @@ def best_lookup_table(args, bench, totals):
         "",
         f"llama-lookup's speedup is over itself at K=0, at the best of K = "
         f"{', '.join(map(str, args.draft_max))} on each workload; spechost's is over its plain "
-        f"decoding in the bench run, over the requests whose output is not degenerate "
-        f"(the degenerate ones are listed in results.md and kept in requests.csv).",
+        f"decoding in the bench run. Both over the same requests: those whose spechost output is "
+        f"not degenerate (the degenerate ones are listed in results.md and kept in requests.csv; "
+        f"llama-lookup does not run them). Unequal token counts mean the two decode different "
+        f"text (llama.cpp's default numerics can change a greedy answer).",
     ]
     return "\n".join(lines) + "\n", rows
 
