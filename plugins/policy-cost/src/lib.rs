@@ -1413,14 +1413,27 @@ mod tests {
         ask: &RoundRecord,
         rounds: usize,
     ) -> usize {
+        rounds_asking_the_model_beside(harness, ask, rounds, |_| true)
+    }
+
+    /// [`rounds_asking_the_model`], except that `lookup` drafts only in the rounds (counted
+    /// from 0) for which `lookup_drafts` holds, and has nothing in the others.
+    fn rounds_asking_the_model_beside(
+        harness: &mut PolicyHarness<Cost>,
+        ask: &RoundRecord,
+        rounds: usize,
+        lookup_drafts: impl Fn(usize) -> bool,
+    ) -> usize {
         let mut asks = 0;
-        for _ in 0..rounds {
+        for round_index in 0..rounds {
             let decision = harness.decide();
             let round = if decision.exclude.is_empty() {
                 asks += 1;
                 ask.clone()
-            } else {
+            } else if lookup_drafts(round_index) {
                 lookup_round(decision.max_draft_len, decision.max_draft_len)
+            } else {
+                lookup_round(0, 0)
             };
             harness.observe(&RoundRecord {
                 verify_us: ONE_TOKEN_US as u64,
@@ -1623,57 +1636,6 @@ mod tests {
         );
     }
 
-    /// [`rounds_asking_the_model`], except that `lookup` drafts only in every other round.
-    fn rounds_asking_the_model_beside_half_of_lookup(
-        harness: &mut PolicyHarness<Cost>,
-        ask: &RoundRecord,
-        rounds: usize,
-    ) -> usize {
-        let mut asks = 0;
-        for round_index in 0..rounds {
-            let decision = harness.decide();
-            let round = if decision.exclude.is_empty() {
-                asks += 1;
-                ask.clone()
-            } else if round_index % 2 == 0 {
-                lookup_round(decision.max_draft_len, decision.max_draft_len)
-            } else {
-                lookup_round(0, 0)
-            };
-            harness.observe(&RoundRecord {
-                verify_us: ONE_TOKEN_US as u64,
-                ..round
-            });
-        }
-        asks
-    }
-
-    #[test]
-    fn never_measures_a_draft_model_whose_catch_up_the_request_cannot_repay() {
-        // As below, but the next request may commit only 8 tokens: even drafts accepted in
-        // full would save less than twice the 75 ms of catching up with its prompt, so no
-        // probe can bring the model in, and none is paid for.
-        let setup = PolicySetup {
-            prompt_len: 100,
-            ..two_sources_with_a_draft_model(0.3, ONE_TOKEN_US * 0.3)
-        };
-        let ask = model_round(4, 4, ONE_TOKEN_US * 0.3);
-        let mut first = cost("", setup.clone());
-        rounds_asking_the_model_beside_half_of_lookup(&mut first, &ask, 400);
-        drop(first);
-        let mut second = cost(
-            "",
-            PolicySetup {
-                max_tokens: 8,
-                ..setup
-            },
-        );
-        assert_eq!(
-            rounds_asking_the_model_beside_half_of_lookup(&mut second, &ask, 8),
-            0
-        );
-    }
-
     #[test]
     fn measures_a_draft_model_that_might_pay_at_the_start_of_a_request_within_2_percent() {
         // 30% of a step per token: it pays only if its drafts are accepted more often than the
@@ -1687,11 +1649,27 @@ mod tests {
         let ask = model_round(4, 4, ONE_TOKEN_US * 0.3);
         let mut first = cost("", setup.clone());
         assert_eq!(
-            rounds_asking_the_model_beside_half_of_lookup(&mut first, &ask, 400),
+            rounds_asking_the_model_beside(&mut first, &ask, 400, |round| round % 2 == 0),
             0,
             "within a request it falls behind faster than 2% of the time would catch it up"
         );
         drop(first);
+        // A request that may commit only 8 tokens: even drafts accepted in full would save less
+        // than twice the 75 ms of catching up with its prompt, so no probe could bring the model
+        // in, and none is paid for.
+        let mut short = cost(
+            "",
+            PolicySetup {
+                max_tokens: 8,
+                ..setup.clone()
+            },
+        );
+        assert_eq!(
+            rounds_asking_the_model_beside(&mut short, &ask, 8, |round| round % 2 == 0),
+            0,
+            "no probe where it could not repay its catch-up"
+        );
+        drop(short);
         // 400 rounds of 10 ms: 2% of them is 80 ms, more than an ask after a 100-token prompt.
         let mut second = cost("", setup);
         assert_eq!(
