@@ -235,8 +235,8 @@ def peers_table(args, bench, chosen, totals):
         f"greedy (`--temp 0`), {bench['threads']} threads, context {bench['ctx_size']}, each "
         f"request's max_tokens as in spechost bench, with their default numerics; "
         f"{args.repeat} interleaved pass(es), medians, over the requests spechost's figures "
-        f"count (its degenerate ones left out on both sides). tok/s: generated tokens over generation "
-        f"time, prompt excluded, summed over the workload's requests. The speedup of a llama.cpp "
+        f"count (its degenerate ones left out on both sides). tok/s: generated tokens over "
+        f"generation time, prompt excluded, summed over the workload's requests. The speedup of a llama.cpp "
         f"tool is over `llama-lookup K=0` (the same tool and settings, no drafts); spechost's is "
         f"over its plain decoding. `spechost / llama.cpp` is the ratio of tok/s for plain "
         f"decoding and of speedups otherwise.",

@@ -83,10 +83,11 @@
 //! re-measuring a source that does not pay costs at most 2% of the time; but never when it
 //! could not pay even if every token it drafted were accepted, nor when drafts accepted in
 //! full would not repay catching its draft model up (below) over the rest of the request:
-//! measuring its acceptance cannot change the verdict. A probe drafts at least the K at which the source would pay best if
-//! every token were accepted: its acceptance there decides whether it pays, and a one-token
-//! probe, accepted, says too little about longer drafts to bring a draft model back. A draft model left out falls
-//! further behind the context with every round, and its catch-up grows as fast as the rounds'
+//! measuring its acceptance cannot change the verdict. A probe drafts at least the K at which
+//! the source would pay best if every token were accepted: its acceptance there decides
+//! whether it pays, and a one-token probe, accepted, says too little about longer drafts to
+//! bring a draft model back. A draft model left out falls further behind the context with
+//! every round, and its catch-up grows as fast as the rounds'
 //! time when catching up with a token costs more than 2% of committing it: such a draft model
 //! is measured again only at the start of a request, where it is behind by the prompt alone.
 //! Cheap sources are never left out: when their drafts do not pay, K = 0 with shadow drafts
