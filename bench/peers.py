@@ -237,9 +237,9 @@ def peers_table(args, bench, chosen, totals):
         f"{args.repeat} interleaved pass(es), medians, over the requests spechost's figures "
         f"count (its degenerate ones left out on both sides). tok/s: generated tokens over "
         f"generation time, prompt excluded, summed over the workload's requests. The speedup of "
-        f"a llama.cpp tool is over `llama-lookup K=0` (the same tool and settings, no drafts); spechost's is "
-        f"over its plain decoding. `spechost / llama.cpp` is the ratio of tok/s for plain "
-        f"decoding and of speedups otherwise.",
+        f"a llama.cpp tool is over `llama-lookup K=0` (the same tool and settings, no drafts); "
+        f"spechost's is over its plain decoding. `spechost / llama.cpp` is the ratio of tok/s "
+        f"for plain decoding and of speedups otherwise.",
     ]
     if partial:
         notes.append(
