@@ -116,6 +116,7 @@ fn batched_sequences_decode_as_alone(target: &Target, model: &str, layout: Batch
                     max_draft_len: tokens.len(),
                     survival: (1..=tokens.len() as i32).map(|i| 0.7f64.powi(i)).collect(),
                     tokens,
+                    parents: Vec::new(),
                     n_past: prompts[index].len() + at[index],
                     distributions: Vec::new(),
                 };

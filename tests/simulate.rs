@@ -2,7 +2,7 @@
 //! with the `lookup` and `suffix` plugins (`scripts/build-plugins.sh`):
 //!
 //! - `spechost simulate` replaying a `spechost trace` gives the counters of a real greedy
-//!   `spechost bench` run of the same requests, in ordered and in scored mode;
+//!   `spechost bench` run of the same requests, in ordered, scored and tree mode;
 //! - `spechost prompts` writes exactly the text the target tokenizes;
 //! - `Session::measure_verify_costs` measures every batch size and refuses what cannot run.
 
@@ -78,14 +78,15 @@ fn simulation_of_a_trace_counts_what_a_real_greedy_run_counts() {
     args.extend(["--cost-max-tokens", "9", "--cost-repeat", "1"]);
     spechost_ok(&args);
     // Ordered `lookup`, and scored `lookup,suffix`, where the winner of each round depends on
-    // what the cascade learnt from earlier rounds about both sources.
+    // what the cascade learnt from earlier rounds about both sources; in tree mode, both
+    // sources' proposals verified together where they differ.
     let cascades = [
         "--cascade",
         "lookup",
         "--cascade",
         "lookup,suffix",
         "--cascade-mode",
-        "first,scored",
+        "first,scored,tree",
     ];
     let mut args = vec![
         "bench",
@@ -142,6 +143,7 @@ fn simulation_of_a_trace_counts_what_a_real_greedy_run_counts() {
         "lookup K=8 scored",
         "lookup,suffix K=8",
         "lookup,suffix K=8 scored",
+        "lookup,suffix K=8 tree",
     ] {
         let real = configuration(&real_results, label);
         let simulated = configuration(&simulated_results, label);
@@ -155,6 +157,7 @@ fn simulation_of_a_trace_counts_what_a_real_greedy_run_counts() {
         for counter in [
             "rounds",
             "draft_rounds",
+            "tree_rounds",
             "drafted",
             "accepted",
             "verify_batches",

@@ -269,6 +269,7 @@ mod tests {
             drafted: 10,
             accepted: 5,
             drawn_rounds: 0,
+            tree_rounds: 0,
             verify_batches: vec![5, 5],
             sources: if plain {
                 vec![]

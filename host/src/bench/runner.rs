@@ -145,7 +145,7 @@ impl Configuration {
     }
 
     /// The row label: `plain`; `lookup,suffix K=8` with the fixed policy; otherwise
-    /// `lookup,suffix window K≤24`, with ` scored` in scored mode and ` no-grammar-drafts`
+    /// `lookup,suffix window K≤24`, with ` scored` or ` tree` in those modes and ` no-grammar-drafts`
     /// without the grammar source.
     pub fn label(&self) -> String {
         let Some(max_draft_len) = self.max_draft_len.filter(|_| !self.is_plain()) else {
@@ -154,6 +154,7 @@ impl Configuration {
         let mode = match self.mode {
             CascadeMode::First => "",
             CascadeMode::Scored => " scored",
+            CascadeMode::Tree => " tree",
         };
         let mode = if self.grammar_drafts {
             mode.to_owned()

@@ -3,9 +3,10 @@
 //!
 //! Each request goes through the engine's round protocol ([`generate`], the one decoding uses)
 //! with a verifier that reads the target's tokens from the trace instead of sampling them: the
-//! accepted prefix is the longest prefix of the draft that equals the trace's next tokens, and
-//! the round commits it plus the trace's next token (fewer when the trace ends inside the draft,
-//! as generation stopped there). Exact by construction: no second copy of the protocol.
+//! accepted prefix is the longest prefix of the draft that equals the trace's next tokens (of a
+//! tree draft, the longest path from its root that does), and the round commits it plus the
+//! trace's next token (fewer when the trace ends inside the draft, as generation stopped
+//! there). Exact by construction: no second copy of the protocol.
 //!
 //! Greedy decoding commits exactly the trace's tokens under any cascade, so a deterministic
 //! drafter sees the same calls in the same order as in `bench`: the counters (rounds, drafted,
@@ -27,11 +28,11 @@ use super::report::SourceReport;
 use super::runner::{Configuration, load_plugins};
 use super::stats::Totals;
 use super::trace::{Trace, TraceRequest, TraceTarget};
-use crate::cascade::{Cascade, CascadeSettings, ModelFacts, Token, matching_prefix};
+use crate::cascade::{Cascade, CascadeSettings, ModelFacts, Token, TreeShape};
 use crate::config::SimulateConfig;
 use crate::engine::{
-    EngineError, GenerationStats, Prefill, Request, RoundDecision, RoundDraft, SamplingParams,
-    StopStrings, Verified, Verifier, VerifyBatch, generate,
+    DEFAULT_TREE_LEAVES, EngineError, GenerationStats, Prefill, Request, RoundDecision, RoundDraft,
+    SamplingParams, StopStrings, Verified, Verifier, VerifyBatch, generate,
 };
 use crate::plugins::{PluginHost, PluginHostConfig};
 use crate::stack::build_cascade;
@@ -127,7 +128,9 @@ impl Verifier for TraceVerifier<'_> {
         if upcoming.is_empty() {
             return Err(EngineError::TraceEnded);
         }
-        let n_accepted = matching_prefix(&round.tokens, upcoming);
+        let n_accepted = TreeShape::new(&round.tokens, &round.parents)
+            .follow(upcoming)
+            .len();
         // The accepted prefix plus the target's next token, cut where the trace ends (generation
         // stopped there).
         let target = &upcoming[..(n_accepted + 1).min(upcoming.len())];
@@ -149,6 +152,11 @@ impl Verifier for TraceVerifier<'_> {
             replayed: 0,
         })
     }
+
+    fn max_tree_leaves(&self) -> usize {
+        // As the session a trace is recorded with: a tree is followed along the trace exactly.
+        DEFAULT_TREE_LEAVES
+    }
 }
 
 /// The replay of one configuration over one workload.
@@ -165,6 +173,8 @@ pub struct SimulatedConfiguration {
     pub rounds: u64,
     /// Rounds that verified a draft.
     pub draft_rounds: u64,
+    /// Rounds whose draft was a tree.
+    pub tree_rounds: u64,
     /// Draft tokens verified.
     pub drafted: u64,
     /// Draft tokens accepted.
@@ -259,6 +269,7 @@ pub fn simulate(config: &SimulateConfig, cache_dir: &Path) -> anyhow::Result<Sim
                 max_draft_len: configuration.max_draft_len,
                 rounds: totals.rounds,
                 draft_rounds: totals.draft_rounds,
+                tree_rounds: totals.tree_rounds,
                 drafted: totals.drafted,
                 accepted: totals.accepted,
                 committed: totals.timed_tokens,
@@ -459,6 +470,7 @@ mod tests {
             let round = RoundDraft {
                 last: 1,
                 tokens: draft.to_vec(),
+                parents: Vec::new(),
                 survival: Vec::new(),
                 n_past: 2,
                 max_draft_len: 8,

@@ -98,6 +98,8 @@ pub struct Totals {
     pub accepted: u64,
     /// Rounds that verified drawn drafts by rejection sampling.
     pub drawn_rounds: u64,
+    /// Rounds whose draft was a tree.
+    pub tree_rounds: u64,
     /// `verify_batches[n - 1]`: rounds that verified `n` tokens.
     pub verify_batches: Vec<u64>,
     /// Time in the target's verify batches.
@@ -120,6 +122,7 @@ impl Totals {
         self.drafted += stats.drafted;
         self.accepted += stats.accepted;
         self.drawn_rounds += stats.drawn_rounds;
+        self.tree_rounds += stats.tree_rounds;
         add_counts(&mut self.verify_batches, &stats.verify_batches);
         self.verify_time += stats.verify_time;
         self.draft_time += stats.draft_time;
@@ -137,6 +140,7 @@ impl Totals {
         self.drafted += other.drafted;
         self.accepted += other.accepted;
         self.drawn_rounds += other.drawn_rounds;
+        self.tree_rounds += other.tree_rounds;
         add_counts(&mut self.verify_batches, &other.verify_batches);
         self.verify_time += other.verify_time;
         self.draft_time += other.draft_time;

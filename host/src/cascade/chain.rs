@@ -1,7 +1,7 @@
 //! [`Cascade`]: the sources of a request, the policy that sizes each round's draft, and the
 //! rule that picks the draft.
 //!
-//! Two modes choose among sources ([`CascadeMode`]):
+//! Three modes choose among sources ([`CascadeMode`]):
 //! - **first** (default): sources are asked in order; the first whose proposal has at least
 //!   `min_len` tokens wins and later sources are not asked (llama.cpp's speculative chain).
 //! - **scored**: every cheap source proposes; the proposal with the highest expected accepted
@@ -9,6 +9,10 @@
 //!   its measured acceptance by position when it gives none: [`AcceptanceHistory`], learnt
 //!   across requests). Expensive sources (those that run a draft model) are asked only when the
 //!   best cheap proposal is expected to accept fewer than `expensive_threshold` tokens.
+//! - **tree**: as scored, and when the verifier takes trees
+//!   ([`Cascade::allow_tree_leaves`]) the other proposals join the best one as further paths
+//!   of a tree of at most the draft length in tokens, keeping the likeliest ([`TreeBuilder`]);
+//!   the target follows whichever path it agrees with.
 //!
 //! Before each round the policy's [`Decision`] sets the draft length; 0 skips speculation, and
 //! cheap sources may then be asked for *shadow* proposals that are never verified, only compared
@@ -26,12 +30,16 @@ use super::scored::best_scored;
 use super::slot::Slot;
 use super::source::{DraftSource, Feedback, ModelFacts, Token};
 use super::stats::SourceStats;
+use super::tree::{TreeBuilder, TreeShape};
 
 /// This round's draft: the winning proposal, cut to the round's length.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Draft {
     /// Tokens to verify.
     pub tokens: Vec<Token>,
+    /// Empty for a chain; for a tree of several continuations, the row each token continues
+    /// (see [`TreeShape`]).
+    pub parents: Vec<usize>,
     /// `survival[i]`: the cascade's estimate of the probability that the target accepts the
     /// draft through token `i` (what the winning source achieved so far, see
     /// [`AcceptanceHistory::survival`]); one per token.
@@ -48,11 +56,13 @@ pub struct Draft {
 
 impl Draft {
     /// The same draft verified only through its first `len` tokens (a verify step found the
-    /// rest not worth its cost); cut to nothing, no source won the round.
+    /// rest not worth its cost; a tree keeps the parents of its first tokens, which come before
+    /// them); cut to nothing, no source won the round.
     pub fn cut(&self, len: usize) -> Self {
         let len = len.min(self.tokens.len());
         Self {
             tokens: self.tokens[..len].to_vec(),
+            parents: self.parents[..len.min(self.parents.len())].to_vec(),
             survival: self.survival[..len.min(self.survival.len())].to_vec(),
             source: self.source.filter(|_| len > 0),
             max_draft_len: self.max_draft_len,
@@ -86,6 +96,8 @@ pub struct Cascade {
     own_sources: usize,
     /// How sources with a draft model draw their drafts for the next request.
     draft_sampling: Option<DraftSampling>,
+    /// Most paths a tree draft may hold (what the verifier takes); 1: chains only.
+    max_tree_leaves: usize,
 }
 
 impl Cascade {
@@ -100,6 +112,7 @@ impl Cascade {
             settings,
             policy: Box::new(FixedLength::default()),
             draft_sampling: None,
+            max_tree_leaves: 1,
         }
     }
 
@@ -107,6 +120,12 @@ impl Cascade {
     /// [`Self::begin`] on (rejection sampling); `None`: they draft greedily.
     pub fn sample_drafts(&mut self, sampling: Option<DraftSampling>) {
         self.draft_sampling = sampling;
+    }
+
+    /// Lets the tree mode merge proposals into trees of at most `leaves` paths (what the
+    /// verifier of the next requests takes); 1, the default, keeps every draft a chain.
+    pub fn allow_tree_leaves(&mut self, leaves: usize) {
+        self.max_tree_leaves = leaves.max(1);
     }
 
     /// The same cascade with `policy` choosing each round's draft length.
@@ -241,7 +260,7 @@ impl Cascade {
         }
         let winner = match self.settings.mode {
             CascadeMode::First => self.first_long_enough(max_draft_len),
-            CascadeMode::Scored => {
+            CascadeMode::Scored | CascadeMode::Tree => {
                 best_scored(&mut self.slots, &self.order, &self.settings, max_draft_len)
             }
         };
@@ -254,16 +273,56 @@ impl Cascade {
         let distributions = winner
             .and_then(|index| self.slots[index].draw.clone())
             .unwrap_or_default();
-        Draft {
+        let draft = Draft {
             tokens: proposal
                 .map(|(proposal, _)| proposal.tokens.clone())
                 .unwrap_or_default(),
+            parents: Vec::new(),
             survival: proposal
                 .map(|(proposal, history)| history.survival(proposal))
                 .unwrap_or_default(),
             source: winner,
             max_draft_len,
             distributions,
+        };
+        if self.settings.mode == CascadeMode::Tree
+            && self.max_tree_leaves > 1
+            && draft.distributions.is_empty()
+        {
+            self.grow_tree(draft)
+        } else {
+            draft
+        }
+    }
+
+    /// Tree mode: `draft`, the best proposal, with every other source's proposal of the round
+    /// merged in as further paths, cut to the draft length in tokens and to the verifier's
+    /// paths, keeping the tokens most likely to be accepted ([`TreeBuilder`]).
+    fn grow_tree(&self, draft: Draft) -> Draft {
+        let Some(winner) = draft.source else {
+            return draft;
+        };
+        let mut builder = TreeBuilder::default();
+        builder.add(&draft.tokens, &draft.survival);
+        for &index in &self.order {
+            let slot = &self.slots[index];
+            if index == winner || slot.draw.is_some() {
+                continue;
+            }
+            if let Some(proposal) = &slot.proposal {
+                builder.add(&proposal.tokens, &slot.history.survival(proposal));
+            }
+        }
+        let (tokens, mut parents, survival) =
+            builder.build(draft.max_draft_len, self.max_tree_leaves);
+        if TreeShape::new(&tokens, &parents).is_chain() {
+            parents.clear();
+        }
+        Draft {
+            tokens,
+            parents,
+            survival,
+            ..draft
         }
     }
 
@@ -330,7 +389,8 @@ impl Cascade {
     ///
     /// `draft` is what was verified: [`Self::propose`]'s draft, or a [cut](Draft::cut) of it.
     /// The winner's tokens past the cut count as compared with the committed tokens only, as
-    /// a losing proposal's do.
+    /// a losing proposal's do. Of a tree, the winner is the source whose proposal the target
+    /// followed furthest, and every proposal is compared with the committed tokens.
     pub fn accept(
         &mut self,
         draft: &Draft,
@@ -342,27 +402,40 @@ impl Cascade {
         let Some(&target_token) = committed.last() else {
             return;
         };
+        let winner = if draft.parents.is_empty() {
+            draft.source
+        } else {
+            self.tree_winner(draft, committed)
+        };
         let mut sources = Vec::new();
         for (index, slot) in self.slots.iter_mut().enumerate() {
             if let Some(proposal) = slot.proposal.take() {
-                let won = draft.source == Some(index);
+                let won = winner == Some(index);
                 let drafted = proposal.tokens.len();
-                let (matched, known) = if won && draft.tokens.len() == drafted {
-                    // Verification checked every drafted position up to the first mismatch.
-                    (n_accepted, drafted)
-                } else {
-                    (
-                        matching_prefix(&proposal.tokens, committed),
-                        committed.len(),
-                    )
-                };
+                let (matched, known) =
+                    if won && draft.parents.is_empty() && draft.tokens.len() == drafted {
+                        // Verification checked every drafted position up to the first mismatch.
+                        (n_accepted, drafted)
+                    } else {
+                        (
+                            matching_prefix(&proposal.tokens, committed),
+                            committed.len(),
+                        )
+                    };
                 slot.history.record(&proposal, matched, known);
-                if won {
+                if won && draft.parents.is_empty() {
                     slot.stats.record_win(draft.tokens.len(), n_accepted);
+                } else if won {
+                    slot.stats
+                        .record_win(drafted.min(draft.tokens.len()), matched.min(n_accepted));
                 }
                 let feedback = Feedback {
                     won,
-                    n_accepted: if won { n_accepted as u32 } else { 0 },
+                    n_accepted: match (won, draft.parents.is_empty()) {
+                        (false, _) => 0,
+                        (true, true) => n_accepted as u32,
+                        (true, false) => matched.min(n_accepted) as u32,
+                    },
                     target_token,
                 };
                 slot.call("feedback", |s| s.feedback(feedback));
@@ -405,6 +478,26 @@ impl Cascade {
         if let Err(fault) = self.policy.observe(&record) {
             tracing::debug!(policy = self.policy.name(), %fault, "policy fault in observe");
         }
+    }
+
+    /// The source whose proposal the target followed furthest through a tree draft (the one
+    /// that led the tree on a tie, or when the target followed none).
+    fn tree_winner(&self, draft: &Draft, committed: &[Token]) -> Option<usize> {
+        let followed = |index: usize| {
+            self.slots[index]
+                .proposal
+                .as_ref()
+                .map_or(0, |proposal| matching_prefix(&proposal.tokens, committed))
+        };
+        let lead = draft.source?;
+        let mut winner = (lead, followed(lead));
+        for index in 0..self.slots.len() {
+            let length = followed(index);
+            if length > winner.1 {
+                winner = (index, length);
+            }
+        }
+        Some(winner.0)
     }
 
     /// Ends the request for every source and the policy, and drops the sources joined for it.
@@ -855,5 +948,42 @@ mod tests {
             cascade.propose(8);
             assert_eq!(asked(&cheap_asked), 1, "{mode:?}: `cheap` is asked again");
         }
+    }
+
+    /// A tree-mode cascade of two sources whose proposals share their first token, for a
+    /// verifier that takes trees of `leaves` paths.
+    fn two_proposals_in_tree_mode(leaves: usize) -> Cascade {
+        let (first, _) = constant("first", &[1, 2, 3], &[0.9, 0.8, 0.7], false);
+        let (second, _) = constant("second", &[1, 5, 6], &[0.6, 0.5, 0.4], false);
+        let settings = CascadeSettings {
+            mode: CascadeMode::Tree,
+            ..CascadeSettings::default()
+        };
+        let mut cascade = Cascade::new(vec![first, second], settings);
+        cascade.allow_tree_leaves(leaves);
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
+        cascade
+    }
+
+    #[test]
+    fn tree_mode_merges_every_proposal_when_the_verifier_takes_trees() {
+        // A verifier of chains only: the best proposal alone.
+        let draft = two_proposals_in_tree_mode(1).propose(8);
+        assert_eq!((draft.tokens, draft.parents), (vec![1, 2, 3], vec![]));
+        let mut cascade = two_proposals_in_tree_mode(8);
+        let draft = cascade.propose(8);
+        assert_eq!(draft.source, Some(0));
+        assert_eq!(draft.tokens, vec![1, 2, 3, 5, 6]);
+        assert_eq!(draft.parents, vec![0, 1, 2, 1, 4]);
+        assert_eq!(draft.survival.len(), 5);
+        // The target follows the second source's path: it wins, with both its tokens.
+        cascade.accept(&draft, 2, &[1, 5, 9], RoundTiming::default(), "");
+        let stats = cascade.stats();
+        assert_eq!((stats[0].won, stats[1].won), (0, 1));
+        assert_eq!(stats[1].accepted, 2);
+        // Four tokens: the likeliest of both paths (the first's 3 before the second's 5).
+        let draft = two_proposals_in_tree_mode(8).propose(4);
+        assert_eq!(draft.tokens, vec![1, 2, 3, 5]);
+        assert_eq!(draft.parents, vec![0, 1, 2, 1]);
     }
 }

@@ -6,9 +6,10 @@
 //!    `max_tokens` leave room for, at most `--draft-max`);
 //! 2. the [`RoundPolicy`] decides the draft length (0 = plain decoding this round, possibly with
 //!    unverified shadow proposals) and may reorder sources;
-//! 3. sources are asked as the [`CascadeMode`] says (first long-enough proposal, or best
-//!    expected acceptance); a source that faults counts as an empty proposal; the draft is cut
-//!    to the decided length here, never inside a source;
+//! 3. sources are asked as the [`CascadeMode`] says (first long-enough proposal, best
+//!    expected acceptance, or every proposal merged into a tree of the likeliest tokens when
+//!    the verifier takes trees); a source that faults counts as an empty proposal; the draft is
+//!    cut to the decided length here, never inside a source;
 //! 4. after verification, [`Cascade::accept`] tells every asked source how its proposal fared,
 //!    settles shadow proposals, feeds the committed tokens to every source, credits the winner
 //!    in [`SourceStats`], and shows the round to the policy as a [`RoundRecord`].
@@ -29,6 +30,7 @@ mod scored;
 mod slot;
 mod source;
 mod stats;
+mod tree;
 
 pub use self::chain::{Cascade, Draft, RoundTiming};
 pub use self::draft_model::{
@@ -45,3 +47,4 @@ pub use self::sampled::{DraftSampling, MAX_DRAFT_SUPPORT, SampledDraft, TokenDis
 pub use self::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};
 pub use self::stats::SourceStats;
 pub(crate) use self::stats::ratio;
+pub use self::tree::TreeShape;

@@ -27,14 +27,19 @@ pub enum CascadeMode {
     First,
     /// The proposal with the highest expected accepted length wins.
     Scored,
+    /// As `scored`, and the other sources' proposals join the winner's as further paths of a
+    /// tree, verified in the same batch, keeping the tokens likeliest to be accepted within
+    /// the draft length (a verifier that takes only chains gets the winner's).
+    Tree,
 }
 
 impl CascadeMode {
-    /// `first` or `scored`.
+    /// `first`, `scored` or `tree`.
     pub fn as_str(self) -> &'static str {
         match self {
             CascadeMode::First => "first",
             CascadeMode::Scored => "scored",
+            CascadeMode::Tree => "tree",
         }
     }
 }
@@ -46,8 +51,9 @@ impl std::str::FromStr for CascadeMode {
         match text {
             "first" => Ok(CascadeMode::First),
             "scored" => Ok(CascadeMode::Scored),
+            "tree" => Ok(CascadeMode::Tree),
             other => Err(format!(
-                "unknown cascade mode `{other}`; use `first` (ordered, the default) or `scored`"
+                "unknown cascade mode `{other}`; use `first` (ordered, the default), `scored` or `tree`"
             )),
         }
     }

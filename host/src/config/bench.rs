@@ -15,7 +15,9 @@ use super::error::ConfigError;
 use super::file::FileRun;
 use super::serve::{DEFAULT_MAX_QUEUE, ServeArgs, ServeConfig};
 use crate::cascade::CascadeMode;
-use crate::engine::{DEFAULT_MAX_DRAFT_LEN, SamplingParams, SessionParams, TargetParams};
+use crate::engine::{
+    DEFAULT_MAX_DRAFT_LEN, DEFAULT_TREE_LEAVES, SamplingParams, SessionParams, TargetParams,
+};
 use crate::plugins::{PolicySpec, SourceSpec, parse_cascade, parse_policy};
 
 /// How a model is prompted: chat template or raw continuation.
@@ -70,7 +72,7 @@ pub struct BenchArgs {
     /// --draft-max).
     #[arg(long = "policy", value_name = "POLICY[,KEY=VALUE...]")]
     pub policies: Vec<String>,
-    /// Cascade modes to measure, comma-separated: `first`, `scored` (default: first).
+    /// Cascade modes to measure, comma-separated: `first`, `scored`, `tree` (default: first).
     #[arg(long = "cascade-mode", value_name = "MODE,MODE", value_delimiter = ',')]
     pub cascade_modes: Vec<String>,
     /// Whether requests with a grammar (a workload line's `json_schema`) also draft with the
@@ -297,7 +299,11 @@ impl BenchArgs {
             return Err(ConfigError::ZeroMaxTokens);
         }
         let placement = self.target.placement.plan(&FileRun::default())?;
-        let session = session_params(placement.threads, self.target.ctx_size)?;
+        let mut session = session_params(placement.threads, self.target.ctx_size)?;
+        if cascade_modes.contains(&CascadeMode::Tree) {
+            // Every configuration runs in the one session, chains and trees alike.
+            session.tree_leaves = DEFAULT_TREE_LEAVES;
+        }
         let draft = draft_settings(
             self.target.draft_model.clone(),
             self.target.draft_threads,
@@ -748,7 +754,7 @@ pub struct SimulateArgs {
     /// Draft lengths (K) to replay each cascade with, comma-separated (default: 8).
     #[arg(long = "draft-max", value_name = "K,K,...", value_delimiter = ',')]
     pub max_draft_lens: Vec<usize>,
-    /// Cascade modes to replay each cascade in, comma-separated: `first`, `scored` (default:
+    /// Cascade modes to replay each cascade in, comma-separated: `first`, `scored`, `tree` (default:
     /// first).
     #[arg(long = "cascade-mode", value_name = "MODE,MODE", value_delimiter = ',')]
     pub cascade_modes: Vec<String>,

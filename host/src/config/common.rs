@@ -46,8 +46,10 @@ pub struct SpeculationArgs {
     /// path, then its settings: `window,raise=0.85,window=64` (default: cost).
     #[arg(long)]
     pub policy: Option<String>,
-    /// How the cascade picks a draft: `first` (first source with a proposal, in order) or
-    /// `scored` (highest expected accepted length; the draft model only when others fall short).
+    /// How the cascade picks a draft: `first` (first source with a proposal, in order),
+    /// `scored` (highest expected accepted length; the draft model only when others fall short)
+    /// or `tree` (as `scored`, with the other proposals verified beside it as branches of a
+    /// tree of at most the draft length; `run` and `bench` only, a server verifies chains).
     #[arg(long)]
     pub cascade_mode: Option<String>,
     /// Most draft tokens verified per round (K, default 24); the policy chooses up to this
@@ -735,7 +737,9 @@ mod tests {
             .expect_err("unknown")
             .to_string();
         assert!(
-            message.contains("`first`") && message.contains("`scored`"),
+            message.contains("`first`")
+                && message.contains("`scored`")
+                && message.contains("`tree`"),
             "message: {message}"
         );
     }

@@ -14,7 +14,7 @@ use super::common::{
 use super::error::ConfigError;
 use super::file::{FileConfig, read_file_config, table_to_plugin_config};
 use crate::cascade::CascadeMode;
-use crate::engine::{SamplingParams, SessionParams, StopStrings};
+use crate::engine::{DEFAULT_TREE_LEAVES, SamplingParams, SessionParams, StopStrings};
 use crate::plugins::{PolicySpec, SourceSpec, parse_policy};
 
 /// Flags of `spechost run`.
@@ -120,6 +120,9 @@ impl RunArgs {
         }
         let mut session = session_params(placement.threads, self.target.ctx_size.or(run.ctx_size))?;
         session.max_draft_len = speculation.max_draft_len;
+        if speculation.cascade_mode == CascadeMode::Tree {
+            session.tree_leaves = DEFAULT_TREE_LEAVES;
+        }
         let draft = draft_settings(
             self.target.draft_model.clone().or(run.draft_model.clone()),
             self.target.draft_threads.or(run.draft_threads),

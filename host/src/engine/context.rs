@@ -8,6 +8,12 @@
 //! whatever the other sequences do, so its attention is computed as in a context of its own,
 //! and one decode may hold rows of every sequence.
 //!
+//! A context of one sequence may instead take tree drafts ([`ContextSettings::tree_leaves`]):
+//! its cells are one unified stream shared by the sequence and, during a tree's decode, one
+//! sequence per further path of the tree (`tree.rs`), so that a row attends to the context and
+//! its own ancestors only. Its cells still hold its positions in order: a tree's rows are
+//! decoded after every cell it keeps, and only a leading chain of them is kept.
+//!
 //! The matrix products of batches with Q8_0, Q5_0, Q4_0, Q4_1, Q4_K or Q6_K weights go to the
 //! host's batched kernels (`engine::kernels`) when they are on. Their arithmetic is ggml's,
 //! checked by their unit tests against ggml's single-row kernels; the check here proves it
@@ -33,6 +39,10 @@ use crate::cascade::Token;
 
 /// `LLAMA_FLASH_ATTN_TYPE_ENABLED` in llama.cpp's `llama_flash_attn_type`.
 const FLASH_ATTENTION_ON: i32 = 1;
+mod tree;
+
+pub(super) use self::tree::{TreeRow, tree_rows};
+
 /// Tokens of the start-up check beside the longest sequence's: a second sequence's rows and
 /// the context they follow (so rows of different lengths and contexts share the batch).
 const CHECK_SECOND_ROWS: usize = 3;
@@ -71,6 +81,9 @@ pub(super) struct ContextSettings {
     /// Rows of the longest batch of one sequence the start-up check decodes (the largest
     /// verify batch), cut to the batch and context sizes.
     pub(super) check_rows: usize,
+    /// Most paths of a tree draft a context of one sequence decodes (1: chains only); a context
+    /// of several sequences or of a recurrent model takes chains only.
+    pub(super) tree_leaves: u32,
 }
 
 /// Tokens of one sequence in a decode: at positions `position..`, with logits at `outputs`.
@@ -113,8 +126,12 @@ pub(super) struct ModelContext<'m> {
     batch: LlamaBatch<'static>,
     batch_capacity: usize,
     sequences: u32,
-    /// Sequences llama.cpp holds: `sequences`, and as many spares for a recurrent model.
+    /// KV streams llama.cpp holds: one per sequence and as many spares for a recurrent model,
+    /// or one for a context that takes trees.
     streams: u32,
+    /// Most paths of a tree this context decodes: as many llama.cpp sequences share its one
+    /// stream. 1: chains only.
+    tree_leaves: u32,
     /// For a recurrent or hybrid model: the states saved to roll sequences back (see
     /// `recurrent.rs`); each sequence `s` saves into spare sequence `s + sequences`.
     rollbacks: Option<Rollbacks>,
@@ -171,16 +188,26 @@ impl<'m> ModelContext<'m> {
     ) -> Result<Self, String> {
         let sequences = settings.sequences.max(1);
         let recurrent = model.is_recurrent() || model.is_hybrid();
-        let streams = if recurrent { 2 * sequences } else { sequences };
+        let tree_leaves = if sequences == 1 && !recurrent {
+            settings.tree_leaves.max(1)
+        } else {
+            1
+        };
+        let streams = match (recurrent, tree_leaves > 1) {
+            (true, _) => 2 * sequences,
+            (false, true) => 1,
+            (false, false) => sequences,
+        };
         let params = LlamaContextParams::default()
             .with_n_ctx(std::num::NonZeroU32::new(
                 settings.ctx_size.saturating_mul(streams),
             ))
-            .with_n_seq_max(streams)
+            .with_n_seq_max(streams.max(tree_leaves))
             // Each sequence in a stream of cells of its own: its positions stay in order
             // in its cells whatever the others decode and roll back, so its attention sums
-            // over the same cells in the same order as in a context of its own.
-            .with_kv_unified(false)
+            // over the same cells in the same order as in a context of its own. A tree's
+            // paths share the one sequence's stream (see the module docs).
+            .with_kv_unified(tree_leaves > 1)
             .with_n_batch(settings.batch_size)
             .with_n_ubatch(settings.batch_size)
             .with_n_threads(settings.threads as i32)
@@ -200,10 +227,11 @@ impl<'m> ModelContext<'m> {
         let batch_capacity = context.n_batch().max(1) as usize;
         Ok(Self {
             context,
-            batch: LlamaBatch::new(batch_capacity, 1),
+            batch: LlamaBatch::new(batch_capacity, tree_leaves as i32),
             batch_capacity,
             sequences,
             streams,
+            tree_leaves,
             rollbacks: recurrent.then(|| Rollbacks::new(sequences as usize)),
             check_rows: settings.check_rows,
             host_products: 0,
@@ -452,9 +480,18 @@ impl<'m> ModelContext<'m> {
         }
     }
 
-    /// The start-up check, again: see [`Self::check_batches`]. Empties the cache.
+    /// The start-up check, again: see [`Self::check_batches`] and, for a context that takes
+    /// trees, [`Self::check_tree`]. Empties the cache.
     pub(super) fn check_batch_invariance(&mut self) -> Result<u64, String> {
         let checked = self.check_batches(self.check_rows);
+        self.clear();
+        if checked.is_ok()
+            && self.tree_leaves > 1
+            && let Err(reason) = self.check_tree()
+        {
+            tracing::warn!(%reason, "trees: a tree's rows decode differently from its paths one by one; tree drafts are off");
+            self.tree_leaves = 1;
+        }
         self.clear();
         checked
     }

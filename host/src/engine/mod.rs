@@ -73,6 +73,6 @@ pub use self::sample::{
 pub use self::stats::GenerationStats;
 pub use self::text::{MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS, StopStrings, StopStringsError};
 pub use self::verify::{
-    BatchLayout, DEFAULT_COST_REPETITIONS, DEFAULT_MAX_DRAFT_LEN, DraftCut, MAX_DRAFT_LEN_LIMIT,
-    Session, SessionParams, VerifyCurve,
+    BatchLayout, DEFAULT_COST_REPETITIONS, DEFAULT_MAX_DRAFT_LEN, DEFAULT_TREE_LEAVES, DraftCut,
+    MAX_DRAFT_LEN_LIMIT, Session, SessionParams, VerifyCurve,
 };

@@ -549,6 +549,7 @@ impl Target {
             threads: params.threads,
             sequences: u32::try_from(params.sequences.max(1)).unwrap_or(u32::MAX),
             check_rows: params.max_draft_len + 1,
+            tree_leaves: u32::try_from(params.tree_leaves.max(1)).unwrap_or(u32::MAX),
         };
         // The backend must be started (with this target's NUMA strategy) before a context.
         let context = ModelContext::new(backend(self.numa)?, &self.model, &settings)

@@ -32,7 +32,7 @@ use super::stats::GenerationStats;
 use super::text::{StopStrings, TextStream};
 use super::verify::DEFAULT_MAX_DRAFT_LEN;
 use crate::cascade::{
-    Cascade, Draft, ModelFacts, RoundTiming, SourceStats, Token, TokenDistribution,
+    Cascade, Draft, ModelFacts, RoundTiming, SourceStats, Token, TokenDistribution, TreeShape,
 };
 
 /// One generation request.
@@ -169,6 +169,9 @@ pub struct RoundDraft {
     pub last: Token,
     /// The draft to verify after it (empty: plain decoding).
     pub tokens: Vec<Token>,
+    /// Empty for a chain; for a tree, the row each token continues (see [`TreeShape`]), for a
+    /// verifier whose [`Verifier::max_tree_leaves`] allows it.
+    pub parents: Vec<usize>,
     /// The cascade's estimate of the probability that the target accepts the draft through
     /// each of its tokens (as [`Draft::survival`]); empty when unknown. A batch of several
     /// requests' rounds weighs a draft's rows by it ([`Session::cut_drafts`]).
@@ -200,7 +203,9 @@ pub struct Verified {
     /// The verify batch the round was decoded in (with other requests' rounds, in a server).
     pub batch: VerifyBatch,
     /// Tokens the target decodes again for this round: a recurrent target's kept tokens after
-    /// its draft was cut short (`engine/recurrent.rs`); 0 otherwise.
+    /// its draft was cut short (`engine/recurrent.rs`), or a tree's accepted tokens off its
+    /// leading chain, decoded again in the next round's batch (`engine/verify/tree.rs`); 0
+    /// otherwise.
     pub replayed: usize,
 }
 
@@ -267,8 +272,15 @@ pub trait Verifier {
     /// equal the draft, then the first one that does not (or the one after the verified
     /// draft), each sampled exactly once; afterwards the verifier holds the context plus the
     /// accepted draft tokens, nothing of the rejected ones. A verifier may verify only the
-    /// draft's first tokens ([`Verified::drafted`]).
+    /// draft's first tokens ([`Verified::drafted`]). A tree draft's tokens are followed from
+    /// row 0: each target token continues the path while a child of the path's last row holds
+    /// it ([`TreeShape::follow`]).
     fn verify(&mut self, round: &RoundDraft) -> Result<Verified, EngineError>;
+
+    /// Most paths a tree draft of this verifier may hold; 1 (the default): chains only.
+    fn max_tree_leaves(&self) -> usize {
+        1
+    }
 }
 
 /// Generates `request` on `verifier`, drafting with `cascade` and asking `control` between
@@ -336,6 +348,8 @@ pub struct Generation<'g> {
     facts: ModelFacts,
     batch_size: usize,
     verify_costs: Vec<Duration>,
+    /// Most paths of a tree draft the verifier takes.
+    max_tree_leaves: usize,
     /// Whether drafts can be verified for this request at all.
     can_speculate: bool,
     /// Whether the current cascade drafts.
@@ -376,6 +390,7 @@ impl<'g> Generation<'g> {
             facts: verifier.facts(),
             batch_size: verifier.batch_size(),
             verify_costs,
+            max_tree_leaves: verifier.max_tree_leaves(),
             can_speculate,
             speculate: false,
             last: first,
@@ -413,6 +428,7 @@ impl<'g> Generation<'g> {
         }
         self.cascade
             .sample_drafts(self.request.sampling.draft_sampling());
+        self.cascade.allow_tree_leaves(self.max_tree_leaves);
         self.cascade.begin(
             &self.facts,
             &self.request.prompt,
@@ -475,6 +491,7 @@ impl<'g> Generation<'g> {
         let round = RoundDraft {
             last: self.last,
             tokens: draft.tokens.clone(),
+            parents: draft.parents.clone(),
             survival: draft.survival.clone(),
             n_past: self.n_past,
             max_draft_len,
@@ -514,12 +531,19 @@ impl<'g> Generation<'g> {
             if !round.distributions.is_empty() {
                 self.stats.drawn_rounds += 1;
             }
+            if !round.parents.is_empty() {
+                self.stats.tree_rounds += 1;
+            }
         }
         let mut committed = Vec::with_capacity(target.len());
         let mut n_accepted = 0;
         let mut logprobs = verified.logprobs.iter().cloned();
+        let parents = &round.parents[..drafted.min(round.parents.len())];
+        let followed = TreeShape::new(&round.tokens[..drafted], parents)
+            .follow(target)
+            .len();
         for (position, &token) in target.iter().enumerate() {
-            let matches = round.tokens[..drafted].get(position) == Some(&token);
+            let matches = position < followed;
             n_accepted += usize::from(matches);
             committed.push(token);
             self.stop = self.output.commit(verifier, token, logprobs.next());

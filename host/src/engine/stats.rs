@@ -35,11 +35,15 @@ pub struct GenerationStats {
     /// sampling: the output then follows the target's distribution without being plain
     /// decoding's draw for the seed (docs/exactness.md).
     pub drawn_rounds: u64,
+    /// Rounds whose draft was a tree of several continuations (`--cascade-mode tree`).
+    pub tree_rounds: u64,
     /// Draft tokens proposed but not verified: a server's verify step cut them, their rows
     /// beside the other requests' rounds being worth less than they cost.
     pub cut_draft_tokens: u64,
     /// Tokens decoded again after a recurrent target's draft was cut short: its state was
-    /// restored to before the verify batch and the accepted tokens replayed (`engine/recurrent.rs`).
+    /// restored to before the verify batch and the accepted tokens replayed (`engine/recurrent.rs`);
+    /// or accepted tokens of a tree off its leading chain, decoded again in the next round's
+    /// batch (`engine/verify/tree.rs`).
     pub replayed_tokens: u64,
     /// `verify_batches[n - 1]`: rounds that verified a batch of `n` tokens (`[last, d1..]`).
     pub verify_batches: Vec<u64>,

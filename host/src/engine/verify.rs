@@ -6,13 +6,14 @@
 //! round's target token. KV entries past the accepted prefix are removed with `seq_rm`, so the
 //! cache always holds exactly the committed context. Because a token is committed only when the
 //! target itself produced it at that position, the output is token-identical to plain decoding
-//! (greedy) or drawn from exactly the target's distribution (sampling). The protocol around it
-//! is `rounds.rs`.
+//! (greedy) or drawn from exactly the target's distribution (sampling). A session of one
+//! sequence also verifies tree drafts (`tree.rs`). The protocol around it is `rounds.rs`.
 
 mod cost;
 mod cut;
 mod layout;
 mod pass_costs;
+mod tree;
 
 pub use self::cost::{DEFAULT_COST_REPETITIONS, VerifyCurve};
 pub use self::cut::DraftCut;
@@ -39,6 +40,8 @@ pub const DEFAULT_MAX_DRAFT_LEN: usize = 24;
 /// once, at start-up, up to its `--draft-max`: the bound keeps that measurement (and the
 /// `draft_max + 1` of a batch) small.
 pub const MAX_DRAFT_LEN_LIMIT: usize = 256;
+/// Most paths of a tree draft a session of one sequence verifies, when it takes trees.
+pub const DEFAULT_TREE_LEAVES: usize = 8;
 /// Default context size, in tokens.
 pub const DEFAULT_CTX_SIZE: u32 = 4096;
 /// Default llama.cpp batch size (also the largest verify batch).
@@ -65,6 +68,9 @@ pub struct SessionParams {
     /// Whether a step of several sequences' rounds cuts drafts not worth their rows (see
     /// [`DraftCut`]).
     pub draft_cut: DraftCut,
+    /// Most paths of a tree draft a session of one sequence verifies; 1: chains only. A
+    /// session of several sequences, or of a recurrent target, verifies chains only.
+    pub tree_leaves: usize,
 }
 
 impl Default for SessionParams {
@@ -77,6 +83,7 @@ impl Default for SessionParams {
             max_draft_len: DEFAULT_MAX_DRAFT_LEN,
             layout: BatchLayout::default(),
             draft_cut: DraftCut::default(),
+            tree_leaves: 1,
         }
     }
 }
@@ -103,6 +110,9 @@ pub struct Session<'a> {
     draft_cut: DraftCut,
     /// What passes over several sequences cost, learned from the verify steps.
     pass_costs: PassCosts,
+    /// Tokens of the first sequence's request committed by its last tree round but not kept
+    /// in the cache, decoded again at the start of its next round (`tree.rs`).
+    unsettled: Vec<Token>,
 }
 
 impl<'a> Session<'a> {
@@ -124,6 +134,7 @@ impl<'a> Session<'a> {
             layout,
             draft_cut,
             pass_costs: PassCosts::default(),
+            unsettled: Vec::new(),
         }
     }
 
@@ -214,6 +225,7 @@ impl<'a> Session<'a> {
             .map(|index| argmax(self.context.logits(index)))
             .collect();
         self.context.clear();
+        self.unsettled.clear();
         Ok(next)
     }
 
@@ -283,6 +295,9 @@ impl<'a> Session<'a> {
     ) -> Result<(), EngineError> {
         let sampler = TokenSampler::new(sampling, self.target.llama_model())?;
         *self.sampler_slot(seq)? = Some(sampler);
+        if seq == SeqId::FIRST {
+            self.unsettled.clear();
+        }
         let held = self.context.sequence_len(seq);
         let kept = if keep > held { 0 } else { keep };
         self.context
@@ -443,6 +458,8 @@ impl<'a> Session<'a> {
         (allowed < round.tokens.len()).then(|| RoundDraft {
             tokens: round.tokens[..allowed].to_vec(),
             survival: round.survival[..allowed.min(round.survival.len())].to_vec(),
+            // A tree is never cut to a grammar (`verify_tree`): it goes whole or not at all.
+            parents: Vec::new(),
             // Never drawn: a request with a grammar drafts deterministically.
             distributions: Vec::new(),
             ..round.clone()
@@ -700,6 +717,7 @@ impl<'a> Session<'a> {
         for sampler in &mut self.samplers {
             *sampler = None;
         }
+        self.unsettled.clear();
         self.context.check_batch_invariance()
     }
 
@@ -789,9 +807,16 @@ impl Verifier for Session<'_> {
     }
 
     fn verify(&mut self, round: &RoundDraft) -> Result<Verified, EngineError> {
+        if self.needs_tree_verify(round) {
+            return self.verify_tree(round);
+        }
         self.verify_batch(&[(SeqId::FIRST, round)])
             .pop()
             .unwrap_or(Err(EngineError::NoRequest))
+    }
+
+    fn max_tree_leaves(&self) -> usize {
+        self.context.tree_leaves()
     }
 }
 

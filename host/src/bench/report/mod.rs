@@ -142,6 +142,8 @@ pub struct ConfigurationReport {
     /// Rounds that verified drafts drawn at the temperature by rejection sampling, over all
     /// measured passes: their requests' outputs are not compared with plain decoding's.
     pub drawn_rounds: u64,
+    /// Rounds whose draft was a tree of several continuations, over all measured passes.
+    pub tree_rounds: u64,
     /// `verify_batches[n - 1]`: rounds that verified `n` tokens, over all measured passes.
     pub verify_batches: Vec<u64>,
     /// Per-source results, in cascade order.
@@ -269,6 +271,7 @@ impl Report {
                             drafted: totals.drafted,
                             accepted: totals.accepted,
                             drawn_rounds: totals.drawn_rounds,
+                            tree_rounds: totals.tree_rounds,
                             sources: totals
                                 .sources
                                 .iter()
@@ -402,6 +405,7 @@ mod tests {
             drafted: 20,
             accepted: 10,
             drawn_rounds: 0,
+            tree_rounds: 0,
             verify_batches,
             verify_time: Duration::from_secs_f64(secs * 0.9),
             draft_time: Duration::from_secs_f64(secs * 0.05),

@@ -114,6 +114,7 @@ impl DraftModelHost {
             threads: self.config.threads.max(1),
             sequences: u32::try_from(sequences.max(1)).unwrap_or(u32::MAX),
             check_rows: DRAFT_CHECK_ROWS,
+            tree_leaves: 1,
         };
         let backend = started_backend()?;
         let context = {

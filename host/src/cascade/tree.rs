@@ -1,0 +1,325 @@
+//! Drafts shaped as trees: several continuations of the context, verified in one batch.
+//!
+//! A tree draft is a list of tokens in which every token comes after the one it continues, its
+//! *parent*, named by a *row*: row 0 is the round's last committed token (the one the target
+//! has not read yet), row `i + 1` is draft token `i`. So `parents[i] <= i`, and a chain (each
+//! token continuing the one before) has `parents[i] == i`; an empty `parents` means a chain.
+//! The target accepts the longest path from row 0 that it agrees with ([`TreeShape::follow`]).
+//!
+//! [`TreeBuilder`] merges the proposals of several sources into one tree under a token budget,
+//! keeping the tokens most likely to be accepted, with the best proposal first: its leading
+//! tokens are the tree's first rows (the *spine*), which a verifier keeps in its cache in
+//! place when the target follows them.
+
+use super::source::Token;
+
+/// The shape of a draft: its tokens and which row each continues (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub struct TreeShape<'d> {
+    tokens: &'d [Token],
+    parents: &'d [usize],
+}
+
+impl<'d> TreeShape<'d> {
+    /// The shape of `tokens` hanging from `parents` (empty: a chain).
+    pub fn new(tokens: &'d [Token], parents: &'d [usize]) -> Self {
+        Self { tokens, parents }
+    }
+
+    /// Errors unless the shape is well formed: `parents` empty or one per token, each naming
+    /// an earlier row, and no two children of a row with the same token (the second could
+    /// never be reached).
+    pub fn check(&self) -> Result<(), String> {
+        if self.parents.is_empty() {
+            return Ok(());
+        }
+        if self.parents.len() != self.tokens.len() {
+            return Err(format!(
+                "a tree of {} tokens has {} parents; give one per token",
+                self.tokens.len(),
+                self.parents.len()
+            ));
+        }
+        for (index, &parent) in self.parents.iter().enumerate() {
+            if parent > index {
+                return Err(format!(
+                    "token {index} continues row {parent}, which is not before it (row 0 is the last committed token, row i + 1 draft token i)"
+                ));
+            }
+            if self.child(parent, self.tokens[index]) != Some(index + 1) {
+                return Err(format!(
+                    "token {index} repeats token {} of a sibling under row {parent}",
+                    self.tokens[index]
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Draft tokens.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether the shape has no draft tokens.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Draft token `index`.
+    pub fn token(&self, index: usize) -> Token {
+        self.tokens[index]
+    }
+
+    /// Whether every token continues the one before it.
+    pub fn is_chain(&self) -> bool {
+        self.spine_len() == self.tokens.len()
+    }
+
+    /// The row draft token `index` continues.
+    pub fn parent(&self, index: usize) -> usize {
+        self.parents.get(index).copied().unwrap_or(index)
+    }
+
+    /// Leading tokens that form a chain from row 0 (each continuing the one before).
+    pub fn spine_len(&self) -> usize {
+        (0..self.tokens.len())
+            .take_while(|&index| self.parent(index) == index)
+            .count()
+    }
+
+    /// The row of the first child of `row` whose token is `token`.
+    pub fn child(&self, row: usize, token: Token) -> Option<usize> {
+        (0..self.tokens.len())
+            .find(|&index| self.parent(index) == row && self.tokens[index] == token)
+            .map(|index| index + 1)
+    }
+
+    /// The rows of the path the target's tokens `target` take from row 0, as far as the tree
+    /// holds them: `target[d]` is the token of the path's row at depth `d + 1`. Its length is
+    /// how many draft tokens the target accepted.
+    pub fn follow(&self, target: &[Token]) -> Vec<usize> {
+        let mut path = Vec::new();
+        let mut row = 0;
+        for &token in target {
+            match self.child(row, token) {
+                Some(child) => {
+                    path.push(child);
+                    row = child;
+                }
+                None => break,
+            }
+        }
+        path
+    }
+
+    /// Depth of every row: 0 for row 0, its parent's plus one for a token's.
+    pub fn depths(&self) -> Vec<usize> {
+        let mut depths = Vec::with_capacity(self.tokens.len() + 1);
+        depths.push(0);
+        for index in 0..self.tokens.len() {
+            let depth = depths[self.parent(index)] + 1;
+            depths.push(depth);
+        }
+        depths
+    }
+
+    /// Rows without children, the row the first-child path from row 0 ends on first, then
+    /// the others in row order. A chain (or an empty draft) has one.
+    pub fn leaves(&self) -> Vec<usize> {
+        let rows = self.tokens.len() + 1;
+        let mut first_child = vec![None; rows];
+        for index in (0..self.tokens.len()).rev() {
+            first_child[self.parent(index)] = Some(index + 1);
+        }
+        let mut first_leaf = 0;
+        while let Some(child) = first_child[first_leaf] {
+            first_leaf = child;
+        }
+        std::iter::once(first_leaf)
+            .chain((0..rows).filter(|&row| row != first_leaf && first_child[row].is_none()))
+            .collect()
+    }
+}
+
+/// A tree merged from several sources' proposals, before it is cut to a budget.
+#[derive(Debug, Clone, Default)]
+pub(super) struct TreeBuilder {
+    tokens: Vec<Token>,
+    /// Row each token continues.
+    parents: Vec<usize>,
+    /// Estimated probability that the target accepts the path through each token.
+    survival: Vec<f64>,
+}
+
+impl TreeBuilder {
+    /// Adds a proposal of `tokens` with the estimated probability `survival[i]` that the target
+    /// accepts it through token `i` (one per token), sharing the rows of the paths already in
+    /// the tree. A token already there keeps the higher estimate of the two; an estimate never
+    /// exceeds its parent's.
+    pub(super) fn add(&mut self, tokens: &[Token], survival: &[f64]) {
+        let mut row = 0;
+        for (&token, &estimate) in tokens.iter().zip(survival) {
+            let existing = TreeShape::new(&self.tokens, &self.parents).child(row, token);
+            let parent_estimate = row.checked_sub(1).map_or(1.0, |i| self.survival[i]);
+            let estimate = estimate.clamp(0.0, parent_estimate);
+            row = match existing {
+                Some(child) => {
+                    let kept = &mut self.survival[child - 1];
+                    *kept = kept.max(estimate);
+                    child
+                }
+                None => {
+                    self.tokens.push(token);
+                    self.parents.push(row);
+                    self.survival.push(estimate);
+                    self.tokens.len()
+                }
+            };
+        }
+    }
+
+    /// The tree cut to the `budget` tokens most likely to be accepted (the first added wins
+    /// ties) and to at most `max_leaves` paths, laid out depth first, each row's children in
+    /// the order they were added: `(tokens, parents, survival)`. The first proposal's kept
+    /// tokens lead, as a chain.
+    pub(super) fn build(
+        self,
+        budget: usize,
+        max_leaves: usize,
+    ) -> (Vec<Token>, Vec<usize>, Vec<f64>) {
+        // An estimate never exceeds its parent's and a parent comes first, so every prefix of
+        // this order holds the parents of its tokens.
+        let mut order: Vec<usize> = (0..self.tokens.len()).collect();
+        order.sort_by(|&a, &b| {
+            self.survival[b]
+                .total_cmp(&self.survival[a])
+                .then(a.cmp(&b))
+        });
+        let mut kept = vec![false; self.tokens.len()];
+        let mut has_child = vec![false; self.tokens.len() + 1];
+        let mut leaves = 1;
+        let mut taken = 0;
+        for index in order {
+            if taken == budget {
+                break;
+            }
+            let parent = self.parents[index];
+            if parent > 0 && !kept[parent - 1] {
+                continue;
+            }
+            // A child of a leaf extends its path; any other child starts a new one.
+            let new_leaf = has_child[parent];
+            if new_leaf && leaves == max_leaves.max(1) {
+                continue;
+            }
+            leaves += usize::from(new_leaf);
+            has_child[parent] = true;
+            kept[index] = true;
+            taken += 1;
+        }
+        let mut tokens = Vec::with_capacity(taken);
+        let mut parents = Vec::with_capacity(taken);
+        let mut survival = Vec::with_capacity(taken);
+        // Depth first from row 0: (row in the builder, row of its parent in the tree built),
+        // children pushed in reverse so that the first added is visited first.
+        let mut stack = vec![(0, 0)];
+        while let Some((old_row, new_parent)) = stack.pop() {
+            let new_row = if old_row == 0 {
+                0
+            } else {
+                tokens.push(self.tokens[old_row - 1]);
+                parents.push(new_parent);
+                survival.push(self.survival[old_row - 1]);
+                tokens.len()
+            };
+            for index in (0..self.tokens.len()).rev() {
+                if kept[index] && self.parents[index] == old_row {
+                    stack.push((index + 1, new_row));
+                }
+            }
+        }
+        (tokens, parents, survival)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows 1-3 a chain, row 4 a second child of row 1, row 5 a second child of row 0.
+    const TOKENS: [Token; 5] = [10, 11, 12, 21, 30];
+    const PARENTS: [usize; 5] = [0, 1, 2, 1, 0];
+
+    #[test]
+    fn a_tree_is_followed_along_the_targets_tokens() {
+        let shape = TreeShape::new(&TOKENS, &PARENTS);
+        shape.check().expect("well formed");
+        assert_eq!(shape.follow(&[10, 11, 12, 99]), vec![1, 2, 3]);
+        assert_eq!(shape.follow(&[10, 21, 5]), vec![1, 4]);
+        assert_eq!(shape.follow(&[30, 10]), vec![5]);
+        assert_eq!(shape.follow(&[7]), Vec::<usize>::new());
+        assert_eq!(shape.depths(), vec![0, 1, 2, 3, 2, 1]);
+        assert_eq!(shape.leaves(), vec![3, 4, 5]);
+        assert_eq!(shape.spine_len(), 3);
+        assert!(!shape.is_chain());
+    }
+
+    #[test]
+    fn a_chain_is_a_tree_with_one_leaf() {
+        let tokens = [4, 5, 6];
+        for parents in [&[][..], &[0, 1, 2][..]] {
+            let shape = TreeShape::new(&tokens, parents);
+            shape.check().expect("well formed");
+            assert!(shape.is_chain());
+            assert_eq!(shape.leaves(), vec![3]);
+            assert_eq!(shape.follow(&[4, 5, 9]), vec![1, 2]);
+        }
+        assert_eq!(TreeShape::new(&[], &[]).leaves(), vec![0]);
+    }
+
+    #[test]
+    fn the_first_leaf_ends_the_first_child_path() {
+        // Row 1's child (row 3) comes after row 0's second child (row 2).
+        let shape = TreeShape::new(&[1, 2, 3], &[0, 0, 1]);
+        shape.check().expect("well formed");
+        assert_eq!(shape.leaves(), vec![3, 2]);
+    }
+
+    #[test]
+    fn malformed_shapes_are_refused_with_the_reason() {
+        let later = TreeShape::new(&[1, 2], &[0, 2])
+            .check()
+            .expect_err("row 2 is itself");
+        assert!(later.contains("not before it"), "{later}");
+        let twins = TreeShape::new(&[1, 1], &[0, 0])
+            .check()
+            .expect_err("same token twice");
+        assert!(twins.contains("repeats"), "{twins}");
+        let short = TreeShape::new(&[1, 2], &[0])
+            .check()
+            .expect_err("one parent missing");
+        assert!(short.contains("one per token"), "{short}");
+    }
+
+    #[test]
+    fn merged_proposals_keep_the_likeliest_tokens_under_the_budget() {
+        let mut builder = TreeBuilder::default();
+        builder.add(&[1, 2, 3, 4], &[0.9, 0.8, 0.5, 0.2]);
+        builder.add(&[1, 2, 7], &[0.6, 0.6, 0.6]);
+        builder.add(&[9, 8], &[0.3, 0.1]);
+        let (tokens, parents, survival) = builder.clone().build(8, 8);
+        assert_eq!(tokens, vec![1, 2, 3, 4, 7, 9, 8]);
+        assert_eq!(parents, vec![0, 1, 2, 3, 2, 0, 6]);
+        assert_eq!(survival, vec![0.9, 0.8, 0.5, 0.2, 0.6, 0.3, 0.1]);
+        // Four tokens: the shared 1 2, then 7 (0.6) before 3 (0.5); the first proposal's
+        // tokens still lead.
+        let (tokens, parents, _) = builder.clone().build(4, 8);
+        assert_eq!(tokens, vec![1, 2, 3, 7]);
+        assert_eq!(parents, vec![0, 1, 2, 2]);
+        // One path only: the likeliest chain, whatever else fits the budget.
+        let (tokens, parents, _) = builder.build(8, 1);
+        assert_eq!(tokens, vec![1, 2, 7]);
+        assert!(TreeShape::new(&tokens, &parents).is_chain());
+    }
+}

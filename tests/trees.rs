@@ -1,0 +1,205 @@
+//! Tree drafts on the default models: the target verifies several continuations in one batch,
+//! and the output is plain decoding's, token for token, greedy and sampled.
+//!
+//! The sources know plain decoding's answer and propose it with a wrong token at a different
+//! depth each (one proposes tokens that are never right), so the cascade's trees hold the right
+//! continuation sometimes on their leading chain, sometimes on another path and sometimes
+//! nowhere; long answers accept and drop many branches, and the cache holds and frees their
+//! cells round after round.
+
+mod common;
+
+use spechost::cascade::{
+    Cascade, CascadeMode, CascadeSettings, DraftSource, ModelFacts, Proposal, SourceFault, Token,
+};
+use spechost::engine::{
+    DEFAULT_TREE_LEAVES, Outcome, Request, SamplingParams, Session, SessionParams, Target,
+};
+use spechost::models::DefaultModel;
+
+use common::{exclusive, first_difference, fixtures, load, session_params};
+
+/// Tokens generated per fixture prompt.
+const MAX_TOKENS: usize = 128;
+/// Tokens a round drafts, over every path of its tree.
+const DRAFT_LEN: usize = 10;
+
+/// Proposes plain decoding's continuation of its context, with the token at a depth that
+/// changes from round to round replaced by another (never, every `period`-th round).
+struct Misspelling {
+    name: &'static str,
+    /// The prompt and plain decoding's output, as the target would continue it.
+    truth: Vec<Token>,
+    /// Context length fed so far.
+    fed: usize,
+    /// Rounds proposed so far.
+    rounds: usize,
+    /// Depth of the wrong token in the first round, and how it moves.
+    offset: usize,
+    /// Every this many rounds, the proposal has no wrong token.
+    period: usize,
+}
+
+impl DraftSource for Misspelling {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn begin(&mut self, _facts: &ModelFacts, prompt: &[Token]) -> Result<(), SourceFault> {
+        self.fed = prompt.len();
+        self.rounds = 0;
+        Ok(())
+    }
+
+    fn propose(&mut self, max_draft_len: usize) -> Result<Proposal, SourceFault> {
+        self.rounds += 1;
+        let end = (self.fed + max_draft_len).min(self.truth.len());
+        let mut tokens = self.truth[self.fed.min(end)..end].to_vec();
+        if !self.rounds.is_multiple_of(self.period) && !tokens.is_empty() {
+            let wrong = (self.rounds * 3 + self.offset) % tokens.len();
+            tokens[wrong] = tokens[wrong].wrapping_add(1) % 1000;
+        }
+        Ok(Proposal::from_tokens(tokens))
+    }
+
+    fn feed(&mut self, tokens: &[Token]) -> Result<(), SourceFault> {
+        self.fed += tokens.len();
+        Ok(())
+    }
+}
+
+/// Proposes tokens the target never produces here (control characters of the vocabulary).
+struct Wrong;
+
+impl DraftSource for Wrong {
+    fn name(&self) -> &str {
+        "wrong"
+    }
+
+    fn begin(&mut self, _facts: &ModelFacts, _prompt: &[Token]) -> Result<(), SourceFault> {
+        Ok(())
+    }
+
+    fn propose(&mut self, max_draft_len: usize) -> Result<Proposal, SourceFault> {
+        Ok(Proposal::from_tokens(
+            (3..3 + max_draft_len.min(3) as Token).collect(),
+        ))
+    }
+
+    fn feed(&mut self, _tokens: &[Token]) -> Result<(), SourceFault> {
+        Ok(())
+    }
+}
+
+/// A tree-mode cascade over two [`Misspelling`]s of `truth` and [`Wrong`].
+fn tree_cascade(truth: &[Token]) -> Cascade {
+    let misspelling = |name, offset, period| {
+        Box::new(Misspelling {
+            name,
+            truth: truth.to_vec(),
+            fed: 0,
+            rounds: 0,
+            offset,
+            period,
+        }) as Box<dyn DraftSource>
+    };
+    Cascade::new(
+        vec![
+            misspelling("early", 0, 5),
+            misspelling("late", 4, 3),
+            Box::new(Wrong),
+        ],
+        CascadeSettings {
+            mode: CascadeMode::Tree,
+            ..CascadeSettings::default()
+        },
+    )
+}
+
+fn tree_session(target: &Target) -> Session<'_> {
+    target
+        .session(&SessionParams {
+            tree_leaves: DEFAULT_TREE_LEAVES,
+            ..session_params()
+        })
+        .expect("session")
+}
+
+fn request(prompt: Vec<Token>, sampling: SamplingParams, max_draft_len: usize) -> Request {
+    let mut request = Request::new(prompt, MAX_TOKENS, sampling);
+    request.max_draft_len = max_draft_len;
+    request
+}
+
+/// Plain decoding's output of every fixture prompt, then the same prompts through tree drafts
+/// in a session that keeps its context across requests: the outputs must be equal, and the
+/// trees must have been taken off their leading chain and dropped often.
+fn trees_keep_output_identical(model: DefaultModel, sampling: SamplingParams) {
+    let _guard = exclusive();
+    let target = load(model);
+    let mut plain_session = target.session(&session_params()).expect("session");
+    let mut session = tree_session(&target);
+    let (mut tree_rounds, mut replayed, mut accepted) = (0, 0, 0);
+    for fixture in fixtures() {
+        let prompt = target.tokenize_chat(&fixture.user_message).expect("chat");
+        let plain: Outcome = plain_session
+            .generate(
+                &request(prompt.clone(), sampling.clone(), 0),
+                &mut Cascade::empty(),
+                &mut |_| {},
+            )
+            .expect("plain decoding");
+        let truth: Vec<Token> = prompt.iter().chain(&plain.tokens).copied().collect();
+        let mut cascade = tree_cascade(&truth);
+        let treed = session
+            .generate(
+                &request(prompt, sampling.clone(), DRAFT_LEN),
+                &mut cascade,
+                &mut |_| {},
+            )
+            .expect("tree drafts");
+        assert_eq!(
+            treed.tokens,
+            plain.tokens,
+            "{} on {model:?}: first difference at {:?}",
+            fixture.id,
+            first_difference(&treed.tokens, &plain.tokens)
+        );
+        tree_rounds += treed.stats.tree_rounds;
+        replayed += treed.stats.replayed_tokens;
+        accepted += treed.stats.accepted;
+    }
+    // About 80 tree rounds, 70 accepted tokens off a tree's leading chain and 540 accepted
+    // draft tokens in all, on either model.
+    assert!(tree_rounds >= 60, "{tree_rounds} tree rounds");
+    assert!(
+        replayed >= 40,
+        "{replayed} accepted tokens off the leading chain"
+    );
+    assert!(accepted >= 400, "{accepted} accepted draft tokens");
+}
+
+#[test]
+fn greedy_tree_drafts_give_plain_decodings_output_on_smollm2() {
+    trees_keep_output_identical(DefaultModel::SmolLm2, SamplingParams::greedy());
+}
+
+#[test]
+fn greedy_tree_drafts_give_plain_decodings_output_on_gemma3() {
+    trees_keep_output_identical(DefaultModel::Gemma3, SamplingParams::greedy());
+}
+
+/// At a temperature the target draws each committed token once, in order, as plain decoding
+/// does: with the same seed, the same output.
+#[test]
+fn sampled_tree_drafts_give_plain_decodings_draw_for_the_seed() {
+    trees_keep_output_identical(
+        DefaultModel::SmolLm2,
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            seed: 11,
+            ..SamplingParams::greedy()
+        },
+    );
+}
