@@ -131,6 +131,11 @@ fn garbage_confidence_is_refused() {
 }
 
 #[test]
+fn tree_shapes_that_do_not_fit_are_refused() {
+    assert_reported("hostile_badtree", &["tree of 2 paths, at most 1"]);
+}
+
+#[test]
 fn slow_constructor_hits_the_deadline() {
     assert_reported("hostile_slow_open", &["deadline"]);
 }

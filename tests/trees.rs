@@ -1,11 +1,12 @@
 //! Tree drafts on the default models: the target verifies several continuations in one batch,
 //! and the output is plain decoding's, token for token, greedy and sampled.
 //!
-//! The sources know plain decoding's answer and propose it with a wrong token at a different
-//! depth each (one proposes tokens that are never right), so the cascade's trees hold the right
-//! continuation sometimes on their leading chain, sometimes on another path and sometimes
-//! nowhere; long answers accept and drop many branches, and the cache holds and frees their
-//! cells round after round.
+//! First with sources that know plain decoding's answer and propose it with a wrong token at a
+//! different depth each (one proposes tokens that are never right), so the cascade's trees hold
+//! the right continuation sometimes on their leading chain, sometimes on another path and
+//! sometimes nowhere; long answers accept and drop many branches, and the cache holds and frees
+//! their cells round after round. Then with the built-in plugins, `suffix` proposing its
+//! speculation trees through the WIT's `tree` import.
 
 mod common;
 
@@ -17,7 +18,10 @@ use spechost::engine::{
 };
 use spechost::models::DefaultModel;
 
-use common::{exclusive, first_difference, fixtures, load, session_params};
+use common::{
+    cascade_with_settings, exclusive, first_difference, fixtures, load, plugin_host, session_params,
+};
+use spechost::plugins::SourceSpec;
 
 /// Tokens generated per fixture prompt.
 const MAX_TOKENS: usize = 128;
@@ -131,15 +135,27 @@ fn request(prompt: Vec<Token>, sampling: SamplingParams, max_draft_len: usize) -
     request
 }
 
+/// Counters of the tree-drafted requests of a run, summed.
+#[derive(Debug, Default)]
+struct TreeCounts {
+    tree_rounds: u64,
+    replayed: u64,
+    accepted: u64,
+}
+
 /// Plain decoding's output of every fixture prompt, then the same prompts through tree drafts
-/// in a session that keeps its context across requests: the outputs must be equal, and the
-/// trees must have been taken off their leading chain and dropped often.
-fn trees_keep_output_identical(model: DefaultModel, sampling: SamplingParams) {
+/// of the cascade `cascade_for` makes from plain decoding's prompt and output, in one session
+/// that keeps its context across requests: the outputs must be equal.
+fn trees_keep_output_identical(
+    model: DefaultModel,
+    sampling: SamplingParams,
+    cascade_for: &mut dyn FnMut(&[Token]) -> Cascade,
+) -> TreeCounts {
     let _guard = exclusive();
     let target = load(model);
     let mut plain_session = target.session(&session_params()).expect("session");
     let mut session = tree_session(&target);
-    let (mut tree_rounds, mut replayed, mut accepted) = (0, 0, 0);
+    let mut counts = TreeCounts::default();
     for fixture in fixtures() {
         let prompt = target.tokenize_chat(&fixture.user_message).expect("chat");
         let plain: Outcome = plain_session
@@ -150,7 +166,7 @@ fn trees_keep_output_identical(model: DefaultModel, sampling: SamplingParams) {
             )
             .expect("plain decoding");
         let truth: Vec<Token> = prompt.iter().chain(&plain.tokens).copied().collect();
-        let mut cascade = tree_cascade(&truth);
+        let mut cascade = cascade_for(&truth);
         let treed = session
             .generate(
                 &request(prompt, sampling.clone(), DRAFT_LEN),
@@ -165,35 +181,39 @@ fn trees_keep_output_identical(model: DefaultModel, sampling: SamplingParams) {
             fixture.id,
             first_difference(&treed.tokens, &plain.tokens)
         );
-        tree_rounds += treed.stats.tree_rounds;
-        replayed += treed.stats.replayed_tokens;
-        accepted += treed.stats.accepted;
+        counts.tree_rounds += treed.stats.tree_rounds;
+        counts.replayed += treed.stats.replayed_tokens;
+        counts.accepted += treed.stats.accepted;
     }
+    counts
+}
+
+/// [`trees_keep_output_identical`] with [`tree_cascade`]: trees must have been taken off their
+/// leading chain and dropped often.
+fn misspelt_trees_keep_output_identical(model: DefaultModel, sampling: SamplingParams) {
+    let counts = trees_keep_output_identical(model, sampling, &mut |truth| tree_cascade(truth));
     // About 80 tree rounds, 70 accepted tokens off a tree's leading chain and 540 accepted
     // draft tokens in all, on either model.
-    assert!(tree_rounds >= 60, "{tree_rounds} tree rounds");
-    assert!(
-        replayed >= 40,
-        "{replayed} accepted tokens off the leading chain"
-    );
-    assert!(accepted >= 400, "{accepted} accepted draft tokens");
+    assert!(counts.tree_rounds >= 60, "{counts:?}");
+    assert!(counts.replayed >= 40, "{counts:?}");
+    assert!(counts.accepted >= 400, "{counts:?}");
 }
 
 #[test]
 fn greedy_tree_drafts_give_plain_decodings_output_on_smollm2() {
-    trees_keep_output_identical(DefaultModel::SmolLm2, SamplingParams::greedy());
+    misspelt_trees_keep_output_identical(DefaultModel::SmolLm2, SamplingParams::greedy());
 }
 
 #[test]
 fn greedy_tree_drafts_give_plain_decodings_output_on_gemma3() {
-    trees_keep_output_identical(DefaultModel::Gemma3, SamplingParams::greedy());
+    misspelt_trees_keep_output_identical(DefaultModel::Gemma3, SamplingParams::greedy());
 }
 
 /// At a temperature the target draws each committed token once, in order, as plain decoding
 /// does: with the same seed, the same output.
 #[test]
 fn sampled_tree_drafts_give_plain_decodings_draw_for_the_seed() {
-    trees_keep_output_identical(
+    misspelt_trees_keep_output_identical(
         DefaultModel::SmolLm2,
         SamplingParams {
             temperature: 0.8,
@@ -202,4 +222,35 @@ fn sampled_tree_drafts_give_plain_decodings_draw_for_the_seed() {
             ..SamplingParams::greedy()
         },
     );
+}
+
+/// The built-in `lookup` and `suffix` in tree mode: `suffix` proposes its speculation trees and
+/// the cascade merges both sources' proposals.
+fn plugin_trees_keep_output_identical(model: DefaultModel) {
+    let host = plugin_host();
+    let specs = [
+        SourceSpec::Builtin("lookup".into()),
+        SourceSpec::Builtin("suffix".into()),
+    ];
+    let counts = trees_keep_output_identical(model, SamplingParams::greedy(), &mut |_| {
+        cascade_with_settings(
+            &host,
+            &specs,
+            CascadeSettings {
+                mode: CascadeMode::Tree,
+                ..CascadeSettings::default()
+            },
+        )
+    });
+    assert!(counts.tree_rounds >= 5, "{counts:?}");
+}
+
+#[test]
+fn suffix_trees_give_plain_decodings_output_on_smollm2() {
+    plugin_trees_keep_output_identical(DefaultModel::SmolLm2);
+}
+
+#[test]
+fn suffix_trees_give_plain_decodings_output_on_gemma3() {
+    plugin_trees_keep_output_identical(DefaultModel::Gemma3);
 }

@@ -1,5 +1,5 @@
 //! The proposal rules: [`check_proposal`], the one function that decides whether a proposal is
-//! valid.
+//! valid, and [`check_tree`], whether a tree proposal's shape fits it.
 //!
 //! The host calls it on every proposal a plugin returns (a broken rule is a fault), and
 //! [`crate::testing::Harness`] calls it on every proposal a drafter makes in a unit test (a
@@ -47,6 +47,34 @@ pub enum ProposalError {
         /// Its index in the confidence list.
         position: usize,
     },
+    /// A tree shape without one parent per token.
+    TreeParentCount {
+        /// Parents in the shape.
+        n_parents: usize,
+        /// Tokens in the proposal.
+        n_tokens: usize,
+    },
+    /// A token whose parent row is not before it (`parent > position`).
+    TreeParentNotBefore {
+        /// The token's index in the proposal.
+        position: usize,
+        /// The row it names as its parent.
+        parent: u32,
+    },
+    /// Two children of one row with the same token: the second could never be accepted.
+    TreeRepeatedSibling {
+        /// The second one's index in the proposal.
+        position: usize,
+        /// The token both hold.
+        token: Token,
+    },
+    /// More paths (leaves) than the host takes ([`crate::tree::max_paths`]).
+    TreeTooManyPaths {
+        /// Paths in the tree.
+        paths: usize,
+        /// The most the host takes.
+        max_paths: usize,
+    },
 }
 
 impl ProposalError {
@@ -61,6 +89,14 @@ impl ProposalError {
             ProposalError::ConfidenceOutOfRange { .. } => {
                 "confidence values are probabilities, in [0, 1]"
             }
+            ProposalError::TreeParentCount { .. } => "give a tree one parent per token",
+            ProposalError::TreeParentNotBefore { .. } => {
+                "list a tree's tokens after their parents: parents[i] <= i"
+            }
+            ProposalError::TreeRepeatedSibling { .. } => {
+                "merge continuations that share a token under the same row"
+            }
+            ProposalError::TreeTooManyPaths { .. } => "keep a tree within tree::max_paths() paths",
         }
     }
 }
@@ -94,6 +130,25 @@ impl fmt::Display for ProposalError {
             ProposalError::ConfidenceOutOfRange { value, position } => write!(
                 f,
                 "gave confidence {value} at position {position}, must be in [0,1]"
+            ),
+            ProposalError::TreeParentCount {
+                n_parents,
+                n_tokens,
+            } => write!(
+                f,
+                "shaped a tree with {n_parents} parents for {n_tokens} tokens, must give one per token"
+            ),
+            ProposalError::TreeParentNotBefore { position, parent } => write!(
+                f,
+                "shaped token {position} under row {parent}, which is not before it"
+            ),
+            ProposalError::TreeRepeatedSibling { position, token } => write!(
+                f,
+                "shaped token {position} ({token}) as a sibling holding the same token as another"
+            ),
+            ProposalError::TreeTooManyPaths { paths, max_paths } => write!(
+                f,
+                "shaped a tree of {paths} paths, at most {max_paths} are taken"
             ),
         }
     }
@@ -155,6 +210,54 @@ pub fn check_proposal(
         .find(|&(_, value)| !(0.0..=1.0).contains(value))
     {
         return Err(ProposalError::ConfidenceOutOfRange { value, position });
+    }
+    Ok(())
+}
+
+/// Checks the shape of a tree proposal of `tokens`: `parents[i]` is the row token `i`
+/// continues (row 0 the last context token, row `j + 1` token `j`), as the WIT's `tree`
+/// interface says. Valid when there is one parent per token, each row is before its children
+/// (`parents[i] <= i`), no two children of a row hold the same token, and the tree has at most
+/// `max_paths` leaves. The error is the first rule broken, in that order.
+///
+/// ```
+/// use spechost_sdk::{ProposalError, check_tree};
+///
+/// // Two continuations after the first token: 5 6 and 5 7.
+/// assert_eq!(check_tree(&[5, 6, 7], &[0, 1, 1], 2), Ok(()));
+/// assert_eq!(
+///     check_tree(&[5, 6, 7], &[0, 1, 1], 1),
+///     Err(ProposalError::TreeTooManyPaths { paths: 2, max_paths: 1 })
+/// );
+/// ```
+pub fn check_tree(
+    tokens: &[Token],
+    parents: &[u32],
+    max_paths: usize,
+) -> Result<(), ProposalError> {
+    if parents.len() != tokens.len() {
+        return Err(ProposalError::TreeParentCount {
+            n_parents: parents.len(),
+            n_tokens: tokens.len(),
+        });
+    }
+    let mut has_child = vec![false; tokens.len() + 1];
+    let mut paths = 1;
+    for (position, (&parent, &token)) in parents.iter().zip(tokens).enumerate() {
+        let row = parent as usize;
+        if row > position {
+            return Err(ProposalError::TreeParentNotBefore { position, parent });
+        }
+        let sibling =
+            (0..position).any(|earlier| parents[earlier] == parent && tokens[earlier] == token);
+        if sibling {
+            return Err(ProposalError::TreeRepeatedSibling { position, token });
+        }
+        // A row's first child continues its path; every later one starts another.
+        paths += usize::from(std::mem::replace(&mut has_child[row], true));
+    }
+    if paths > max_paths {
+        return Err(ProposalError::TreeTooManyPaths { paths, max_paths });
     }
     Ok(())
 }
@@ -227,6 +330,41 @@ mod tests {
                 expected,
                 "{case}: {} tokens, confidence {confidence:?}, max_draft_len {max_draft_len}",
                 tokens.len()
+            );
+        }
+    }
+
+    /// A tree case: its name, the tokens, their parents, the paths taken, and the verdict.
+    type TreeCase = (
+        &'static str,
+        &'static [Token],
+        &'static [u32],
+        usize,
+        Result<(), &'static str>,
+    );
+
+    #[test]
+    fn tree_shapes_are_checked_rule_by_rule() {
+        #[rustfmt::skip]
+        let cases: &[TreeCase] = &[
+            ("a chain", &[1, 2, 3], &[0, 1, 2], 1, Ok(())),
+            ("empty", &[], &[], 1, Ok(())),
+            ("two paths from the root", &[1, 2], &[0, 0], 2, Ok(())),
+            ("one parent short", &[1, 2], &[0], 2,
+                Err("shaped a tree with 1 parents for 2 tokens, must give one per token")),
+            ("a parent after its child", &[1, 2], &[0, 2], 2,
+                Err("shaped token 1 under row 2, which is not before it")),
+            ("twins", &[1, 1], &[0, 0], 2,
+                Err("shaped token 1 (1) as a sibling holding the same token as another")),
+            ("too many paths", &[1, 2, 3], &[0, 0, 0], 2,
+                Err("shaped a tree of 3 paths, at most 2 are taken")),
+        ];
+        for &(case, tokens, parents, max_paths, expected) in cases {
+            let checked = check_tree(tokens, parents, max_paths).map_err(|e| e.to_string());
+            assert_eq!(
+                checked.as_ref().map_err(String::as_str).copied(),
+                expected,
+                "{case}"
             );
         }
     }

@@ -117,9 +117,10 @@ mod policy;
 mod records;
 pub mod state;
 pub mod testing;
+pub mod tree;
 mod version;
 
-pub use crate::check::{ProposalError, check_proposal};
+pub use crate::check::{ProposalError, check_proposal, check_tree};
 pub use crate::drafter::Drafter;
 pub use crate::log::{Level, log};
 pub use crate::policy::Policy;

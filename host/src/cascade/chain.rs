@@ -28,7 +28,7 @@ use super::policy::{
 use super::sampled::{DraftSampling, TokenDistribution};
 use super::scored::best_scored;
 use super::slot::Slot;
-use super::source::{DraftSource, Feedback, ModelFacts, Token};
+use super::source::{DraftSource, Feedback, ModelFacts, Proposal, Token};
 use super::stats::SourceStats;
 use super::tree::{TreeBuilder, TreeShape};
 
@@ -194,9 +194,15 @@ impl Cascade {
         max_tokens: usize,
         verify_costs: &[Duration],
     ) {
+        let max_paths = if self.settings.mode == CascadeMode::Tree {
+            self.max_tree_leaves
+        } else {
+            1
+        };
         for slot in &mut self.slots {
             slot.reset();
             slot.source.sample_drafts(self.draft_sampling);
+            slot.source.set_max_paths(max_paths);
             slot.call("begin", |s| s.begin(facts, prompt));
         }
         self.order = self.usual_order().collect();
@@ -277,7 +283,9 @@ impl Cascade {
             tokens: proposal
                 .map(|(proposal, _)| proposal.tokens.clone())
                 .unwrap_or_default(),
-            parents: Vec::new(),
+            parents: proposal
+                .map(|(proposal, _)| proposal.parents.clone())
+                .unwrap_or_default(),
             survival: proposal
                 .map(|(proposal, history)| history.survival(proposal))
                 .unwrap_or_default(),
@@ -295,22 +303,27 @@ impl Cascade {
         }
     }
 
-    /// Tree mode: `draft`, the best proposal, with every other source's proposal of the round
-    /// merged in as further paths, cut to the draft length in tokens and to the verifier's
-    /// paths, keeping the tokens most likely to be accepted ([`TreeBuilder`]).
+    /// Tree mode: `draft`, the best proposal (a chain or a tree), with every other source's
+    /// proposal of the round merged in as further paths, cut to the draft length in tokens and
+    /// to the verifier's paths, keeping the tokens most likely to be accepted
+    /// ([`TreeBuilder`]).
     fn grow_tree(&self, draft: Draft) -> Draft {
         let Some(winner) = draft.source else {
             return draft;
         };
         let mut builder = TreeBuilder::default();
-        builder.add(&draft.tokens, &draft.survival);
+        builder.add(&draft.tokens, &draft.parents, &draft.survival);
         for &index in &self.order {
             let slot = &self.slots[index];
             if index == winner || slot.draw.is_some() {
                 continue;
             }
             if let Some(proposal) = &slot.proposal {
-                builder.add(&proposal.tokens, &slot.history.survival(proposal));
+                builder.add(
+                    &proposal.tokens,
+                    &proposal.parents,
+                    &slot.history.survival(proposal),
+                );
             }
         }
         let (tokens, mut parents, survival) =
@@ -417,12 +430,17 @@ impl Cascade {
                         // Verification checked every drafted position up to the first mismatch.
                         (n_accepted, drafted)
                     } else {
-                        (
-                            matching_prefix(&proposal.tokens, committed),
-                            committed.len(),
-                        )
+                        (followed(&proposal, committed), committed.len())
                     };
-                slot.history.record(&proposal, matched, known);
+                if proposal.parents.is_empty() {
+                    slot.history.record(&proposal, matched, known);
+                } else {
+                    // Acceptance is learnt by position along a chain: a tree's leading one.
+                    let mut spine = proposal.clone();
+                    spine.keep_spine();
+                    let spine_matched = matching_prefix(&spine.tokens, committed);
+                    slot.history.record(&spine, spine_matched, committed.len());
+                }
                 if won && draft.parents.is_empty() {
                     slot.stats.record_win(draft.tokens.len(), n_accepted);
                 } else if won {
@@ -483,16 +501,16 @@ impl Cascade {
     /// The source whose proposal the target followed furthest through a tree draft (the one
     /// that led the tree on a tie, or when the target followed none).
     fn tree_winner(&self, draft: &Draft, committed: &[Token]) -> Option<usize> {
-        let followed = |index: usize| {
+        let length_of = |index: usize| {
             self.slots[index]
                 .proposal
                 .as_ref()
-                .map_or(0, |proposal| matching_prefix(&proposal.tokens, committed))
+                .map_or(0, |proposal| followed(proposal, committed))
         };
         let lead = draft.source?;
-        let mut winner = (lead, followed(lead));
+        let mut winner = (lead, length_of(lead));
         for index in 0..self.slots.len() {
-            let length = followed(index);
+            let length = length_of(index);
             if length > winner.1 {
                 winner = (index, length);
             }
@@ -538,6 +556,14 @@ impl Cascade {
         }
         self
     }
+}
+
+/// How many of `proposal`'s tokens the `committed` tokens follow from its start (along a path,
+/// for a tree).
+fn followed(proposal: &Proposal, committed: &[Token]) -> usize {
+    TreeShape::new(&proposal.tokens, &proposal.parents)
+        .follow(committed)
+        .len()
 }
 
 /// The `plugin{name, method}` span of a call to the policy.
@@ -848,6 +874,7 @@ mod tests {
         let proposal = Proposal {
             tokens: vec![1, 2, 3, 4],
             confidence: Vec::new(),
+            parents: Vec::new(),
         };
         let fresh = build().calibration()[0].expected_accepted(&proposal);
         let kept =

@@ -112,6 +112,7 @@ pub(super) fn constant(
         proposal: Proposal {
             tokens: tokens.to_vec(),
             confidence: confidence.to_vec(),
+            parents: Vec::new(),
         },
         expensive,
         asked: Arc::clone(&asked),
@@ -172,6 +173,7 @@ impl DraftSource for Slow {
         Ok(Proposal {
             tokens: self.tokens.clone(),
             confidence: Vec::new(),
+            parents: Vec::new(),
         })
     }
     fn feed(&mut self, _tokens: &[Token]) -> Result<(), SourceFault> {

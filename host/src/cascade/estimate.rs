@@ -16,6 +16,7 @@
 //! hundred rounds.
 
 use super::source::{Proposal, Token};
+use super::tree::TreeShape;
 
 /// Once this many observations are counted at a position or a confidence bin, its counts are
 /// halved: older rounds weigh less, and estimates follow the workload.
@@ -148,7 +149,7 @@ pub struct AcceptanceHistory {
 
 impl AcceptanceHistory {
     /// Records `proposal`, whose first `matched` tokens matched the target's tokens, known for
-    /// its first `known` positions.
+    /// its first `known` positions (a chain: of a tree, the caller records its leading chain).
     pub fn record(&mut self, proposal: &Proposal, matched: usize, known: usize) {
         let drafted = proposal.tokens.len();
         self.by_position.record(drafted, matched, known);
@@ -160,17 +161,25 @@ impl AcceptanceHistory {
 
     /// The estimated probability that the target accepts `proposal` through each of its
     /// tokens: its calibrated confidences when it has them, else what acceptance by position
-    /// predicts.
+    /// predicts (of a tree, at each token's depth).
     pub fn survival(&self, proposal: &Proposal) -> Vec<f64> {
         if has_confidences(proposal) {
-            proposal
+            return proposal
                 .confidence
                 .iter()
                 .map(|&c| self.by_confidence.calibrated(c))
-                .collect()
-        } else {
-            self.by_position.survival(proposal.tokens.len())
+                .collect();
         }
+        if proposal.parents.is_empty() {
+            return self.by_position.survival(proposal.tokens.len());
+        }
+        let depths = TreeShape::new(&proposal.tokens, &proposal.parents).depths();
+        let deepest = depths.iter().copied().max().unwrap_or(0);
+        let by_depth = self.by_position.survival(deepest);
+        depths[1..]
+            .iter()
+            .map(|&depth| by_depth[depth - 1])
+            .collect()
     }
 
     /// Expected accepted tokens of `proposal`: the sum of its [survival](Self::survival).
@@ -263,6 +272,7 @@ mod tests {
         let proposal = Proposal {
             tokens: vec![1, 2, 3, 4],
             confidence: vec![0.9, 0.9, 0.9, 0.9],
+            parents: Vec::new(),
         };
         let mut history = AcceptanceHistory::default();
         assert!((history.expected_accepted(&proposal) - 3.6).abs() < 1e-6);
@@ -280,6 +290,7 @@ mod tests {
         let proposal = Proposal {
             tokens: vec![1, 2, 3, 4],
             confidence: vec![0.9, 0.8, 2.0, f32::NAN],
+            parents: Vec::new(),
         };
         let expected = history.expected_accepted(&proposal);
         assert!((expected - 2.7).abs() < 1e-6, "clamped sum, got {expected}");

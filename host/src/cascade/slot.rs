@@ -146,6 +146,8 @@ impl Slot {
         // Shadow proposals are never verified: a draw made for one has no use.
         self.source.take_draw();
         proposal.truncate(len);
+        // Compared with the committed tokens one after another: a chain.
+        proposal.keep_spine();
         if !proposal.tokens.is_empty() {
             self.stats.shadow_proposed += 1;
             self.shadow = Some(Shadow {

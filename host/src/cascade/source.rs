@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::draft_model::DraftModelCosts;
 use super::sampled::{DraftSampling, SampledDraft};
+use super::tree::TreeShape;
 
 /// A token id in the target model's vocabulary.
 pub type Token = u32;
@@ -24,13 +25,18 @@ pub struct ModelFacts {
     pub context_size: u32,
 }
 
-/// What a source proposes: tokens and, optionally, one confidence in [0, 1] per token.
+/// What a source proposes: tokens and, optionally, one confidence in [0, 1] per token; a chain,
+/// or a tree of continuations.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Proposal {
     /// Proposed continuation, most likely first.
     pub tokens: Vec<Token>,
     /// Empty, or one probability per token that the draft is accepted up to that token.
     pub confidence: Vec<f32>,
+    /// Empty for a chain; for a tree, the row each token continues (see
+    /// [`TreeShape`](super::TreeShape)), for a source told it may propose trees
+    /// ([`DraftSource::set_max_paths`]).
+    pub parents: Vec<usize>,
 }
 
 impl Proposal {
@@ -44,13 +50,33 @@ impl Proposal {
         Self {
             tokens,
             confidence: Vec::new(),
+            parents: Vec::new(),
         }
     }
 
-    /// Cuts the proposal, and its confidences, to at most `len` tokens.
+    /// Shapes the proposal as a tree of `parents` (one per token, checked by the caller); a
+    /// chain's are dropped, so that a chain is always a proposal without parents.
+    pub fn set_parents(&mut self, parents: Vec<usize>) {
+        self.parents = parents;
+        if TreeShape::new(&self.tokens, &self.parents).is_chain() {
+            self.parents.clear();
+        }
+    }
+
+    /// Cuts the proposal, and its confidences, to at most `len` tokens (of a tree, its first
+    /// ones, which hold their parents).
     pub fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
         self.confidence.truncate(len);
+        self.parents.truncate(len);
+    }
+
+    /// Keeps only the leading chain of a tree: its first tokens, each continuing the one
+    /// before (what a chain-only use of the proposal can verify).
+    pub fn keep_spine(&mut self) {
+        let spine = TreeShape::new(&self.tokens, &self.parents).spine_len();
+        self.truncate(spine);
+        self.parents.clear();
     }
 }
 
@@ -98,8 +124,14 @@ pub trait DraftSource: Send {
     /// Starts a request: the source resets its per-request state and takes `prompt` as context.
     fn begin(&mut self, facts: &ModelFacts, prompt: &[Token]) -> Result<(), SourceFault>;
 
-    /// Proposes up to `max_draft_len` tokens continuing the context. May return fewer, or none.
+    /// Proposes up to `max_draft_len` tokens continuing the context. May return fewer, or none;
+    /// a tree of at most the paths [`Self::set_max_paths`] allowed.
     fn propose(&mut self, max_draft_len: usize) -> Result<Proposal, SourceFault>;
+
+    /// Sets the most paths a proposal of the next requests may have: 1, chains, unless the
+    /// cascade merges trees for a verifier that takes them. Called before
+    /// [`begin`](Self::begin). Default: ignored (a source that proposes chains only).
+    fn set_max_paths(&mut self, _paths: usize) {}
 
     /// Tells the source how its last proposal fared. Default: ignored.
     fn feedback(&mut self, _feedback: Feedback) -> Result<(), SourceFault> {

@@ -11,6 +11,8 @@
 //! tokens are the tree's first rows (the *spine*), which a verifier keeps in its cache in
 //! place when the target follows them.
 
+use spechost_sdk::check_tree;
+
 use super::source::Token;
 
 /// The shape of a draft: its tokens and which row each continues (see the module docs).
@@ -29,31 +31,19 @@ impl<'d> TreeShape<'d> {
     /// Errors unless the shape is well formed: `parents` empty or one per token, each naming
     /// an earlier row, and no two children of a row with the same token (the second could
     /// never be reached).
+    ///
+    /// These are the rules a plugin's tree proposal is held to ([`check_tree`]), with no limit
+    /// on its paths.
     pub fn check(&self) -> Result<(), String> {
         if self.parents.is_empty() {
             return Ok(());
         }
-        if self.parents.len() != self.tokens.len() {
-            return Err(format!(
-                "a tree of {} tokens has {} parents; give one per token",
-                self.tokens.len(),
-                self.parents.len()
-            ));
-        }
-        for (index, &parent) in self.parents.iter().enumerate() {
-            if parent > index {
-                return Err(format!(
-                    "token {index} continues row {parent}, which is not before it (row 0 is the last committed token, row i + 1 draft token i)"
-                ));
-            }
-            if self.child(parent, self.tokens[index]) != Some(index + 1) {
-                return Err(format!(
-                    "token {index} repeats token {} of a sibling under row {parent}",
-                    self.tokens[index]
-                ));
-            }
-        }
-        Ok(())
+        let parents: Vec<u32> = self
+            .parents
+            .iter()
+            .map(|&row| u32::try_from(row).unwrap_or(u32::MAX))
+            .collect();
+        check_tree(self.tokens, &parents, usize::MAX).map_err(|broken| broken.to_string())
     }
 
     /// Draft tokens.
@@ -153,17 +143,23 @@ pub(super) struct TreeBuilder {
 }
 
 impl TreeBuilder {
-    /// Adds a proposal of `tokens` with the estimated probability `survival[i]` that the target
-    /// accepts it through token `i` (one per token), sharing the rows of the paths already in
-    /// the tree. A token already there keeps the higher estimate of the two; an estimate never
-    /// exceeds its parent's.
-    pub(super) fn add(&mut self, tokens: &[Token], survival: &[f64]) {
-        let mut row = 0;
-        for (&token, &estimate) in tokens.iter().zip(survival) {
+    /// Adds a proposal of `tokens` hanging from `parents` (empty: a chain; see the module docs)
+    /// with the estimated probability `survival[i]` that the target accepts it through token
+    /// `i` (one per token), sharing the rows of the paths already in the tree. A token already
+    /// there keeps the higher estimate of the two; an estimate never exceeds its parent's.
+    pub(super) fn add(&mut self, tokens: &[Token], parents: &[usize], survival: &[f64]) {
+        let shape = TreeShape::new(tokens, parents);
+        // The builder's row of each of the proposal's rows.
+        let mut rows = Vec::with_capacity(tokens.len() + 1);
+        rows.push(0);
+        for (index, (&token, &estimate)) in tokens.iter().zip(survival).enumerate() {
+            let Some(&row) = rows.get(shape.parent(index)) else {
+                break;
+            };
             let existing = TreeShape::new(&self.tokens, &self.parents).child(row, token);
             let parent_estimate = row.checked_sub(1).map_or(1.0, |i| self.survival[i]);
             let estimate = estimate.clamp(0.0, parent_estimate);
-            row = match existing {
+            rows.push(match existing {
                 Some(child) => {
                     let kept = &mut self.survival[child - 1];
                     *kept = kept.max(estimate);
@@ -175,7 +171,7 @@ impl TreeBuilder {
                     self.survival.push(estimate);
                     self.tokens.len()
                 }
-            };
+            });
         }
     }
 
@@ -295,7 +291,7 @@ mod tests {
         let twins = TreeShape::new(&[1, 1], &[0, 0])
             .check()
             .expect_err("same token twice");
-        assert!(twins.contains("repeats"), "{twins}");
+        assert!(twins.contains("same token"), "{twins}");
         let short = TreeShape::new(&[1, 2], &[0])
             .check()
             .expect_err("one parent missing");
@@ -305,9 +301,13 @@ mod tests {
     #[test]
     fn merged_proposals_keep_the_likeliest_tokens_under_the_budget() {
         let mut builder = TreeBuilder::default();
-        builder.add(&[1, 2, 3, 4], &[0.9, 0.8, 0.5, 0.2]);
-        builder.add(&[1, 2, 7], &[0.6, 0.6, 0.6]);
-        builder.add(&[9, 8], &[0.3, 0.1]);
+        builder.add(&[1, 2, 3, 4], &[], &[0.9, 0.8, 0.5, 0.2]);
+        // A tree: 1 2 7, and 9 8 from the root.
+        builder.add(
+            &[1, 2, 7, 9, 8],
+            &[0, 1, 2, 0, 4],
+            &[0.6, 0.6, 0.6, 0.3, 0.1],
+        );
         let (tokens, parents, survival) = builder.clone().build(8, 8);
         assert_eq!(tokens, vec![1, 2, 3, 4, 7, 9, 8]);
         assert_eq!(parents, vec![0, 1, 2, 3, 2, 0, 6]);

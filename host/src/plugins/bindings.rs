@@ -41,6 +41,7 @@ pub(super) use self::generated::spechost::drafter::draft_model::{
 };
 pub(super) use self::generated::spechost::drafter::host::{Host as LogHost, Level};
 pub(super) use self::generated::spechost::drafter::state::Host as StateHost;
+pub(super) use self::generated::spechost::drafter::tree::Host as TreeHost;
 pub(super) use self::generated::spechost::drafter::types::{
     Feedback, Host as TypesHost, ModelFacts, Proposal,
 };
@@ -83,8 +84,13 @@ impl From<Proposal> for cascade::Proposal {
     fn from(proposal: Proposal) -> Self {
         // Destructured, as every record the guest sends: a field added to the WIT fails to
         // compile here until the host decides what to do with it.
+        // Its tree shape, if any, comes through the `tree` import (`plugins/tree.rs`).
         let Proposal { tokens, confidence } = proposal;
-        cascade::Proposal { tokens, confidence }
+        cascade::Proposal {
+            tokens,
+            confidence,
+            parents: Vec::new(),
+        }
     }
 }
 

@@ -19,7 +19,7 @@
 //!    preopened directories, no environment, no arguments, no sockets or name lookup) and
 //!    timers that fire at once (so a guest cannot sleep past its deadline inside the host),
 //!    plus the `spechost:drafter` imports: `log` (rate-limited into `tracing` with the plugin's
-//!    name), `state` and `draft-model`.
+//!    name), `state`, `draft-model` and `tree`.
 //! 5. **`InstancePre`** ([`Loaded`]: [`LoadedPlugin`] or [`LoadedPolicy`]): imports resolved
 //!    once, so instantiating is cheap. One trial instance checks that the plugin starts under
 //!    the host's [`SandboxLimits`].
@@ -37,7 +37,8 @@
 //! into it (a [`PluginPolicy`] starts afresh). After `max_faults` faults the plugin is
 //! quarantined for the run. A source also faults a proposal that breaks the rules of
 //! [`spechost_sdk::check_proposal`] (too long, ids outside the vocabulary, confidences outside
-//! [0, 1]): the same function the SDK's test harness applies to plugins in their unit tests.
+//! [0, 1]) or a tree shape that breaks [`spechost_sdk::check_tree`]: the same functions the
+//! SDK's test harness applies to plugins in their unit tests.
 //! The cascade counts a source's fault as an empty proposal; a policy's makes the round plain
 //! decoding.
 //!
@@ -81,6 +82,7 @@ mod source;
 mod spec;
 mod state;
 mod supervised;
+mod tree;
 mod world;
 
 pub use self::bridge::MAX_BRIDGE_DRAFT_LEN;

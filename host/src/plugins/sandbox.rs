@@ -37,6 +37,7 @@ use super::bridge::DraftBridge;
 use super::error::LoadError;
 use super::log::LogGate;
 use super::state::StateSlot;
+use super::tree::TreeRound;
 use crate::cascade::DraftModelFactory;
 
 /// Default cap on each linear memory of a plugin instance.
@@ -312,6 +313,8 @@ pub struct HostState {
     pub(super) clock: CallClock,
     pub(super) state: StateSlot,
     pub(super) draft: DraftBridge,
+    /// The `tree` import's answers and the shape a drafter declared this round.
+    pub(super) tree: TreeRound,
     stderr: MemoryOutputPipe,
 }
 
@@ -339,6 +342,7 @@ impl HostState {
                 .state
                 .unwrap_or_else(|| StateSlot::open(&name, None, 0)),
             draft: DraftBridge::new(services.draft_model),
+            tree: TreeRound::default(),
             name,
             stderr,
         }

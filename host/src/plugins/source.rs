@@ -6,12 +6,13 @@
 //! needs the plugin instantiates it again, re-opens the session with the same config and facts,
 //! and replays the whole context in one `feed`. A proposal that breaks the rules of
 //! [`check_proposal`] (too long, token ids outside the vocabulary, confidences outside [0, 1])
-//! is a fault too, but leaves the instance running. Once quarantined, `propose` returns an
+//! is a fault too, but leaves the instance running, as is a tree shape the plugin declared
+//! through the `tree` import that does not fit its proposal ([`check_tree`]). Once quarantined, `propose` returns an
 //! empty proposal and `feed`/`feedback` do nothing.
 
 use std::time::Duration;
 
-use spechost_sdk::check_proposal;
+use spechost_sdk::{check_proposal, check_tree};
 
 use super::bindings;
 use super::loaded::LoadedPlugin;
@@ -30,6 +31,9 @@ pub struct PluginSource {
     sampling: Option<DraftSampling>,
     /// The draw of the last `propose` call, kept even when the call trapped afterwards.
     draw: Option<SampledDraft>,
+    /// Most paths a proposal may have (`tree.max-paths`): 1, chains, unless the cascade
+    /// merges trees for a verifier that takes them.
+    max_paths: usize,
 }
 
 impl std::fmt::Debug for PluginSource {
@@ -54,6 +58,7 @@ impl PluginSource {
             supervised,
             sampling: None,
             draw: None,
+            max_paths: 1,
         }
     }
 
@@ -120,33 +125,48 @@ impl DraftSource for PluginSource {
         }
         self.supervised.ensure_session()?;
         let asked = u32::try_from(max_draft_len).unwrap_or(u32::MAX);
-        let (sampling, draw) = (self.sampling, &mut self.draw);
+        let (sampling, draw, max_paths) = (self.sampling, &mut self.draw, self.max_paths);
+        let mut shape = None;
         let proposed = self
             .supervised
             .call(Method::Propose, |drafter, store, session| {
                 store.data_mut().draft.open_round(sampling);
+                store.data_mut().tree.open_round(max_paths);
                 let api = drafter.spechost_drafter_drafter_api();
                 let proposed = api.session().call_propose(&mut *store, session, asked);
                 // Taken before a trap drops the instance: a draw counts once made.
                 *draw = store.data_mut().draft.close_round();
+                shape = store.data_mut().tree.close_round();
                 proposed
             })?;
-        let Some(proposal) = proposed.map(Proposal::from) else {
+        let Some(mut proposal) = proposed.map(Proposal::from) else {
             return Ok(Proposal::empty());
         };
         let vocab_size = self
             .supervised
             .request()
             .map_or(0, |request| request.facts.vocab_size);
-        match check_proposal(
+        let checked = check_proposal(
             &proposal.tokens,
             &proposal.confidence,
             max_draft_len,
             vocab_size,
-        ) {
-            Ok(()) => Ok(proposal),
-            Err(broken) => Err(self.supervised.fault(broken.to_string())),
+        )
+        .and_then(|()| match &shape {
+            Some(parents) => check_tree(&proposal.tokens, parents, max_paths),
+            None => Ok(()),
+        });
+        if let Err(broken) = checked {
+            return Err(self.supervised.fault(broken.to_string()));
         }
+        if let Some(parents) = shape {
+            proposal.set_parents(parents.into_iter().map(|row| row as usize).collect());
+        }
+        Ok(proposal)
+    }
+
+    fn set_max_paths(&mut self, paths: usize) {
+        self.max_paths = paths.max(1);
     }
 
     fn feedback(&mut self, feedback: Feedback) -> Result<(), SourceFault> {

@@ -43,6 +43,11 @@
 //! the longer match, between suffixes and between the two tries, and on a full tie the request
 //! trie.
 //!
+//! Where the host verifies trees (`--cascade-mode tree`: `tree::max_paths() > 1`), the proposal
+//! is instead the speculation tree below the winning suffix: the likeliest nodes by path
+//! probability within `max_draft_len` tokens, the same depth cap and `min_token_prob`, and the
+//! host's paths, the greedy path first (see the `speculate` module).
+//!
 //! # Keeping the cache across restarts
 //!
 //! The response cache dies with the plugin instance, so it is kept in the blob the host holds
@@ -167,7 +172,7 @@ mod reference;
 use std::ops::Range;
 
 use spechost_sdk::config::Config;
-use spechost_sdk::{Drafter, Level, ModelFacts, Proposal, Token, export_drafter, log, state};
+use spechost_sdk::{Drafter, Level, ModelFacts, Proposal, Token, export_drafter, log, state, tree};
 
 use crate::blob::Vocabulary;
 use crate::cache::{CACHE, CacheSettings, OBSERVED, ResponseCache};
@@ -382,19 +387,22 @@ impl Drafter for Suffix {
             min_token_prob,
             alpha,
             beta,
+            max_paths: tree::max_paths(),
         };
         let own = speculate::best_path(&self.trie, &self.live, &limits, &self.facts);
         let from_cache = self
             .cache
             .as_mut()
             .and_then(|cache| cache.propose(&self.context, own.as_ref(), &limits, &self.facts));
-        if let Some(proposal) = from_cache {
-            return proposal;
+        let (proposal, parents) = match (from_cache, own) {
+            (Some(speculation), _) => speculation,
+            (None, Some(choice)) => speculate::proposal(&self.trie, &choice, &limits, &self.facts),
+            (None, None) => return Proposal::empty(),
+        };
+        if !parents.is_empty() {
+            tree::shape_proposal(&parents);
         }
-        match own {
-            Some(choice) => speculate::proposal(&self.trie, &choice, &limits, &self.facts),
-            None => Proposal::empty(),
-        }
+        proposal
     }
 
     /// Saves the cross-request cache's responses through the host's `state`, unless they are
@@ -619,6 +627,27 @@ mod tests {
         assert!(proposed("", &[], 4).is_empty());
         assert!(proposed("", &[1], 4).is_empty());
         assert!(proposed("", &[1, 2, 3], 4).is_empty());
+    }
+
+    #[test]
+    fn where_the_host_takes_trees_the_likeliest_continuations_are_proposed_together() {
+        // After 1: 2 twice, 3 once (and the live end): P = 2/4, 1/4. After [1, 2]: 5 both
+        // times; after [1, 3]: 0.
+        let context = [1, 2, 5, 1, 2, 5, 1, 3, 0, 1];
+        spechost_sdk::testing::set_tree_paths(4);
+        let mut harness = fresh("use_global=false,alpha=0,beta=2,min_token_prob=0.2");
+        harness.feed(&context);
+        let proposal = harness.propose(8);
+        // The greedy path 2 5 leads; 3 (1/4) and its 0 (1/4) form the second path.
+        assert_eq!(proposal.tokens, [2, 5, 3, 0]);
+        assert_eq!(harness.shape(), Some(&[0, 1, 0, 3][..]));
+        assert_confidence(&proposal.confidence, &[0.5, 0.5, 0.25, 0.25]);
+        // Three tokens: the likeliest three.
+        assert_eq!(harness.propose(3).tokens, [2, 5, 3]);
+        // One path: the greedy chain, and no shape.
+        spechost_sdk::testing::set_tree_paths(1);
+        assert_eq!(harness.propose(8).tokens, [2, 5]);
+        assert_eq!(harness.shape(), None);
     }
 
     #[test]

@@ -410,6 +410,7 @@ mod tests {
             min_token_prob: rule.min_token_prob,
             alpha: rule.alpha,
             beta: rule.beta,
+            max_paths: 1,
         };
         let summary = |walk: Option<&Walk>| walk.map(|walk| (walk.match_len, walk.score));
         let plugin_own =

@@ -1,5 +1,6 @@
 //! Choosing what to propose from a trie: the greedy most-frequent path after the context's
-//! best-scoring suffix.
+//! best-scoring suffix, or, where the host verifies trees, the likeliest continuations after
+//! it.
 //!
 //! For each suffix of the context that the trie holds (match length `m`, longest first), walk
 //! from its node to the child with the highest count, again and again. Each step's probability
@@ -13,10 +14,17 @@
 //! (the expected number of accepted tokens, if the counts were the truth); the highest score
 //! wins, and between equal scores the longer match.
 //!
-//! The paper's drafter can propose a tree of continuations; a spechost proposal is one
-//! sequence, so this is its single-path variant.
+//! Where the host takes trees (`tree::max_paths() > 1`), the proposal is the paper's
+//! speculation tree from the same suffix node: the nodes below it with the highest path
+//! probabilities (best first, each child's probability its parent's times its share of the
+//! parent's count), within `max_draft_len` tokens, `cap(m)` tokens deep, the host's paths and
+//! `min_token_prob`; laid out depth first with each node's likeliest child first, so the greedy
+//! path leads.
 //!
 //! Not here: finding the suffix nodes (the session keeps them current as tokens are fed).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use spechost_sdk::{ModelFacts, Proposal, Token};
 
@@ -33,6 +41,8 @@ pub(crate) struct Limits {
     pub(crate) alpha: f64,
     /// Tokens proposed on top of `alpha * m`.
     pub(crate) beta: f64,
+    /// Most paths a proposal may have (`tree::max_paths`); 1: a chain.
+    pub(crate) max_paths: usize,
 }
 
 impl Limits {
@@ -105,14 +115,21 @@ pub(crate) fn best_path(
     best
 }
 
-/// The tokens of `choice`, with their path probabilities as confidence.
+/// A proposal and, when it is a tree, the row each token continues (empty for a chain).
+pub(crate) type Speculation = (Proposal, Vec<u32>);
+
+/// The tokens of `choice`, with their path probabilities as confidence: its greedy path, or its
+/// speculation tree when the host takes several paths.
 pub(crate) fn proposal(
     trie: &Trie,
     choice: &Choice,
     limits: &Limits,
     facts: &ModelFacts,
-) -> Proposal {
+) -> Speculation {
     let cap = limits.cap(choice.match_len);
+    if limits.max_paths > 1 {
+        return tree(trie, choice.start, cap, limits, facts);
+    }
     let mut proposal = Proposal::empty();
     walk(
         trie,
@@ -127,7 +144,137 @@ pub(crate) fn proposal(
             proposal.confidence.push(probability as f32);
         },
     );
-    proposal
+    (proposal, Vec::new())
+}
+
+/// A node taken into a speculation tree.
+struct Taken {
+    node: NodeId,
+    /// Index of its parent in the taken nodes; `None` under the start node.
+    parent: Option<usize>,
+    probability: f64,
+}
+
+/// A node that may join a speculation tree, ordered by path probability (the bits of a
+/// non-negative `f64` order as it does), then by the order candidates were found in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Candidate {
+    probability_bits: u64,
+    found: Reverse<usize>,
+    node: NodeId,
+    /// Index of its parent among the taken nodes; `None` under the start node.
+    parent: Option<usize>,
+    depth: usize,
+}
+
+/// The speculation tree below `start`: the likeliest nodes at most `cap` deep, within
+/// `limits` (see the module docs), laid out depth first, likeliest child first.
+fn tree(
+    trie: &Trie,
+    start: NodeId,
+    cap: usize,
+    limits: &Limits,
+    facts: &ModelFacts,
+) -> Speculation {
+    let mut candidates: BinaryHeap<Candidate> = BinaryHeap::new();
+    let mut found = 0;
+    let mut offer = |candidates: &mut BinaryHeap<Candidate>,
+                     parent: NodeId,
+                     from: Option<usize>,
+                     probability: f64,
+                     depth: usize| {
+        if depth >= cap {
+            return;
+        }
+        for child in trie.children(parent) {
+            let share = (f64::from(trie.count(child)) / f64::from(trie.count(parent))).min(1.0);
+            let probability = probability * share;
+            if probability >= limits.min_token_prob && trie.token(child) != END_OF_TEXT {
+                candidates.push(Candidate {
+                    probability_bits: probability.to_bits(),
+                    found: Reverse(found),
+                    node: child,
+                    parent: from,
+                    depth: depth + 1,
+                });
+                found += 1;
+            }
+        }
+    };
+    offer(&mut candidates, start, None, 1.0, 0);
+    let mut taken: Vec<Taken> = Vec::new();
+    // Per taken node (and the start node, last): whether it has a child yet.
+    let mut has_child = vec![false; limits.max_draft_len + 1];
+    let mut paths = 1;
+    while taken.len() < limits.max_draft_len {
+        let Some(Candidate {
+            probability_bits,
+            node,
+            parent,
+            depth,
+            ..
+        }) = candidates.pop()
+        else {
+            break;
+        };
+        let slot = parent.unwrap_or(limits.max_draft_len);
+        // A node's first child continues its path; another one starts a new path.
+        if has_child[slot] && paths == limits.max_paths {
+            continue;
+        }
+        paths += usize::from(has_child[slot]);
+        has_child[slot] = true;
+        let probability = f64::from_bits(probability_bits);
+        taken.push(Taken {
+            node,
+            parent,
+            probability,
+        });
+        // Generation stops at an end-of-generation token; drafting past it is wasted.
+        if !facts.is_eog(trie.token(node)) {
+            offer(
+                &mut candidates,
+                node,
+                Some(taken.len() - 1),
+                probability,
+                depth,
+            );
+        }
+    }
+    lay_out(trie, &taken)
+}
+
+/// `taken` depth first from the start node, each node's children likeliest first (the earlier
+/// taken on a tie): the proposal and each token's parent row.
+fn lay_out(trie: &Trie, taken: &[Taken]) -> Speculation {
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); taken.len() + 1];
+    for (index, node) in taken.iter().enumerate() {
+        children[node.parent.map_or(taken.len(), |parent| parent)].push(index);
+    }
+    let mut proposal = Proposal::empty();
+    let mut parents = Vec::with_capacity(taken.len());
+    // (taken node, row of its parent), the likeliest child on top.
+    let mut stack: Vec<(usize, u32)> = Vec::new();
+    let push_children = |stack: &mut Vec<(usize, u32)>, of: &[usize], row: u32| {
+        let mut ordered = of.to_vec();
+        ordered.sort_by(|&a, &b| {
+            taken[b]
+                .probability
+                .total_cmp(&taken[a].probability)
+                .then(a.cmp(&b))
+        });
+        stack.extend(ordered.into_iter().rev().map(|index| (index, row)));
+    };
+    push_children(&mut stack, &children[taken.len()], 0);
+    while let Some((index, parent_row)) = stack.pop() {
+        let node = &taken[index];
+        proposal.tokens.push(trie.token(node.node));
+        // Rounding to `f32` cannot leave [0, 1].
+        proposal.confidence.push(node.probability as f32);
+        parents.push(parent_row);
+        push_children(&mut stack, &children[index], proposal.tokens.len() as u32);
+    }
+    (proposal, parents)
 }
 
 /// Follows best children from `start` (at `depth`) for at most `cap` tokens, calling
@@ -180,6 +327,7 @@ mod tests {
             min_token_prob: 0.0,
             alpha,
             beta,
+            max_paths: 1,
         }
     }
 

@@ -142,6 +142,14 @@ impl Trie {
         self.node(node).best_child
     }
 
+    /// Every child of `node`, newest first.
+    pub(crate) fn children(&self, node: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        std::iter::successors(
+            Some(self.node(node).first_child).filter(|&child| child != NO_NODE),
+            |&child| Some(self.node(child).next_sibling).filter(|&next| next != NO_NODE),
+        )
+    }
+
     /// The child of `parent` (a node at `depth`) for `token`, or [`NO_NODE`].
     pub(crate) fn child(&self, parent: NodeId, depth: usize, token: Token) -> NodeId {
         self.child_with_steps(parent, depth, token).0

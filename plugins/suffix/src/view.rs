@@ -27,11 +27,11 @@
 //! longer than `max_depth`, every suffix is looked up again ([`Trie::find_suffixes`],
 //! `O(max_depth^2)`).
 
-use spechost_sdk::{ModelFacts, Proposal, Token};
+use spechost_sdk::{ModelFacts, Token};
 
 use crate::STEPS_PER_CALL;
 use crate::cache::{CACHE, CacheSettings, ResponseCache, ResponseId};
-use crate::speculate::{self, Choice, Limits};
+use crate::speculate::{self, Choice, Limits, Speculation};
 use crate::trie::{NO_NODE, NodeId, ROOT};
 
 /// A session's link to the cross-request cache.
@@ -107,7 +107,7 @@ impl CacheView {
         own: Option<&Choice>,
         limits: &Limits,
         facts: &ModelFacts,
-    ) -> Option<Proposal> {
+    ) -> Option<Speculation> {
         CACHE.with_borrow(|slot| {
             let cache = slot
                 .as_ref()

@@ -1,5 +1,5 @@
-//! Glue between the generated `drafter` world and [`Drafter`], [`crate::state`] and
-//! [`crate::draft_model`].
+//! Glue between the generated `drafter` world and [`Drafter`], [`crate::state`],
+//! [`crate::draft_model`] and [`crate::tree`].
 //!
 //! Proposals pass through unchanged, even invalid ones: checking them is the host's job (it must
 //! distrust every plugin anyway), and hostile test plugins rely on reaching it unfiltered.
@@ -99,5 +99,19 @@ pub(crate) mod draft_model {
     pub(crate) fn propose(max_draft_len: usize, p_min: f32) -> Vec<DraftedToken> {
         let max_draft_len = u32::try_from(max_draft_len).unwrap_or(u32::MAX);
         wit::propose(max_draft_len, p_min)
+    }
+}
+
+/// The host's `tree` import.
+#[cfg(target_arch = "wasm32")]
+pub(crate) mod tree {
+    use crate::bindings::drafter_world::spechost::drafter::tree as wit;
+
+    pub(crate) fn max_paths() -> u32 {
+        wit::max_paths()
+    }
+
+    pub(crate) fn shape_proposal(parents: &[u32]) {
+        wit::shape_proposal(parents);
     }
 }

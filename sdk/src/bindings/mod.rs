@@ -1,7 +1,7 @@
 //! The only code generated from `wit/drafter.wit`, and the glue between it and the SDK's traits.
 //!
 //! `wit_bindgen::generate!` runs twice, once per world, each in its own module: `drafter_world`
-//! (world `drafter`: imports `host`, `state` and `draft-model`, exports `drafter-api`) and
+//! (world `drafter`: imports `host`, `state`, `draft-model` and `tree`, exports `drafter-api`) and
 //! `policy_world` (world `policy`: imports `host`, exports `policy-api`). The second reuses the
 //! first's `types` and `host` interfaces through `with:`, so each WIT type exists once in Rust.
 //! Both calls are written by `build.rs`, because `with:` keys carry the package version and the
@@ -12,7 +12,8 @@
 //! The rest stays private: [`drafter::SessionCell`] implements the generated drafter traits for
 //! any [`crate::Drafter`], [`policy::PolicyCell`] the policy traits for any [`crate::Policy`],
 //! and the export macros reach them through the hidden `__private` module. The import wrappers
-//! used by [`crate::log`], [`crate::state`] and [`crate::draft_model`] on `wasm32` live here too.
+//! used by [`crate::log`], [`crate::state`], [`crate::draft_model`] and [`crate::tree`] on `wasm32`
+//! live here too.
 
 pub mod drafter;
 pub mod policy;

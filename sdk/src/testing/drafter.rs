@@ -3,7 +3,7 @@
 use std::any::type_name;
 use std::fmt;
 
-use crate::check::check_proposal;
+use crate::check::{check_proposal, check_tree};
 use crate::drafter::Drafter;
 use crate::records::{Feedback, ModelFacts, Proposal, Token};
 
@@ -28,6 +28,8 @@ pub fn facts(vocab_size: u32) -> ModelFacts {
 pub struct Harness<D: Drafter> {
     drafter: D,
     facts: ModelFacts,
+    /// The tree shape the last proposal declared ([`crate::tree::shape_proposal`]).
+    shape: Option<Vec<u32>>,
 }
 
 // By hand, so that `Harness::new(..).unwrap_err()` works for drafters without `Debug`.
@@ -46,7 +48,11 @@ impl<D: Drafter> Harness<D> {
     /// Returns the drafter's own error when [`Drafter::new`] rejects the config.
     pub fn new(config: &str, facts: ModelFacts) -> Result<Self, String> {
         let drafter = D::new(config, &facts)?;
-        Ok(Self { drafter, facts })
+        Ok(Self {
+            drafter,
+            facts,
+            shape: None,
+        })
     }
 
     /// The model facts the session was opened with.
@@ -78,16 +84,23 @@ impl<D: Drafter> Harness<D> {
     ///
     /// # Panics
     ///
-    /// If the proposal breaks a rule the host enforces (see [`check_proposal`]).
+    /// If the proposal breaks a rule the host enforces (see [`check_proposal`], and
+    /// [`check_tree`] for the shape of a tree proposal).
     pub fn propose(&mut self, max_draft_len: usize) -> Proposal {
+        crate::tree::take_declared_shape();
         let proposal = self.drafter.propose(max_draft_len);
+        self.shape = crate::tree::take_declared_shape();
         let vocab_size = self.facts.vocab_size;
         let checked = check_proposal(
             &proposal.tokens,
             &proposal.confidence,
             max_draft_len,
             vocab_size,
-        );
+        )
+        .and_then(|()| match &self.shape {
+            Some(parents) => check_tree(&proposal.tokens, parents, crate::tree::max_paths()),
+            None => Ok(()),
+        });
         if let Err(error) = checked {
             panic!(
                 "{} broke the proposal contract: it {error}; {} (proposal: {proposal:?})",
@@ -96,6 +109,12 @@ impl<D: Drafter> Harness<D> {
             );
         }
         proposal
+    }
+
+    /// The tree shape the last [`Self::propose`] declared, if it declared one (`parents[i]`:
+    /// the row token `i` continues).
+    pub fn shape(&self) -> Option<&[u32]> {
+        self.shape.as_deref()
     }
 
     /// Tells the drafter how its last proposal fared ([`Drafter::feedback`]).

@@ -1,7 +1,7 @@
 //! Native stand-ins for the host's `state` and `draft-model` imports, per test thread.
 
 use crate::records::{DraftedToken, Token};
-use crate::{draft_model, state};
+use crate::{draft_model, state, tree};
 
 /// Empties this thread's state slot, as if the host had never loaded or been given a blob.
 ///
@@ -45,4 +45,21 @@ pub fn remove_draft_model() {
 /// Native only, for tests.
 pub fn draft_model_context() -> Option<Vec<Token>> {
     draft_model::native::context()
+}
+
+/// Makes [`crate::tree::max_paths`] on this thread answer `paths` (at least 1; 1, a host that
+/// verifies chains only, is the default).
+///
+/// Native only, for tests.
+pub fn set_tree_paths(paths: usize) {
+    tree::native::set_max_paths(u32::try_from(paths).unwrap_or(u32::MAX));
+}
+
+/// The shape the last [`crate::tree::shape_proposal`] on this thread declared, taken (the next
+/// call answers `None` until another is declared). [`crate::testing::Harness::propose`] takes
+/// it itself and keeps it ([`crate::testing::Harness::shape`]).
+///
+/// Native only, for tests.
+pub fn take_tree_shape() -> Option<Vec<u32>> {
+    tree::native::take_shape()
 }

@@ -340,6 +340,7 @@ impl GrammarSource {
         let mut proposal = Proposal {
             tokens: ahead.tokens,
             confidence: ahead.confidence,
+            parents: Vec::new(),
         };
         proposal.truncate(sure);
         proposal
