@@ -424,7 +424,14 @@ impl Cascade {
         for (index, slot) in self.slots.iter_mut().enumerate() {
             if let Some(proposal) = slot.proposal.take() {
                 let won = winner == Some(index);
-                let drafted = proposal.tokens.len();
+                // Positions drafted: of a tree, its depth, as a chain verified along the
+                // target's path would have been; the policy learns acceptance by position.
+                let drafted = if proposal.parents.is_empty() {
+                    proposal.tokens.len()
+                } else {
+                    let shape = TreeShape::new(&proposal.tokens, &proposal.parents);
+                    shape.depths().into_iter().max().unwrap_or(0)
+                };
                 let (matched, known) =
                     if won && draft.parents.is_empty() && draft.tokens.len() == drafted {
                         // Verification checked every drafted position up to the first mismatch.

@@ -37,12 +37,12 @@ use super::model::to_llama;
 use super::recurrent::{RollbackPlan, Rollbacks};
 use crate::cascade::Token;
 
-/// `LLAMA_FLASH_ATTN_TYPE_ENABLED` in llama.cpp's `llama_flash_attn_type`.
-const FLASH_ATTENTION_ON: i32 = 1;
 mod tree;
 
 pub(super) use self::tree::{TreeRow, tree_rows};
 
+/// `LLAMA_FLASH_ATTN_TYPE_ENABLED` in llama.cpp's `llama_flash_attn_type`.
+const FLASH_ATTENTION_ON: i32 = 1;
 /// Tokens of the start-up check beside the longest sequence's: a second sequence's rows and
 /// the context they follow (so rows of different lengths and contexts share the batch).
 const CHECK_SECOND_ROWS: usize = 3;
