@@ -99,10 +99,9 @@ impl Slot {
         self.proposal_time = self.last_call_time;
         self.proposal_catch_up_time = self.source.take_catch_up_time();
         if let Some(draw) = self.source.take_draw() {
-            // The draw is the proposal, even if the source returned something else or failed.
-            if proposal.tokens != draw.tokens {
-                proposal = Proposal::from_tokens(draw.tokens);
-            }
+            // The draw is the proposal, a chain, even if the source returned something else
+            // or failed.
+            proposal = Proposal::from_tokens(draw.tokens);
             let mut distributions = draw.distributions;
             distributions.truncate(max_len);
             self.draw = Some(distributions);

@@ -7,8 +7,8 @@
 //! and replays the whole context in one `feed`. A proposal that breaks the rules of
 //! [`check_proposal`] (too long, token ids outside the vocabulary, confidences outside [0, 1])
 //! is a fault too, but leaves the instance running, as is a tree shape the plugin declared
-//! through the `tree` import that does not fit its proposal ([`check_tree`]). Once quarantined, `propose` returns an
-//! empty proposal and `feed`/`feedback` do nothing.
+//! through the `tree` import that does not fit its proposal ([`check_tree`]). Once
+//! quarantined, `propose` returns an empty proposal and `feed`/`feedback` do nothing.
 
 use std::time::Duration;
 
