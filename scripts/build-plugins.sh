@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds every WebAssembly plugin crate (plugins/*, examples/*, tests/hostile/*) as components,
-# in one `cargo build --release --target wasm32-wasip2`, then prints where each .wasm file is.
+# Builds every WebAssembly plugin crate (plugins/*, examples/*, tests/hostile/*, tests/compat/*)
+# as components, in one `cargo build --release --target wasm32-wasip2`, then prints where each
+# .wasm file is.
 #
 # Honours CARGO_TARGET_DIR (and any target-dir set in cargo config): the files land in
 # <target dir>/wasm32-wasip2/release/<lib name>.wasm. Extra arguments go to cargo, e.g.
@@ -39,7 +40,7 @@ plugin_names() {
 
 packages=()
 libs=()
-for manifest in plugins/*/Cargo.toml examples/*/Cargo.toml tests/hostile/*/Cargo.toml; do
+for manifest in plugins/*/Cargo.toml examples/*/Cargo.toml tests/hostile/*/Cargo.toml tests/compat/*/Cargo.toml; do
     [[ -f $manifest ]] || continue
     names=$(plugin_names "$manifest")
     [[ -n $names ]] || continue
@@ -48,7 +49,7 @@ for manifest in plugins/*/Cargo.toml examples/*/Cargo.toml tests/hostile/*/Cargo
     libs+=("$lib")
 done
 if [[ ${#libs[@]} -eq 0 ]]; then
-    echo "error: no plugin crates found under plugins/, examples/ or tests/hostile/" >&2
+    echo "error: no plugin crates found under plugins/, examples/, tests/hostile/ or tests/compat/" >&2
     exit 1
 fi
 

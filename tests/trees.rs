@@ -6,7 +6,8 @@
 //! the right continuation sometimes on their leading chain, sometimes on another path and
 //! sometimes nowhere; long answers accept and drop many branches, and the cache holds and frees
 //! their cells round after round. Then with the built-in plugins, `suffix` proposing its
-//! speculation trees through the WIT's `tree` import.
+//! speculation trees through the WIT's `tree` import, and beside it a plugin built against WIT
+//! 0.8.0, before that import.
 
 mod common;
 
@@ -19,7 +20,8 @@ use spechost::engine::{
 use spechost::models::DefaultModel;
 
 use common::{
-    cascade_with_settings, exclusive, first_difference, fixtures, load, plugin_host, session_params,
+    cascade_with_settings, exclusive, first_difference, fixtures, load, plugin_host,
+    session_params, wasm,
 };
 use spechost::plugins::SourceSpec;
 
@@ -141,6 +143,10 @@ struct TreeCounts {
     tree_rounds: u64,
     replayed: u64,
     accepted: u64,
+    /// Rounds the cascade's first source proposed something.
+    first_source_proposed: u64,
+    /// Faults of every source.
+    faults: u64,
 }
 
 /// Plain decoding's output of every fixture prompt, then the same prompts through tree drafts
@@ -184,6 +190,8 @@ fn trees_keep_output_identical(
         counts.tree_rounds += treed.stats.tree_rounds;
         counts.replayed += treed.stats.replayed_tokens;
         counts.accepted += treed.stats.accepted;
+        counts.first_source_proposed += treed.stats.sources.first().map_or(0, |s| s.proposed);
+        counts.faults += treed.stats.sources.iter().map(|s| s.faults).sum::<u64>();
     }
     counts
 }
@@ -224,25 +232,44 @@ fn sampled_tree_drafts_give_plain_decodings_draw_for_the_seed() {
     );
 }
 
-/// The built-in `lookup` and `suffix` in tree mode: `suffix` proposes its speculation trees and
-/// the cascade merges both sources' proposals.
-fn plugin_trees_keep_output_identical(model: DefaultModel) {
+/// `specs` in tree mode, on `model`'s fixture prompts.
+fn plugins_in_tree_mode(model: DefaultModel, specs: &[SourceSpec]) -> TreeCounts {
     let host = plugin_host();
-    let specs = [
-        SourceSpec::Builtin("lookup".into()),
-        SourceSpec::Builtin("suffix".into()),
-    ];
-    let counts = trees_keep_output_identical(model, SamplingParams::greedy(), &mut |_| {
+    trees_keep_output_identical(model, SamplingParams::greedy(), &mut |_| {
         cascade_with_settings(
             &host,
-            &specs,
+            specs,
             CascadeSettings {
                 mode: CascadeMode::Tree,
                 ..CascadeSettings::default()
             },
         )
-    });
+    })
+}
+
+/// The built-in `lookup` and `suffix` in tree mode: `suffix` proposes its speculation trees and
+/// the cascade merges both sources' proposals.
+fn plugin_trees_keep_output_identical(model: DefaultModel) {
+    let specs = [
+        SourceSpec::Builtin("lookup".into()),
+        SourceSpec::Builtin("suffix".into()),
+    ];
+    let counts = plugins_in_tree_mode(model, &specs);
     assert!(counts.tree_rounds >= 5, "{counts:?}");
+    assert_eq!(counts.faults, 0, "{counts:?}");
+}
+
+/// A plugin built against WIT 0.8.0, before the `tree` import, loads in this 0.8.1 host and
+/// drafts chains that join `suffix`'s trees, without a fault.
+#[test]
+fn a_plugin_built_against_wit_0_8_0_drafts_beside_trees() {
+    let specs = [
+        wasm("compat_wit_0_8_0"),
+        SourceSpec::Builtin("suffix".into()),
+    ];
+    let counts = plugins_in_tree_mode(DefaultModel::SmolLm2, &specs);
+    assert!(counts.first_source_proposed >= 20, "{counts:?}");
+    assert_eq!(counts.faults, 0, "{counts:?}");
 }
 
 #[test]
