@@ -403,6 +403,11 @@ impl<'m> ModelContext<'m> {
                     .map_err(|e| e.to_string())?;
             }
         }
+        self.decode_filled_batch()
+    }
+
+    /// Decodes the batch as filled, counting the matrix products the host computed.
+    fn decode_filled_batch(&mut self) -> Result<(), String> {
         let products_before = host_products_on_this_thread();
         let decoded = self.context.decode(&mut self.batch);
         self.host_products += host_products_on_this_thread() - products_before;

@@ -12,7 +12,7 @@
 //! cells stay in position order: the caller keeps only a leading chain of the tree's rows (the
 //! cells right after the context) and decodes any other accepted row again, after them.
 
-use super::{ModelContext, Outputs, Rows, SeqId, host_products_on_this_thread};
+use super::{ModelContext, Outputs, Rows, SeqId};
 use crate::cascade::{Token, TreeShape};
 use crate::engine::model::to_llama;
 
@@ -90,10 +90,7 @@ impl ModelContext<'_> {
                 .add(to_llama(row.token), row.position as i32, &paths, row.logits)
                 .map_err(|e| e.to_string())?;
         }
-        let products_before = host_products_on_this_thread();
-        let decoded = self.context.decode(&mut self.batch);
-        self.host_products += host_products_on_this_thread() - products_before;
-        decoded.map_err(|e| e.to_string())
+        self.decode_filled_batch()
     }
 
     fn check_paths(&self, paths: usize) -> Result<(), String> {
