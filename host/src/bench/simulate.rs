@@ -54,7 +54,7 @@ pub fn replay(
 ) -> GenerationStats {
     let replayed = Request {
         prompt: request.prompt.clone(),
-        max_tokens: request.max_tokens,
+        max_tokens: request.replay_max_tokens(),
         sampling: SamplingParams::greedy(),
         stop: StopStrings::default(),
         max_draft_len,
@@ -525,6 +525,25 @@ mod tests {
         assert_eq!(
             (won.won, won.accepted_by_position.clone()),
             (2, vec![2, 2, 1])
+        );
+    }
+
+    #[test]
+    fn an_output_a_stop_string_ended_is_replayed_to_its_end() {
+        // Stopped after 4 of 12 tokens, neither at max_tokens nor with the end-of-generation
+        // token: the replay ends where the trace does, with every token counted.
+        let output: Vec<Token> = (10..14).collect();
+        let stopped = TraceRequest {
+            stop_reason: StopReason::StopString,
+            ..request(output, 12)
+        };
+        let (mut cascade, budgets, _) = scripted(vec![vec![11, 12]]);
+        let stats = replay(&stopped, &target(512, 512), 8, &mut cascade);
+        assert_eq!((stats.rounds, stats.accepted), (1, 2), "seen {stats:?}");
+        assert_eq!(
+            budgets.lock().expect("log")[0],
+            2,
+            "3 tokens remain after the first"
         );
     }
 

@@ -7,7 +7,7 @@
 //! output tokens and why generation stopped.
 //!
 //! Requests are prepared as `bench` prepares them (same template, same `max_tokens` caps) and
-//! decoded with plain decoding, greedy, without stop strings: the output is exactly what every
+//! decoded with plain decoding, greedy, with their stop strings: the output is exactly what every
 //! cascade produces in `bench`, which is what lets `simulate` stand in for it.
 
 use std::io::{BufWriter, Write as _};
@@ -99,6 +99,17 @@ pub struct TraceRequest {
     pub output: Vec<Token>,
     /// Why generation stopped.
     pub stop_reason: StopReason,
+}
+
+impl TraceRequest {
+    /// Most tokens a replay may generate: `max_tokens`, or the output's length where a stop
+    /// string ended it (a trace holds tokens, not the text a stop string is found in).
+    pub fn replay_max_tokens(&self) -> usize {
+        match self.stop_reason {
+            StopReason::StopString => self.output.len(),
+            _ => self.max_tokens,
+        }
+    }
 }
 
 /// One line of a trace file.
@@ -257,7 +268,8 @@ impl Trace {
 }
 
 /// What a replay relies on: the output is what plain decoding produced, so it ended at
-/// `max_tokens` or with an end-of-generation token, and every token is in the vocabulary.
+/// `max_tokens`, with an end-of-generation token or at a stop string (taken on trust: a trace
+/// holds no text), and every token is in the vocabulary.
 fn check_request(request: &TraceRequest, target: &TraceTarget) -> Result<(), String> {
     if request.prompt.is_empty() || request.output.is_empty() {
         return Err("empty prompt or output".into());
@@ -292,7 +304,8 @@ fn check_request(request: &TraceRequest, target: &TraceTarget) -> Result<(), Str
     let ended = match request.stop_reason {
         StopReason::EndOfGeneration => target.eog.contains(&last),
         StopReason::MaxTokens => request.output.len() == request.max_tokens,
-        StopReason::StopString | StopReason::Cancelled => false,
+        StopReason::StopString => true,
+        StopReason::Cancelled => false,
     };
     if !ended {
         return Err(format!(
