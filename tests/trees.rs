@@ -259,7 +259,7 @@ fn plugin_trees_keep_output_identical(model: DefaultModel) {
     assert_eq!(counts.faults, 0, "{counts:?}");
 }
 
-/// A plugin built against WIT 0.8.0, before the `tree` import, loads in this 0.8.1 host and
+/// A plugin built against WIT 0.8.0, before the `tree` import, loads in this host (0.8.2) and
 /// drafts chains that join `suffix`'s trees, without a fault.
 #[test]
 fn a_plugin_built_against_wit_0_8_0_drafts_beside_trees() {
@@ -270,6 +270,23 @@ fn a_plugin_built_against_wit_0_8_0_drafts_beside_trees() {
     let counts = plugins_in_tree_mode(DefaultModel::SmolLm2, &specs);
     assert!(counts.first_source_proposed >= 20, "{counts:?}");
     assert_eq!(counts.faults, 0, "{counts:?}");
+}
+
+/// The built-in `lookup` alone in tree mode: the distinct continuations of its matches branch.
+fn lookup_trees_keep_output_identical(model: DefaultModel) {
+    let counts = plugins_in_tree_mode(model, &[SourceSpec::Builtin("lookup".into())]);
+    assert!(counts.tree_rounds >= 1, "{model:?}: {counts:?}");
+    assert_eq!(counts.faults, 0, "{counts:?}");
+}
+
+#[test]
+fn lookup_trees_give_plain_decodings_output_on_smollm2() {
+    lookup_trees_keep_output_identical(DefaultModel::SmolLm2);
+}
+
+#[test]
+fn lookup_trees_give_plain_decodings_output_on_gemma3() {
+    lookup_trees_keep_output_identical(DefaultModel::Gemma3);
 }
 
 #[test]

@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use super::estimate::{AcceptanceHistory, matching_prefix};
+use super::estimate::AcceptanceHistory;
 use super::mode::{CascadeMode, CascadeSettings, MAX_SHADOW_LEN};
 use super::policy::{
     Decision, DraftModelSetup, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound,
@@ -30,7 +30,7 @@ use super::scored::best_scored;
 use super::slot::Slot;
 use super::source::{DraftSource, Feedback, ModelFacts, Proposal, Token};
 use super::stats::SourceStats;
-use super::tree::{TreeBuilder, TreeShape};
+use super::tree::{TreeBuilder, TreeShape, tree_size};
 
 /// This round's draft: the winning proposal, cut to the round's length.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -98,6 +98,9 @@ pub struct Cascade {
     draft_sampling: Option<DraftSampling>,
     /// Most paths a tree draft may hold (what the verifier takes); 1: chains only.
     max_tree_leaves: usize,
+    /// The target's measured verify costs for the current request (index `n - 1`: `n` tokens),
+    /// which size tree drafts; empty when not measured.
+    verify_costs: Vec<Duration>,
 }
 
 impl Cascade {
@@ -113,6 +116,7 @@ impl Cascade {
             policy: Box::new(FixedLength::default()),
             draft_sampling: None,
             max_tree_leaves: 1,
+            verify_costs: Vec::new(),
         }
     }
 
@@ -206,6 +210,7 @@ impl Cascade {
             slot.call("begin", |s| s.begin(facts, prompt));
         }
         self.order = self.usual_order().collect();
+        self.verify_costs = verify_costs.to_vec();
         let setup = PolicySetup {
             sources: self.source_names(),
             max_draft_len,
@@ -306,7 +311,9 @@ impl Cascade {
     /// Tree mode: `draft`, the best proposal (a chain or a tree), with every other source's
     /// proposal of the round merged in as further paths, cut to the draft length in tokens and
     /// to the verifier's paths, keeping the tokens most likely to be accepted
-    /// ([`TreeBuilder`]).
+    /// ([`TreeBuilder`]), and to the size that commits the most tokens per second of
+    /// verification by the measured verify costs; the leading chain of `draft` alone where
+    /// that does better ([`tree_size`]).
     fn grow_tree(&self, draft: Draft) -> Draft {
         let Some(winner) = draft.source else {
             return draft;
@@ -326,8 +333,19 @@ impl Cascade {
                 );
             }
         }
-        let (tokens, mut parents, survival) =
-            builder.build(draft.max_draft_len, self.max_tree_leaves);
+        let mut taken = builder.likeliest_first(draft.max_draft_len, self.max_tree_leaves);
+        let estimates: Vec<f64> = taken.iter().map(|&index| builder.survival(index)).collect();
+        let branched = builder.branched(&taken);
+        // The linear alternative: the best proposal's leading chain, as the policy sized it.
+        let spine = TreeShape::new(&draft.tokens, &draft.parents).spine_len();
+        let mut chain = draft.cut(spine);
+        chain.parents.clear();
+        let Some(size) = tree_size(&self.verify_costs, &chain.survival, &estimates, branched)
+        else {
+            return chain;
+        };
+        taken.truncate(size);
+        let (tokens, mut parents, survival) = builder.build(&taken);
         if TreeShape::new(&tokens, &parents).is_chain() {
             parents.clear();
         }
@@ -442,11 +460,7 @@ impl Cascade {
                 if proposal.parents.is_empty() {
                     slot.history.record(&proposal, matched, known);
                 } else {
-                    // Acceptance is learnt by position along a chain: a tree's leading one.
-                    let mut spine = proposal.clone();
-                    spine.keep_spine();
-                    let spine_matched = matching_prefix(&spine.tokens, committed);
-                    slot.history.record(&spine, spine_matched, committed.len());
+                    slot.history.record_tree(&proposal, committed);
                 }
                 if won && draft.parents.is_empty() {
                     slot.stats.record_win(draft.tokens.len(), n_accepted);

@@ -118,6 +118,17 @@ impl ConfidenceCalibration {
         }
     }
 
+    /// Records a tree proposal's tokens stated at `confidence` by their fates (`None`: not
+    /// known), each token's confidence being the probability that the target accepts the path
+    /// through it ([`tree_fates`]).
+    pub fn record_fates(&mut self, confidence: &[f32], fates: &[Option<bool>]) {
+        for (&stated, &fate) in confidence.iter().zip(fates) {
+            if let Some(accepted) = fate {
+                self.bins[bin(stated)].add(accepted);
+            }
+        }
+    }
+
     /// The measured probability that a token stated at `confidence` is accepted, shrunk
     /// towards the statement while its bin has few observations.
     pub fn calibrated(&self, confidence: f32) -> f64 {
@@ -149,13 +160,27 @@ pub struct AcceptanceHistory {
 
 impl AcceptanceHistory {
     /// Records `proposal`, whose first `matched` tokens matched the target's tokens, known for
-    /// its first `known` positions (a chain: of a tree, the caller records its leading chain).
+    /// its first `known` positions (a chain: a tree goes to [`Self::record_tree`]).
     pub fn record(&mut self, proposal: &Proposal, matched: usize, known: usize) {
         let drafted = proposal.tokens.len();
         self.by_position.record(drafted, matched, known);
         if has_confidences(proposal) {
             self.by_confidence
                 .record(&proposal.confidence, matched, known);
+        }
+    }
+
+    /// Records a tree `proposal` against the tokens the target `committed` after its row 0:
+    /// acceptance by position along its leading chain (what a chain verified in its place
+    /// would have shown), and its confidences by every token's fate ([`tree_fates`]).
+    pub fn record_tree(&mut self, proposal: &Proposal, committed: &[Token]) {
+        let shape = TreeShape::new(&proposal.tokens, &proposal.parents);
+        let spine = shape.spine_len();
+        let matched = matching_prefix(&proposal.tokens[..spine], committed);
+        self.by_position.record(spine, matched, committed.len());
+        if has_confidences(proposal) {
+            self.by_confidence
+                .record_fates(&proposal.confidence, &tree_fates(&shape, committed));
         }
     }
 
@@ -186,6 +211,30 @@ impl AcceptanceHistory {
     pub fn expected_accepted(&self, proposal: &Proposal) -> f64 {
         self.survival(proposal).iter().sum()
     }
+}
+
+/// The fate of each token of a tree against the tokens the target committed after row 0:
+/// accepted on the path the target followed; not accepted where the path left its parent, or
+/// below a token not accepted; unknown (`None`) below the path's end deeper than the target's
+/// committed tokens reach.
+pub fn tree_fates(shape: &TreeShape<'_>, committed: &[Token]) -> Vec<Option<bool>> {
+    let path = shape.follow(committed);
+    let depths = shape.depths();
+    // Per row: its fate, row 0 (the context) on the path.
+    let mut fates: Vec<Option<bool>> = Vec::with_capacity(shape.len() + 1);
+    fates.push(Some(true));
+    for index in 0..shape.len() {
+        let row = index + 1;
+        let fate = match fates[shape.parent(index)] {
+            Some(true) if path.contains(&row) => Some(true),
+            Some(true) if depths[row] <= committed.len() => Some(false),
+            Some(true) | None => None,
+            Some(false) => Some(false),
+        };
+        fates.push(fate);
+    }
+    fates.remove(0);
+    fates
 }
 
 /// Whether `proposal` gives a confidence for each of its (one or more) tokens.
@@ -265,6 +314,38 @@ mod tests {
         assert_eq!(tallies[8], (2.0, 2.0), "{tallies:?}");
         assert_eq!(tallies[7], (1.0, 0.0), "{tallies:?}");
         assert_eq!(tallies[6], (1.0, 0.0), "{tallies:?}");
+    }
+
+    #[test]
+    fn every_token_of_a_tree_is_calibrated_by_its_fate() {
+        // Rows 1-3 a chain 10 11 12, row 4 (21) a second child of row 1, row 5 (30) of row 0.
+        let (tokens, parents) = ([10, 11, 12, 21, 30], [0, 1, 2, 1, 0]);
+        let shape = TreeShape::new(&tokens, &parents);
+        // The target took 10, 21, then its own 5: row 4's branch; all else is known lost.
+        let (yes, no) = (Some(true), Some(false));
+        assert_eq!(tree_fates(&shape, &[10, 21, 5]), [yes, no, no, yes, no]);
+        // Only 10 committed (generation ended): below row 1 nothing is known.
+        assert_eq!(tree_fates(&shape, &[10]), [yes, None, None, None, no]);
+
+        let proposal = Proposal {
+            tokens: tokens.to_vec(),
+            confidence: vec![0.95, 0.45, 0.35, 0.55, 0.05],
+            parents: parents.to_vec(),
+        };
+        let mut history = AcceptanceHistory::default();
+        history.record_tree(&proposal, &[10, 21, 5]);
+        let tallies: Vec<(f64, f64)> = history
+            .by_confidence
+            .bins
+            .iter()
+            .map(|t| (t.checked, t.hits))
+            .collect();
+        assert_eq!(
+            [tallies[9], tallies[5], tallies[4], tallies[3], tallies[0]],
+            [(1.0, 1.0), (1.0, 1.0), (1.0, 0.0), (1.0, 0.0), (1.0, 0.0)]
+        );
+        // By position, the leading chain 10 11 12: 10 matched, 11 did not.
+        assert_eq!(checked(&history.by_position), [(1.0, 1.0), (1.0, 0.0)]);
     }
 
     #[test]

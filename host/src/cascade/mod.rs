@@ -42,6 +42,7 @@ pub use self::mode::{
 };
 pub use self::policy::{
     Decision, DraftModelSetup, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound,
+    curve_cost,
 };
 pub use self::sampled::{DraftSampling, MAX_DRAFT_SUPPORT, SampledDraft, TokenDistribution};
 pub use self::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};

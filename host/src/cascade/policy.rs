@@ -27,6 +27,19 @@ pub struct PolicySetup {
     pub max_tokens: usize,
 }
 
+/// What verifying `n` tokens of one sequence costs by `curve` (`curve[n - 1]`, as in
+/// [`PolicySetup::verify_costs`]), in seconds, extrapolated along its last step beyond it;
+/// NaN when nothing was measured.
+pub fn curve_cost(curve: &[Duration], n: usize) -> f64 {
+    let seconds = |index: usize| curve[index].as_secs_f64();
+    match curve.len() {
+        0 => f64::NAN,
+        len if n <= len => seconds(n.max(1) - 1),
+        1 => seconds(0) * n as f64,
+        len => seconds(len - 1) + (seconds(len - 1) - seconds(len - 2)) * (n - len) as f64,
+    }
+}
+
 /// The draft model as a policy sees it when a request starts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DraftModelSetup {
@@ -146,5 +159,22 @@ impl RoundPolicy for FixedLength {
             max_draft_len: self.max_draft_len,
             ..Decision::default()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_curve_is_extrapolated_past_its_end() {
+        assert!(curve_cost(&[], 3).is_nan());
+        assert!((curve_cost(&[ms(10)], 3) - 0.030).abs() < 1e-9);
+        assert!((curve_cost(&[ms(10), ms(12)], 4) - 0.016).abs() < 1e-9);
+        assert!((curve_cost(&[ms(10), ms(12)], 2) - 0.012).abs() < 1e-9);
     }
 }

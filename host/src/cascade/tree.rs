@@ -11,8 +11,12 @@
 //! tokens are the tree's first rows (the *spine*), which a verifier keeps in its cache in
 //! place when the target follows them.
 
-use spechost_sdk::check_tree;
+use std::time::Duration;
 
+use spechost_sdk::check_tree;
+use spechost_sdk::tree::{Branch, likeliest_first};
+
+use super::policy::curve_cost;
 use super::source::Token;
 
 /// The shape of a draft: its tokens and which row each continues (see the module docs).
@@ -175,48 +179,51 @@ impl TreeBuilder {
         }
     }
 
-    /// The tree cut to the `budget` tokens most likely to be accepted (the first added wins
-    /// ties) and to at most `max_leaves` paths, laid out depth first, each row's children in
-    /// the order they were added: `(tokens, parents, survival)`. The first proposal's kept
-    /// tokens lead, as a chain.
-    pub(super) fn build(
-        self,
-        budget: usize,
-        max_leaves: usize,
-    ) -> (Vec<Token>, Vec<usize>, Vec<f64>) {
-        // An estimate never exceeds its parent's and a parent comes first, so every prefix of
-        // this order holds the parents of its tokens.
-        let mut order: Vec<usize> = (0..self.tokens.len()).collect();
-        order.sort_by(|&a, &b| {
-            self.survival[b]
-                .total_cmp(&self.survival[a])
-                .then(a.cmp(&b))
-        });
-        let mut kept = vec![false; self.tokens.len()];
+    /// The tokens a tree of at most `budget` tokens and `max_leaves` paths keeps, by index in
+    /// the order taken: the likeliest first (the first added on a tie), each after its parent
+    /// (`spechost_sdk::tree::likeliest_first`). Every prefix is the likeliest tree of its
+    /// size.
+    pub(super) fn likeliest_first(&self, budget: usize, max_leaves: usize) -> Vec<usize> {
+        let branches: Vec<Branch> = (0..self.tokens.len())
+            .map(|index| Branch {
+                parent: self.parents[index].checked_sub(1),
+                token: self.tokens[index],
+                probability: self.survival[index],
+            })
+            .collect();
+        likeliest_first(&branches, budget, max_leaves)
+    }
+
+    /// How many of `taken` (a prefix of [`Self::likeliest_first`]) form a chain and the next
+    /// one: the size from which a prefix branches; more than `taken` holds when none does.
+    pub(super) fn branched(&self, taken: &[usize]) -> usize {
         let mut has_child = vec![false; self.tokens.len() + 1];
-        let mut leaves = 1;
-        let mut taken = 0;
-        for index in order {
-            if taken == budget {
-                break;
-            }
+        for (position, &index) in taken.iter().enumerate() {
             let parent = self.parents[index];
-            if parent > 0 && !kept[parent - 1] {
-                continue;
+            if has_child[parent] {
+                return position + 1;
             }
-            // A child of a leaf extends its path; any other child starts a new one.
-            let new_leaf = has_child[parent];
-            if new_leaf && leaves == max_leaves.max(1) {
-                continue;
-            }
-            leaves += usize::from(new_leaf);
             has_child[parent] = true;
-            kept[index] = true;
-            taken += 1;
         }
-        let mut tokens = Vec::with_capacity(taken);
-        let mut parents = Vec::with_capacity(taken);
-        let mut survival = Vec::with_capacity(taken);
+        taken.len() + 1
+    }
+
+    /// The estimated probability that the target accepts the path through token `index`.
+    pub(super) fn survival(&self, index: usize) -> f64 {
+        self.survival[index]
+    }
+
+    /// The tree of the `kept` tokens (a prefix of [`Self::likeliest_first`]), laid out depth
+    /// first, each row's children in the order they were added: `(tokens, parents, survival)`.
+    /// The first proposal's kept tokens lead, as a chain.
+    pub(super) fn build(self, kept: &[usize]) -> (Vec<Token>, Vec<usize>, Vec<f64>) {
+        let mut is_kept = vec![false; self.tokens.len()];
+        for &index in kept {
+            is_kept[index] = true;
+        }
+        let mut tokens = Vec::with_capacity(kept.len());
+        let mut parents = Vec::with_capacity(kept.len());
+        let mut survival = Vec::with_capacity(kept.len());
         // Depth first from row 0: (row in the builder, row of its parent in the tree built),
         // children pushed in reverse so that the first added is visited first.
         let mut stack = vec![(0, 0)];
@@ -230,13 +237,47 @@ impl TreeBuilder {
                 tokens.len()
             };
             for index in (0..self.tokens.len()).rev() {
-                if kept[index] && self.parents[index] == old_row {
+                if is_kept[index] && self.parents[index] == old_row {
                     stack.push((index + 1, new_row));
                 }
             }
         }
         (tokens, parents, survival)
     }
+}
+
+/// Tree mode's choice each round: how many of a merged tree's tokens to verify, taken likeliest
+/// first with estimated survivals `taken` ([`TreeBuilder::likeliest_first`]) and branching
+/// from the first `branched` tokens on, or `None` to verify the best proposal alone (survivals
+/// `draft`, sized by the policy). Each is worth its expected committed tokens (the accepted
+/// ones, the sum of the survivals, plus the target's own) per second of verifying them by the
+/// measured `verify_costs` (index `n - 1`: `n` tokens); the best wins, the proposal alone on a
+/// tie, and a tree only at a size where it branches. Without a measured curve, the whole tree.
+pub(super) fn tree_size(
+    verify_costs: &[Duration],
+    draft: &[f64],
+    taken: &[f64],
+    branched: usize,
+) -> Option<usize> {
+    if branched > taken.len() {
+        return None;
+    }
+    if verify_costs.is_empty() {
+        return Some(taken.len());
+    }
+    let rate =
+        |expected: f64, tokens: usize| (expected + 1.0) / curve_cost(verify_costs, tokens + 1);
+    let alone = rate(draft.iter().sum(), draft.len());
+    let mut best: Option<(usize, f64)> = None;
+    let mut expected: f64 = taken[..branched.saturating_sub(1)].iter().sum();
+    for size in branched.max(1)..=taken.len() {
+        expected += taken[size - 1];
+        let tree = rate(expected, size);
+        if tree > alone && best.is_none_or(|(_, best)| tree > best) {
+            best = Some((size, tree));
+        }
+    }
+    best.map(|(size, _)| size)
 }
 
 #[cfg(test)]
@@ -299,6 +340,30 @@ mod tests {
     }
 
     #[test]
+    fn a_tree_is_verified_where_it_commits_more_per_second_of_verification() {
+        let ms = Duration::from_millis;
+        // One token costs 10 ms; each more 2 ms.
+        let curve: Vec<Duration> = (0..16).map(|n| ms(10 + 2 * n)).collect();
+        // The proposal alone: 1.9 expected in 4 tokens, 2.9 per 18 ms. A tree whose third and
+        // fourth tokens are likelier (a second path) commits more per ms at 4 tokens; its
+        // unlikely fifth does not pay for itself.
+        let draft = [0.9, 0.6, 0.3, 0.1];
+        let taken = [0.9, 0.6, 0.5, 0.4, 0.01];
+        assert_eq!(tree_size(&curve, &draft, &taken, 3), Some(4));
+        // Not before it branches: a chain is the policy's to size.
+        assert_eq!(tree_size(&curve, &draft, &taken, 6), None);
+        assert_eq!(tree_size(&curve, &draft, &draft, 5), None);
+        // A tree no better than the proposal: the proposal.
+        let weak = [0.9, 0.6, 0.05, 0.05];
+        assert_eq!(tree_size(&curve, &draft, &weak, 3), None);
+        // Where extra tokens cost nearly nothing, the whole tree.
+        let flat: Vec<Duration> = (0..16).map(|_| ms(10)).collect();
+        assert_eq!(tree_size(&flat, &draft, &taken, 3), Some(5));
+        // Unmeasured: the whole tree.
+        assert_eq!(tree_size(&[], &draft, &taken, 3), Some(5));
+    }
+
+    #[test]
     fn merged_proposals_keep_the_likeliest_tokens_under_the_budget() {
         let mut builder = TreeBuilder::default();
         builder.add(&[1, 2, 3, 4], &[], &[0.9, 0.8, 0.5, 0.2]);
@@ -308,17 +373,28 @@ mod tests {
             &[0, 1, 2, 0, 4],
             &[0.6, 0.6, 0.6, 0.3, 0.1],
         );
-        let (tokens, parents, survival) = builder.clone().build(8, 8);
+        let build = |budget, max_leaves| {
+            let kept = builder.likeliest_first(budget, max_leaves);
+            builder.clone().build(&kept)
+        };
+        let (tokens, parents, survival) = build(8, 8);
         assert_eq!(tokens, vec![1, 2, 3, 4, 7, 9, 8]);
         assert_eq!(parents, vec![0, 1, 2, 3, 2, 0, 6]);
         assert_eq!(survival, vec![0.9, 0.8, 0.5, 0.2, 0.6, 0.3, 0.1]);
         // Four tokens: the shared 1 2, then 7 (0.6) before 3 (0.5); the first proposal's
         // tokens still lead.
-        let (tokens, parents, _) = builder.clone().build(4, 8);
+        assert_eq!(builder.likeliest_first(4, 8), [0, 1, 4, 2]);
+        assert_eq!(
+            builder.branched(&[0, 1, 4, 2]),
+            4,
+            "3 is a second child of 2"
+        );
+        assert_eq!(builder.branched(&[0, 1, 4]), 4, "a chain");
+        let (tokens, parents, _) = build(4, 8);
         assert_eq!(tokens, vec![1, 2, 3, 7]);
         assert_eq!(parents, vec![0, 1, 2, 2]);
         // One path only: the likeliest chain, whatever else fits the budget.
-        let (tokens, parents, _) = builder.build(8, 1);
+        let (tokens, parents, _) = build(8, 1);
         assert_eq!(tokens, vec![1, 2, 7]);
         assert!(TreeShape::new(&tokens, &parents).is_chain());
     }

@@ -18,18 +18,33 @@
 //!
 //! [`Lookup::feed`] indexes each new token once: for every `n` in `min_ngram..=max_ngram` it
 //! records, in one hash map per `n`, that the `n`-gram ending just before the token was last seen
-//! followed by it. [`Lookup::propose`] then does at most `max_ngram - min_ngram + 1` lookups and
-//! copies at most `max_draft_len` tokens. Neither depends on the context length.
+//! followed by it, and where it was seen before that. [`Lookup::propose`] then does at most
+//! `max_ngram - min_ngram + 1` lookups and copies at most `max_draft_len` tokens (a tree: at
+//! most that many per occurrence). Neither depends on the context length.
+//!
+//! # Trees
+//!
+//! Where the host verifies trees (`--cascade-mode tree`: `tree::max_paths() > 1`), the proposal
+//! is instead the distinct continuations of up to 8 earlier occurrences of the longest suffix
+//! that matches, merged where they agree: each token weighted by the share of occurrences
+//! whose continuation passes through it (each occurrence counting [`TREE_RECENCY`] times the
+//! next more recent one), times [`TREE_DEPTH_DECAY`] per token of depth (the farther from the
+//! match, the less a continuation holds), the likeliest within `max_draft_len` tokens and the
+//! host's paths (`spechost_sdk::tree::likeliest`). Where they all agree the proposal is the
+//! chain a suffix seen once proposes, as without trees.
 //!
 //! # Confidence
 //!
-//! Proposals carry no confidence: how often a repeated n-gram continues the same way depends on
-//! the text, and an uncalibrated number would mislead a cascade that compares sources by it.
+//! Chains carry no confidence: how often a repeated n-gram continues the same way depends on
+//! the text, and an uncalibrated number would mislead a cascade that compares sources by it
+//! (the host learns their acceptance by position instead). A tree's tokens carry their
+//! weights, which the host calibrates against what it accepts.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use spechost_sdk::config::Config;
+use spechost_sdk::tree::{self, Branch};
 use spechost_sdk::{Drafter, ModelFacts, Proposal, Token, export_drafter};
 
 /// Default shortest n-gram looked up.
@@ -39,6 +54,17 @@ const DEFAULT_MAX_NGRAM: usize = 4;
 /// Largest accepted `max_ngram`: longer suffixes almost never match where shorter ones did not,
 /// and each extra length costs one map per session.
 const NGRAM_LIMIT: usize = 16;
+/// Most earlier occurrences of a suffix whose continuations a tree proposal merges.
+const TREE_OCCURRENCES: usize = 8;
+/// Most entries of an n-gram's occurrence list a tree proposal visits, hash collisions
+/// included, so that a proposal's cost stays bounded.
+const TREE_VISITS: usize = 32;
+/// Weight of a tree token per token of depth, on top of its share of the occurrences.
+pub const TREE_DEPTH_DECAY: f64 = 0.9;
+/// Weight of an occurrence against the next more recent one: text goes on as it did lately.
+pub const TREE_RECENCY: f64 = 0.7;
+/// No earlier occurrence.
+const NONE: usize = usize::MAX;
 
 /// The prompt-lookup drafter; one per request.
 pub struct Lookup {
@@ -49,6 +75,10 @@ pub struct Lookup {
     /// `latest[n - min_ngram]` maps the hash of an `n`-gram to the index right after its most
     /// recent occurrence that is followed by at least one token: where its continuation starts.
     latest: Vec<NgramIndex>,
+    /// `earlier[n - min_ngram][start]`: for the `n`-gram whose continuation starts at `start`,
+    /// where the continuation of its previous occurrence starts ([`NONE`]: none, or the `n`-gram
+    /// does not fit before `start`), so that the occurrences of an `n`-gram form a list.
+    earlier: Vec<Vec<usize>>,
     facts: ModelFacts,
 }
 
@@ -77,6 +107,7 @@ impl Drafter for Lookup {
             min_ngram,
             max_ngram,
             latest: vec![NgramIndex::default(); max_ngram - min_ngram + 1],
+            earlier: vec![Vec::new(); max_ngram - min_ngram + 1],
             facts: facts.clone(),
         })
     }
@@ -88,10 +119,15 @@ impl Drafter for Lookup {
             // looked up. The current suffix is never indexed before its continuation arrives,
             // which keeps `propose` from matching the suffix with itself.
             let position = self.context.len();
-            let (min_ngram, latest) = (self.min_ngram, &mut self.latest);
+            for list in &mut self.earlier {
+                list.push(NONE);
+            }
+            let (min_ngram, latest, earlier) =
+                (self.min_ngram, &mut self.latest, &mut self.earlier);
             for_each_suffix_hash(&self.context, self.max_ngram, |n, hash| {
                 if n >= min_ngram {
-                    latest[n - min_ngram].insert(hash, position);
+                    let previous = latest[n - min_ngram].insert(hash, position);
+                    earlier[n - min_ngram][position] = previous.unwrap_or(NONE);
                 }
             });
             self.context.push(token);
@@ -106,24 +142,122 @@ impl Drafter for Lookup {
         for_each_suffix_hash(&self.context, self.max_ngram, |n, hash| {
             suffix_hashes[n - 1] = hash;
         });
+        let max_paths = tree::max_paths();
         let len = self.context.len();
         for n in (self.min_ngram..=self.max_ngram.min(len)).rev() {
             let Some(&start) = self.latest[n - self.min_ngram].get(&suffix_hashes[n - 1]) else {
                 continue;
             };
+            if max_paths > 1 {
+                let starts = self.occurrences(n, start);
+                if starts.is_empty() {
+                    continue;
+                }
+                let (proposal, parents) = tree::likeliest(
+                    &self.continuations(&starts, max_draft_len),
+                    max_draft_len,
+                    max_paths,
+                );
+                if parents.is_empty() {
+                    // A chain, as without trees: no confidence (see the module docs).
+                    return Proposal::tokens(proposal.tokens);
+                }
+                tree::shape_proposal(&parents);
+                return proposal;
+            }
             // Equal hashes of different n-grams are possible, if unlikely: check the tokens.
-            if self.context[start - n..start] != self.context[len - n..] {
+            if !self.matches_suffix(n, start) {
                 continue;
             }
-            let continuation = &self.context[start..(start + max_draft_len).min(len)];
-            // Generation stops at an end-of-generation token; drafting past it is wasted.
-            let end = continuation
-                .iter()
-                .position(|&token| self.facts.is_eog(token))
-                .map_or(continuation.len(), |eog| eog + 1);
-            return Proposal::tokens(&continuation[..end]);
+            return Proposal::tokens(self.continuation(start, max_draft_len));
         }
         Proposal::empty()
+    }
+}
+
+impl Lookup {
+    /// Whether the `n` tokens before `start` are the context's last `n`.
+    fn matches_suffix(&self, n: usize, start: usize) -> bool {
+        self.context[start - n..start] == self.context[self.context.len() - n..]
+    }
+
+    /// What follows `start`: at most `max_len` tokens, up to the end of the context or an
+    /// end-of-generation token (included: generation stops there, drafting past it is wasted).
+    fn continuation(&self, start: usize, max_len: usize) -> &[Token] {
+        let continuation = &self.context[start..(start + max_len).min(self.context.len())];
+        let end = continuation
+            .iter()
+            .position(|&token| self.facts.is_eog(token))
+            .map_or(continuation.len(), |eog| eog + 1);
+        &continuation[..end]
+    }
+
+    /// Continuation starts of the context's last `n` tokens, most recent first, from `start`
+    /// along the `n`-gram's occurrence list: at most [`TREE_OCCURRENCES`] of them, checked
+    /// token by token, within [`TREE_VISITS`] entries.
+    fn occurrences(&self, n: usize, mut start: usize) -> Vec<usize> {
+        let earlier = &self.earlier[n - self.min_ngram];
+        let mut starts = Vec::new();
+        for _ in 0..TREE_VISITS {
+            if start == NONE || starts.len() == TREE_OCCURRENCES {
+                break;
+            }
+            if self.matches_suffix(n, start) {
+                starts.push(start);
+            }
+            start = earlier[start];
+        }
+        starts
+    }
+
+    /// The continuations after `starts` (most recent first), at most `max_len` tokens each,
+    /// merged where they agree, as weighted tree candidates (see the module docs).
+    fn continuations(&self, starts: &[usize], max_len: usize) -> Vec<Branch> {
+        let mut branches: Vec<Branch> = Vec::new();
+        // Per branch: the weight of the occurrences through it, and its children.
+        let mut votes: Vec<f64> = Vec::new();
+        let mut children: Vec<Vec<usize>> = Vec::new();
+        let mut roots: Vec<usize> = Vec::new();
+        let mut total = 0.0;
+        for (recency, &start) in starts.iter().enumerate() {
+            let weight = TREE_RECENCY.powi(recency as i32);
+            total += weight;
+            let mut parent: Option<usize> = None;
+            for &token in self.continuation(start, max_len) {
+                let siblings = parent.map_or(&roots, |parent| &children[parent]);
+                let existing = siblings
+                    .iter()
+                    .copied()
+                    .find(|&index| branches[index].token == token);
+                let index = existing.unwrap_or_else(|| {
+                    branches.push(Branch {
+                        parent,
+                        token,
+                        probability: 0.0,
+                    });
+                    votes.push(0.0);
+                    children.push(Vec::new());
+                    let index = branches.len() - 1;
+                    match parent {
+                        Some(parent) => children[parent].push(index),
+                        None => roots.push(index),
+                    }
+                    index
+                });
+                votes[index] += weight;
+                parent = Some(index);
+            }
+        }
+        let mut depths = vec![0_usize; branches.len()];
+        for index in 0..branches.len() {
+            let depth = branches[index]
+                .parent
+                .map_or(1, |parent| depths[parent] + 1);
+            depths[index] = depth;
+            let share = votes[index] / total;
+            branches[index].probability = share * TREE_DEPTH_DECAY.powi(depth as i32);
+        }
+        branches
     }
 }
 
@@ -310,6 +444,104 @@ mod tests {
         );
     }
 
+    /// The proposal and shape (row each token continues; a chain: `0, 1, 2, ...`) where the host
+    /// takes `max_paths` paths.
+    fn proposed_tree(
+        config: &str,
+        context: &[Token],
+        max_draft_len: usize,
+        max_paths: usize,
+    ) -> (Proposal, Vec<u32>) {
+        spechost_sdk::testing::set_tree_paths(max_paths);
+        let mut harness = lookup(config, context);
+        let proposal = harness.propose(max_draft_len);
+        let chain = (0..proposal.tokens.len() as u32).collect();
+        let shape = harness.shape().map_or(chain, <[u32]>::to_vec);
+        spechost_sdk::testing::set_tree_paths(1);
+        (proposal, shape)
+    }
+
+    #[test]
+    fn where_the_host_takes_trees_distinct_continuations_branch() {
+        // [1, 2] was followed by 4 9 most recently and by 3 9 before.
+        let context = [1, 2, 3, 9, 1, 2, 4, 9, 1, 2];
+        let (proposal, shape) = proposed_tree("max_ngram=2", &context, 5, 4);
+        assert_eq!(proposal.tokens, [4, 9, 1, 2, 3]);
+        assert_eq!(shape, [0, 1, 2, 3, 0]);
+        // Each occurrence's share, the older one counting less, times the decay by depth.
+        let recent = 1.0 / (1.0 + TREE_RECENCY);
+        let older = TREE_RECENCY / (1.0 + TREE_RECENCY);
+        let decay = |share: f64, depth: i32| (share * TREE_DEPTH_DECAY.powi(depth)) as f32;
+        assert_eq!(
+            proposal.confidence,
+            [
+                decay(recent, 1),
+                decay(recent, 2),
+                decay(recent, 3),
+                decay(recent, 4),
+                decay(older, 1)
+            ]
+        );
+        // One path: the most recent continuation, as without trees.
+        let (chain, _) = proposed_tree("max_ngram=2", &context, 5, 1);
+        assert_eq!(chain.tokens, proposed("max_ngram=2", &context, 5));
+    }
+
+    #[test]
+    fn continuations_that_agree_outweigh_a_more_recent_one() {
+        // After [1, 2]: 5 7 most recently, 5 6 1 twice before. 1.19 of 2.19 shares times
+        // 0.9^3 for 1 beat 1 share times 0.9^2 for 7: the agreed continuation takes a budget
+        // of 3.
+        let context = [1, 2, 5, 6, 1, 2, 5, 6, 1, 2, 5, 7, 1, 2];
+        let (proposal, shape) = proposed_tree("max_ngram=2", &context, 3, 2);
+        assert_eq!(proposal.tokens, [5, 6, 1]);
+        assert_eq!(shape, [0, 1, 2]);
+    }
+
+    #[test]
+    fn a_suffix_seen_once_proposes_its_continuation_as_a_chain() {
+        let context = [1, 2, 3, 4, 1, 2];
+        let (proposal, shape) = proposed_tree("", &context, 3, 4);
+        assert_eq!(proposal.tokens, [3, 4, 1]);
+        assert_eq!(shape, [0, 1, 2]);
+        assert!(proposal.confidence.is_empty(), "a chain, as without trees");
+    }
+
+    #[test]
+    fn every_path_of_a_tree_continues_an_occurrence_of_the_longest_matching_suffix() {
+        let mut random = Lcg(11);
+        spechost_sdk::testing::set_tree_paths(3);
+        let mut harness = lookup("min_ngram=1,max_ngram=3", &[]);
+        let mut context: Vec<Token> = Vec::new();
+        for _ in 0..300 {
+            let chunk: Vec<Token> = (0..random.below(3) + 1).map(|_| random.below(4)).collect();
+            harness.feed(&chunk);
+            context.extend_from_slice(&chunk);
+            let max_draft_len = random.below(7) as usize;
+            let proposal = harness.propose(max_draft_len);
+            let chain: Vec<u32> = (0..proposal.tokens.len() as u32).collect();
+            let shape = harness.shape().map_or(chain, <[u32]>::to_vec);
+            let continuations = occurrence_continuations(&context, 1, 3, max_draft_len);
+            if max_draft_len > 0 {
+                assert_eq!(proposal.tokens.is_empty(), continuations.is_empty());
+            }
+            for row in 1..=proposal.tokens.len() {
+                // The path from row 0 to `row`.
+                let mut path = Vec::new();
+                let mut at = row;
+                while at > 0 {
+                    path.push(proposal.tokens[at - 1]);
+                    at = shape[at - 1] as usize;
+                }
+                path.reverse();
+                assert!(
+                    continuations.iter().any(|c| c.starts_with(&path)),
+                    "path {path:?} continues no occurrence in {context:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn rejects_bad_ngram_bounds() {
         let error = |config| Harness::<Lookup>::new(config, facts(VOCAB_SIZE)).unwrap_err();
@@ -356,6 +588,29 @@ mod tests {
             if let Some(i) = (0..len - n).rev().find(|&i| &context[i..i + n] == suffix) {
                 let start = i + n;
                 return context[start..(start + max_draft_len).min(len)].to_vec();
+            }
+        }
+        Vec::new()
+    }
+
+    /// What followed each earlier occurrence of the longest suffix of `context` (from
+    /// `max_ngram` down to `min_ngram` tokens) that occurred before, at most `max_len` tokens
+    /// each, by exhaustive search.
+    fn occurrence_continuations(
+        context: &[Token],
+        min_ngram: usize,
+        max_ngram: usize,
+        max_len: usize,
+    ) -> Vec<Vec<Token>> {
+        let len = context.len();
+        for n in (min_ngram..=max_ngram.min(len)).rev() {
+            let suffix = &context[len - n..];
+            let found: Vec<Vec<Token>> = (0..len - n)
+                .filter(|&i| &context[i..i + n] == suffix)
+                .map(|i| context[i + n..(i + n + max_len).min(len)].to_vec())
+                .collect();
+            if !found.is_empty() {
+                return found;
             }
         }
         Vec::new()

@@ -26,6 +26,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use spechost_sdk::tree::{self, Branch};
 use spechost_sdk::{ModelFacts, Proposal, Token};
 
 use crate::trie::{END_OF_TEXT, NO_NODE, NodeId, Trie};
@@ -245,36 +246,18 @@ fn tree(
 }
 
 /// `taken` depth first from the start node, each node's children likeliest first (the earlier
-/// taken on a tie): the proposal and each token's parent row.
+/// taken on a tie): the proposal and each token's parent row (none for a chain).
 fn lay_out(trie: &Trie, taken: &[Taken]) -> Speculation {
-    let mut children: Vec<Vec<usize>> = vec![Vec::new(); taken.len() + 1];
-    for (index, node) in taken.iter().enumerate() {
-        children[node.parent.map_or(taken.len(), |parent| parent)].push(index);
-    }
-    let mut proposal = Proposal::empty();
-    let mut parents = Vec::with_capacity(taken.len());
-    // (taken node, row of its parent), the likeliest child on top.
-    let mut stack: Vec<(usize, u32)> = Vec::new();
-    let push_children = |stack: &mut Vec<(usize, u32)>, of: &[usize], row: u32| {
-        let mut ordered = of.to_vec();
-        ordered.sort_by(|&a, &b| {
-            taken[b]
-                .probability
-                .total_cmp(&taken[a].probability)
-                .then(a.cmp(&b))
-        });
-        stack.extend(ordered.into_iter().rev().map(|index| (index, row)));
-    };
-    push_children(&mut stack, &children[taken.len()], 0);
-    while let Some((index, parent_row)) = stack.pop() {
-        let node = &taken[index];
-        proposal.tokens.push(trie.token(node.node));
-        // Rounding to `f32` cannot leave [0, 1].
-        proposal.confidence.push(node.probability as f32);
-        parents.push(parent_row);
-        push_children(&mut stack, &children[index], proposal.tokens.len() as u32);
-    }
-    (proposal, parents)
+    let branches: Vec<Branch> = taken
+        .iter()
+        .map(|node| Branch {
+            parent: node.parent,
+            token: trie.token(node.node),
+            probability: node.probability,
+        })
+        .collect();
+    let all: Vec<usize> = (0..branches.len()).collect();
+    tree::lay_out(&branches, &all)
 }
 
 /// Follows best children from `start` (at `depth`) for at most `cap` tokens, calling

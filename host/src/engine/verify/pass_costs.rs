@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::layout::Pass;
+use crate::cascade::curve_cost;
 
 /// Weight of a new measurement in a shape's moving average.
 const WEIGHT: f64 = 0.2;
@@ -49,18 +50,6 @@ impl PassCosts {
             .entry(pass)
             .and_modify(|average| *average += WEIGHT * (seconds - *average))
             .or_insert(seconds);
-    }
-}
-
-/// What one pass of `n` rows of one sequence costs by `curve` (`curve[n - 1]`), extrapolated
-/// along its last step beyond it; NaN when nothing was measured (no layout is then preferred).
-pub(super) fn curve_cost(curve: &[Duration], n: usize) -> f64 {
-    let seconds = |index: usize| curve[index].as_secs_f64();
-    match curve.len() {
-        0 => f64::NAN,
-        len if n <= len => seconds(n.max(1) - 1),
-        1 => seconds(0) * n as f64,
-        len => seconds(len - 1) + (seconds(len - 1) - seconds(len - 2)) * (n - len) as f64,
     }
 }
 
@@ -109,12 +98,5 @@ mod tests {
             (costs.cost(eight_of_one, &curve) - 0.030).abs() < 1e-9,
             "one sequence: the curve, which knows the context"
         );
-    }
-
-    #[test]
-    fn the_curve_is_extrapolated_past_its_end() {
-        assert!(curve_cost(&[], 3).is_nan());
-        assert!((curve_cost(&[ms(10)], 3) - 0.030).abs() < 1e-9);
-        assert!((curve_cost(&[ms(10), ms(12)], 4) - 0.016).abs() < 1e-9);
     }
 }
