@@ -13,15 +13,16 @@ use std::time::Duration;
 use common::*;
 use rand::RngExt;
 use spechost::cascade::{
-    Cascade, Decision, DraftModel, DraftModelCosts, DraftModelSetup, DraftSampling, DraftSource,
-    Drafted, DraftedToken, ModelFacts, PolicySetup, Proposal, ProposalSettings, RoundPolicy,
-    RoundRecord, SampledDraft, SourceFault, SourceRound, Token, TokenDistribution,
+    Cascade, CascadeMode, CascadeSettings, Decision, DraftModel, DraftModelCosts, DraftModelSetup,
+    DraftSampling, DraftSource, Drafted, DraftedToken, ModelFacts, PolicySetup, Proposal,
+    ProposalSettings, RoundPolicy, RoundRecord, SampledDraft, SourceFault, SourceRound, Token,
+    TokenDistribution,
 };
 use spechost::config::cache_dir;
 use spechost::engine::{
-    DraftAcceptance, DraftModelConfig, DraftModelContext, DraftModelHost, EngineError,
-    ModelOverrides, SamplingParams, Target, TargetParams, check_vocab_compatible,
-    measure_agreement, measure_draft_model,
+    DEFAULT_TREE_LEAVES, DraftAcceptance, DraftModelConfig, DraftModelContext, DraftModelHost,
+    EngineError, ModelOverrides, Request, SamplingParams, SessionParams, Target, TargetParams,
+    check_vocab_compatible, measure_agreement, measure_draft_model,
 };
 use spechost::models::{DefaultDraft, DefaultModel, QuantType, QuantizeRequest, quantize};
 use spechost::plugins::SourceSpec;
@@ -31,15 +32,20 @@ const DRAFT_LEN: usize = 12;
 
 /// The SmolLM2 default draft (made on first use), as the CLI makes it.
 fn smollm2_draft_path() -> PathBuf {
-    let base = DefaultModel::SmolLm2.path(&cache_dir());
+    default_draft_path(DefaultModel::SmolLm2)
+}
+
+/// `model`'s default draft (made on first use), as the CLI makes it.
+fn default_draft_path(model: DefaultModel) -> PathBuf {
+    let base = model.path(&cache_dir());
     assert!(
         base.exists(),
-        "smollm2 is missing at {}; fetch it with `spechost models fetch smollm2`",
+        "{model:?} is missing at {}; fetch it with `spechost models fetch`",
         base.display()
     );
-    DefaultDraft::of(DefaultModel::SmolLm2)
+    DefaultDraft::of(model)
         .make(&cache_dir(), session_params().threads)
-        .expect("the default draft is made from the cached smollm2")
+        .expect("the default draft is made from the cached default model")
 }
 
 fn draft_config(path: &Path) -> DraftModelConfig {
@@ -66,10 +72,15 @@ fn small_draft(ctx_size: u32) -> DraftModelHost {
 
 /// SmolLM2 and its default draft, checked against it.
 fn smollm2_with_its_default_draft() -> (Target, DraftModelHost) {
-    let target = load(DefaultModel::SmolLm2);
+    with_its_default_draft(DefaultModel::SmolLm2)
+}
+
+/// `model` and its default draft, checked against it.
+fn with_its_default_draft(model: DefaultModel) -> (Target, DraftModelHost) {
+    let target = load(model);
     let draft = DraftModelHost::load_for(
         &target,
-        &draft_config(&smollm2_draft_path()),
+        &draft_config(&default_draft_path(model)),
         &TargetParams::default(),
     )
     .expect("the default draft loads");
@@ -438,6 +449,108 @@ fn the_draft_plugin_over_the_default_draft_keeps_greedy_output_identical() {
         accepted > 0,
         "no drafted token was ever accepted: the bridge proposed nothing useful"
     );
+}
+
+/// Second choices come with the greedy tokens unchanged, at exactly the positions whose greedy
+/// token is less likely than `split_below`, each a different token no likelier than the chosen.
+#[test]
+fn second_choices_come_where_the_draft_model_is_unsure() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::SmolLm2);
+    let draft = load_draft(&smollm2_draft_path());
+    let split_below = 0.9;
+    let mut branched = 0;
+    for index in 0..fixtures().len() {
+        let prompt = prompt(&target, index);
+        let greedy = fresh(&draft, &prompt).propose(ProposalSettings::greedy(DRAFT_LEN, 0.0));
+        let with_runners_up = fresh(&draft, &prompt).propose(ProposalSettings {
+            split_below,
+            ..ProposalSettings::greedy(DRAFT_LEN, 0.0)
+        });
+        assert_eq!(with_runners_up.tokens, greedy.tokens, "fixture {index}");
+        assert!(greedy.runners_up.is_empty(), "none asked, none given");
+        assert_eq!(with_runners_up.runners_up.len(), greedy.tokens.len());
+        for (chosen, runner_up) in greedy.tokens.iter().zip(&with_runners_up.runners_up) {
+            assert_eq!(
+                runner_up.is_some(),
+                chosen.prob < split_below,
+                "fixture {index}: {chosen:?} and {runner_up:?}"
+            );
+            if let Some(runner_up) = runner_up {
+                assert_ne!(runner_up.token, chosen.token);
+                assert!(runner_up.prob > 0.0 && runner_up.prob <= chosen.prob);
+                assert!(runner_up.prob + chosen.prob <= 1.0 + 1e-5);
+                branched += 1;
+            }
+        }
+    }
+    assert!(
+        branched > 0,
+        "the draft model was never unsure below {split_below}"
+    );
+}
+
+/// The `draft` plugin where the host takes trees: the draft model's second choices branch its
+/// proposals, and greedy output stays plain decoding's.
+fn draft_plugin_trees_keep_greedy_output_identical(model: DefaultModel) {
+    let _guard = exclusive();
+    let (target, draft) = with_its_default_draft(model);
+    let host = plugin_host();
+    assert!(host.attach_draft_model(Arc::new(draft), None));
+    let mut plain_session = target.session(&session_params()).expect("session");
+    let mut tree_session = target
+        .session(&SessionParams {
+            tree_leaves: DEFAULT_TREE_LEAVES,
+            ..session_params()
+        })
+        .expect("a session that takes trees");
+    let (mut tree_rounds, mut accepted) = (0, 0);
+    for fixture in fixtures() {
+        let prompt = target.tokenize_chat(&fixture.user_message).expect("chat");
+        let mut request = Request::new(prompt, MAX_TOKENS, SamplingParams::greedy());
+        let plain = plain_session
+            .generate(&request, &mut Cascade::empty(), &mut |_| {})
+            .expect("plain decoding");
+        request.max_draft_len = 8;
+        let mut cascade = cascade_with_settings(
+            &host,
+            &[SourceSpec::Builtin("draft".into())],
+            CascadeSettings {
+                mode: CascadeMode::Tree,
+                ..CascadeSettings::default()
+            },
+        );
+        let treed = tree_session
+            .generate(&request, &mut cascade, &mut |_| {})
+            .expect("tree drafts");
+        assert_eq!(
+            treed.tokens,
+            plain.tokens,
+            "{}: first difference at {:?}",
+            fixture.id,
+            first_difference(&treed.tokens, &plain.tokens)
+        );
+        tree_rounds += treed.stats.tree_rounds;
+        accepted += treed.stats.accepted;
+    }
+    assert!(
+        tree_rounds > 0,
+        "{model:?}: the draft model's proposals never branched"
+    );
+    assert!(
+        accepted > 0,
+        "{model:?}: no drafted token was ever accepted"
+    );
+}
+
+#[test]
+fn the_draft_plugins_trees_keep_greedy_output_identical_on_smollm2() {
+    draft_plugin_trees_keep_greedy_output_identical(DefaultModel::SmolLm2);
+}
+
+#[test]
+fn the_draft_plugins_trees_keep_greedy_output_identical_on_gemma3() {
+    draft_plugin_trees_keep_greedy_output_identical(DefaultModel::Gemma3);
 }
 
 /// Tokens generated per request in the end-to-end test.

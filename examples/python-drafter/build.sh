@@ -39,7 +39,7 @@ partial="$output.partial"
     "$componentize_py" \
         --wit-path "$root/sdk/wit" --wit-path "$here/wit" \
         --world spechost-example:python-drafter/python-drafter \
-        --export-interface-name "spechost:drafter/drafter-api@0.8.1=app" \
+        --export-interface-name "spechost:drafter/drafter-api@0.8.2=app" \
         --quiet \
         componentize app --output "$partial"
 )

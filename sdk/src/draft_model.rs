@@ -36,7 +36,7 @@
 //! assert_eq!(tokens, [2, 3, 4, 5]);
 //! ```
 
-use crate::records::{DraftedToken, Token};
+use crate::records::{DraftedPosition, DraftedToken, Token};
 
 /// Whether the host has a draft model loaded. When it has not, [`reset`] and [`feed`] do nothing
 /// and [`propose`] returns nothing.
@@ -67,6 +67,18 @@ pub fn propose(max_draft_len: usize, p_min: f32) -> Vec<DraftedToken> {
     backend::propose(max_draft_len, p_min)
 }
 
+/// As [`propose`], also giving the draft model's second choice at each position where its
+/// greedy token's probability is below `split_below` (WIT 0.8.2): where a tree proposal may
+/// branch ([`crate::tree`]). The second choice comes from the same distribution, at no extra
+/// cost, and is not continued. A draw (a request at a temperature) gives no second choices.
+pub fn propose_with_runners_up(
+    max_draft_len: usize,
+    p_min: f32,
+    split_below: f32,
+) -> Vec<DraftedPosition> {
+    backend::propose_with_runners_up(max_draft_len, p_min, split_below)
+}
+
 #[cfg(target_arch = "wasm32")]
 use crate::bindings::drafter::draft_model as backend;
 
@@ -78,13 +90,15 @@ pub(crate) use self::native as backend;
 pub(crate) mod native {
     use std::cell::RefCell;
 
-    use crate::records::{DraftedToken, Token};
+    use crate::records::{DraftedPosition, DraftedToken, Token};
 
-    /// A fake's next-token function: the greedy next token after a context, or `None` to stop.
+    /// A fake's next-token function: the greedy next token after a context, or `None` to stop;
+    /// or, as a runner-up function, the second choice there.
     pub(crate) type NextToken = Box<dyn FnMut(&[Token]) -> Option<DraftedToken>>;
 
     struct Fake {
         next_token: NextToken,
+        runner_up: Option<NextToken>,
         context: Vec<Token>,
     }
 
@@ -95,8 +109,20 @@ pub(crate) mod native {
     pub(crate) fn install(next_token: NextToken) {
         FAKE.set(Some(Fake {
             next_token,
+            runner_up: None,
             context: Vec::new(),
         }));
+    }
+
+    /// Gives the installed fake second choices; `false` when none is installed.
+    pub(crate) fn install_runner_up(runner_up: NextToken) -> bool {
+        FAKE.with_borrow_mut(|fake| match fake {
+            Some(fake) => {
+                fake.runner_up = Some(runner_up);
+                true
+            }
+            None => false,
+        })
     }
 
     pub(crate) fn remove() {
@@ -128,9 +154,21 @@ pub(crate) mod native {
     }
 
     pub(crate) fn propose(max_draft_len: usize, p_min: f32) -> Vec<DraftedToken> {
+        propose_with_runners_up(max_draft_len, p_min, 0.0)
+            .into_iter()
+            .map(|position| position.chosen)
+            .collect()
+    }
+
+    pub(crate) fn propose_with_runners_up(
+        max_draft_len: usize,
+        p_min: f32,
+        split_below: f32,
+    ) -> Vec<DraftedPosition> {
         FAKE.with_borrow_mut(|fake| {
             let Some(Fake {
                 next_token,
+                runner_up,
                 context,
             }) = fake
             else {
@@ -151,7 +189,15 @@ pub(crate) mod native {
                     next.token,
                     next.prob
                 );
-                drafted.push(next);
+                let second = if next.prob < split_below {
+                    runner_up.as_mut().and_then(|runner_up| runner_up(context))
+                } else {
+                    None
+                };
+                drafted.push(DraftedPosition {
+                    chosen: next,
+                    runner_up: second,
+                });
                 context.push(next.token);
                 if next.prob < p_min {
                     break;
@@ -228,6 +274,32 @@ mod tests {
         assert_eq!(tokens(&propose(1, 0.0)), [10]);
         remove_draft_model();
         assert!(!available());
+    }
+
+    #[test]
+    fn second_choices_come_where_the_greedy_token_is_unsure() {
+        install_sequence();
+        // The runner-up after a context: one more than the greedy token.
+        assert!(crate::testing::install_runner_up(|context| {
+            Some(DraftedToken {
+                token: SEQUENCE[context.len()] + 100,
+                prob: 0.1,
+            })
+        }));
+        let drafted = propose_with_runners_up(5, 0.0, 0.85);
+        let runners_up: Vec<Option<Token>> = drafted
+            .iter()
+            .map(|position| position.runner_up.map(|runner_up| runner_up.token))
+            .collect();
+        // Probabilities 0.9 0.9 0.8 0.2 0.9: second choices at 12 and 13.
+        assert_eq!(runners_up, [None, None, Some(112), Some(113), None]);
+        assert_eq!(
+            tokens(&propose(5, 0.0)),
+            [10, 11, 12, 13, 14],
+            "the same greedy tokens"
+        );
+        remove_draft_model();
+        assert!(!crate::testing::install_runner_up(|_| None), "no fake");
     }
 
     #[test]

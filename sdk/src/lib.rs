@@ -125,8 +125,8 @@ pub use crate::drafter::Drafter;
 pub use crate::log::{Level, log};
 pub use crate::policy::Policy;
 pub use crate::records::{
-    Decision, DraftModelCosts, DraftedToken, Feedback, ModelFacts, PolicySetup, Proposal,
-    RoundRecord, SourceRound, Token,
+    Decision, DraftModelCosts, DraftedPosition, DraftedToken, Feedback, ModelFacts, PolicySetup,
+    Proposal, RoundRecord, SourceRound, Token,
 };
 pub use crate::version::{WIT_PACKAGE, WIT_VERSION};
 

@@ -14,7 +14,9 @@
 //! * [`Decision::draft`], [`Decision::skip`], [`Decision::with_order`],
 //!   [`Decision::excluding`].
 
-pub use crate::bindings::drafter_world::spechost::drafter::draft_model::DraftedToken;
+pub use crate::bindings::drafter_world::spechost::drafter::draft_model::{
+    DraftedPosition, DraftedToken,
+};
 pub use crate::bindings::drafter_world::spechost::drafter::types::{
     Feedback, ModelFacts, Proposal, Token,
 };

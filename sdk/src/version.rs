@@ -14,4 +14,4 @@ pub const WIT_PACKAGE: &str = "spechost:drafter";
 /// major.minor. So a change to the WIT breaks compilation in two places only: this crate (the
 /// version, and the helpers on records that build them field by field) and the host's
 /// conversions to its own records (`host/src/plugins/bindings.rs`).
-pub const WIT_VERSION: &str = "0.8.1";
+pub const WIT_VERSION: &str = "0.8.2";

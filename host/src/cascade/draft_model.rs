@@ -25,6 +25,11 @@ pub struct DraftedToken {
 pub struct Drafted {
     /// The drafted tokens, in order.
     pub tokens: Vec<DraftedToken>,
+    /// When the ask wanted second choices ([`ProposalSettings::split_below`] above 0) and the
+    /// tokens were chosen greedily, one per token: the draft model's second most likely token
+    /// at that position where the chosen one's probability is below `split_below`. Empty
+    /// otherwise.
+    pub runners_up: Vec<Option<DraftedToken>>,
     /// When the tokens were drawn at a temperature, the distribution of each (one per token);
     /// empty when they were chosen greedily.
     pub distributions: Vec<TokenDistribution>,
@@ -45,6 +50,9 @@ pub struct ProposalSettings {
     /// Draw each token from the draft model's distribution shaped by these settings, instead
     /// of choosing the greedy one.
     pub sampling: Option<DraftSampling>,
+    /// Greedy drafting also gives the second choice at each position whose chosen token is
+    /// less likely than this ([`Drafted::runners_up`]); 0: none.
+    pub split_below: f32,
 }
 
 impl ProposalSettings {
@@ -54,6 +62,7 @@ impl ProposalSettings {
             max_draft_len,
             p_min,
             sampling: None,
+            split_below: 0.0,
         }
     }
 }

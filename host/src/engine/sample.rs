@@ -506,6 +506,31 @@ pub(super) fn argmax_with_probability(logits: &[f32]) -> (Token, f32) {
     (token, probability)
 }
 
+/// The greedy token and its probability (as [`argmax_with_probability`]), and the second most
+/// likely token (the first on ties, the greedy one aside) with its probability; `None` for a
+/// vocabulary of one token.
+pub(super) fn top_two_with_probability(logits: &[f32]) -> ((Token, f32), Option<(Token, f32)>) {
+    let (first, probability) = argmax_with_probability(logits);
+    let second = logits
+        .iter()
+        .enumerate()
+        .filter(|&(index, _)| index != first as usize)
+        .fold(
+            None,
+            |best: Option<(usize, f32)>, (index, &logit)| match best {
+                Some((_, kept)) if kept >= logit => best,
+                _ if logit.is_nan() => best,
+                _ => Some((index, logit)),
+            },
+        );
+    let max = logits.get(first as usize).copied().unwrap_or(f32::NAN);
+    let second = second.map(|(index, logit)| {
+        // p(second) / p(first) = exp(l2 - max).
+        (index as Token, probability * exp_non_positive(logit - max))
+    });
+    ((first, probability), second)
+}
+
 /// `sum(exp(l - max))` over `logits`, `max` their largest, vectorised (see
 /// [`argmax_with_probability`]).
 fn sum_exp_below(logits: &[f32], max: f32) -> f32 {
@@ -760,5 +785,27 @@ mod tests {
             (half - 0.5).abs() < 1e-6,
             "two equal logits give 0.5, got {half}"
         );
+    }
+
+    #[test]
+    fn the_second_choice_is_the_next_largest_logit_with_its_probability() {
+        // Softmax of [0, ln 3, ln 2, ln 3]: 1/9, 3/9, 2/9, 3/9.
+        let logits = [0.0, 3f32.ln(), 2f32.ln(), 3f32.ln(), f32::NAN];
+        let ((first, p1), second) = top_two_with_probability(&logits[..4]);
+        let (second, p2) = second.expect("two tokens or more");
+        assert_eq!(
+            (first, second),
+            (1, 3),
+            "the first of tied maxima, then the other"
+        );
+        assert!(
+            (p1 - 3.0 / 9.0).abs() < 1e-5 && (p2 - 3.0 / 9.0).abs() < 1e-5,
+            "{p1} {p2}"
+        );
+        let (_, second) = top_two_with_probability(&[0.0, 2f32.ln(), f32::NAN]);
+        let (second, p2) = second.expect("a second token");
+        assert_eq!(second, 0, "a NaN logit is never a choice");
+        assert!(p2.is_finite());
+        assert_eq!(top_two_with_probability(&[3.0]), ((0, 1.0), None));
     }
 }

@@ -37,7 +37,7 @@ mod policy_world {
 }
 
 pub(super) use self::generated::spechost::drafter::draft_model::{
-    DraftedToken, Host as DraftModelHost,
+    DraftedPosition, DraftedToken, Host as DraftModelHost,
 };
 pub(super) use self::generated::spechost::drafter::host::{Host as LogHost, Level};
 pub(super) use self::generated::spechost::drafter::state::Host as StateHost;

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::bindings::{DraftModelHost, DraftedToken};
+use super::bindings::{DraftModelHost, DraftedPosition, DraftedToken};
 use super::sandbox::HostState;
 use crate::cascade::{
     DraftModel, DraftModelFactory, DraftSampling, Drafted, ProposalSettings, SampledDraft, Token,
@@ -149,27 +149,61 @@ impl DraftModelHost for HostState {
     }
 
     fn propose(&mut self, max_draft_len: u32, p_min: f32) -> Vec<DraftedToken> {
+        self.propose_drafted(max_draft_len, p_min, 0.0)
+            .tokens
+            .into_iter()
+            .map(DraftedToken::from)
+            .collect()
+    }
+
+    fn propose_with_runners_up(
+        &mut self,
+        max_draft_len: u32,
+        p_min: f32,
+        split_below: f32,
+    ) -> Vec<DraftedPosition> {
+        let drafted = self.propose_drafted(max_draft_len, p_min, split_below);
+        let mut runners_up = drafted.runners_up.into_iter();
+        drafted
+            .tokens
+            .into_iter()
+            .map(|chosen| DraftedPosition {
+                chosen: chosen.into(),
+                runner_up: runners_up.next().flatten().map(DraftedToken::from),
+            })
+            .collect()
+    }
+}
+
+impl HostState {
+    /// A `propose` call of the plugin's: the draw already made in this source's `propose` call
+    /// if there is one (it is committed), else a new draft (drawn, and then committed, at the
+    /// request's temperature), with second choices below `split_below` when greedy.
+    fn propose_drafted(&mut self, max_draft_len: u32, p_min: f32, split_below: f32) -> Drafted {
         if let Some(draw) = &self.draft.draw {
-            // Drawn already in this call: the draw is committed.
-            return draw.drafted_tokens().map(DraftedToken::from).collect();
+            return Drafted {
+                tokens: draw.drafted_tokens().collect(),
+                ..Drafted::default()
+            };
         }
-        let max_draft_len = (max_draft_len as usize).min(MAX_BRIDGE_DRAFT_LEN);
-        let p_min = if p_min.is_finite() { p_min } else { 0.0 };
+        let finite_or_zero = |value: f32| if value.is_finite() { value } else { 0.0 };
         let sampling = self.draft.sampling;
         let settings = ProposalSettings {
-            max_draft_len,
-            p_min,
+            max_draft_len: (max_draft_len as usize).min(MAX_BRIDGE_DRAFT_LEN),
+            p_min: finite_or_zero(p_min),
             sampling,
+            split_below: finite_or_zero(split_below),
         };
-        let drafted = self.with_draft_model(Drafted::default(), |model| model.propose(settings));
+        let mut drafted =
+            self.with_draft_model(Drafted::default(), |model| model.propose(settings));
         self.draft.catch_up_time += drafted.catch_up_time;
         if sampling.is_some() && !drafted.distributions.is_empty() {
             self.draft.draw = Some(SampledDraft {
                 tokens: drafted.tokens.iter().map(|drafted| drafted.token).collect(),
-                distributions: drafted.distributions,
+                distributions: std::mem::take(&mut drafted.distributions),
             });
         }
-        drafted.tokens.into_iter().map(DraftedToken::from).collect()
+        drafted
     }
 }
 
@@ -233,7 +267,7 @@ mod tests {
                         probabilities: vec![(token, 1.0)],
                     })
                     .collect(),
-                catch_up_time: Duration::ZERO,
+                ..Drafted::default()
             }
         }
     }

@@ -12,6 +12,13 @@
 //! chance the draft survives to `i` if the target agreed with the draft model as often as the
 //! draft model is sure of itself. The scored cascade compares it with other sources'.
 //!
+//! Where the host verifies trees (`--cascade-mode tree`: `tree::max_paths() > 1`), the draft
+//! model also gives its second choice at each position whose greedy token is less likely than
+//! `split_below` (WIT 0.8.2 `draft-model.propose-with-runners-up`), and each becomes a one-token
+//! branch beside the greedy token, with confidence the path's times its own probability; the
+//! likeliest tokens within the round's length and the host's paths are proposed
+//! (`spechost_sdk::tree::likeliest`), the greedy path first.
+//!
 //! # Config
 //!
 //! | key | default | meaning |
@@ -19,12 +26,14 @@
 //! | `p_min` | 0.5 | stop drafting at a token with draft probability below this (0 = never) |
 //! | `min_len` | 1 | drop drafts shorter than this |
 //! | `max_len` | 0 | draft at most this many tokens per round (0 = as many as the host asks) |
+//! | `split_below` | 0.8 | where the host takes trees, branch to the second choice at positions whose greedy token is less likely than this (0 = never) |
 //!
 //! Without a draft model loaded the plugin proposes nothing and warns once, at its first ask (the
 //! host refuses a cascade with `draft` and no `--draft-model` at start-up, so this only happens
 //! when driven by hand; instances the host makes only to check a config stay quiet).
 
 use spechost_sdk::config::Config;
+use spechost_sdk::tree::{self, Branch};
 use spechost_sdk::{Drafter, Level, ModelFacts, Proposal, Token, draft_model, export_drafter, log};
 
 /// Default `p_min`: llama.cpp's speculative example stops at the same draft probability.
@@ -33,12 +42,16 @@ const DEFAULT_P_MIN: f32 = 0.5;
 const DEFAULT_MIN_LEN: usize = 1;
 /// Default `max_len` (0: no cap of our own).
 const DEFAULT_MAX_LEN: usize = 0;
+/// Default `split_below`: a greedy token the draft model gives less than 0.8 leaves a second
+/// choice worth a row of the tree often enough.
+const DEFAULT_SPLIT_BELOW: f32 = 0.8;
 
 /// Drafts with the host's draft model.
 pub struct Draft {
     p_min: f32,
     min_len: usize,
     max_len: Option<usize>,
+    split_below: f32,
     /// Whether this instance has logged that it has no draft model to draft with (once, at
     /// the first ask: instances the host makes only to check a config never draft).
     warned_unavailable: bool,
@@ -50,12 +63,14 @@ impl Drafter for Draft {
         let p_min = config.get_fraction("p_min", DEFAULT_P_MIN)?;
         let min_len = config.get_usize("min_len", DEFAULT_MIN_LEN)?;
         let max_len = config.get_usize("max_len", DEFAULT_MAX_LEN)?;
+        let split_below = config.get_fraction("split_below", DEFAULT_SPLIT_BELOW)?;
         config.finish()?;
         draft_model::reset();
         Ok(Self {
             p_min,
             min_len: min_len.max(1),
             max_len: (max_len > 0).then_some(max_len),
+            split_below,
             warned_unavailable: false,
         })
     }
@@ -81,6 +96,10 @@ impl Drafter for Draft {
             }
             return Proposal::empty();
         }
+        let max_paths = tree::max_paths();
+        if max_paths > 1 && self.split_below > 0.0 {
+            return self.propose_tree(max_draft_len, max_paths);
+        }
         let drafted = draft_model::propose(max_draft_len, self.p_min);
         let mut tokens = Vec::with_capacity(drafted.len());
         let mut confidence = Vec::with_capacity(drafted.len());
@@ -100,6 +119,48 @@ impl Drafter for Draft {
     }
 }
 
+impl Draft {
+    /// The greedy draft with the draft model's second choices where it is unsure, as a tree of
+    /// at most `max_draft_len` tokens and `max_paths` paths (see the module docs).
+    fn propose_tree(&self, max_draft_len: usize, max_paths: usize) -> Proposal {
+        let drafted =
+            draft_model::propose_with_runners_up(max_draft_len, self.p_min, self.split_below);
+        let mut branches: Vec<Branch> = Vec::with_capacity(2 * drafted.len());
+        // The greedy token before this position, and the probability the path reaches it.
+        let mut parent: Option<usize> = None;
+        let mut survive = 1.0f64;
+        let mut greedy_len = 0;
+        for position in drafted {
+            if position.chosen.prob < self.p_min {
+                break;
+            }
+            if let Some(runner_up) = position.runner_up {
+                branches.push(Branch {
+                    parent,
+                    token: runner_up.token,
+                    probability: survive * f64::from(runner_up.prob.clamp(0.0, 1.0)),
+                });
+            }
+            survive *= f64::from(position.chosen.prob.clamp(0.0, 1.0));
+            branches.push(Branch {
+                parent,
+                token: position.chosen.token,
+                probability: survive,
+            });
+            parent = Some(branches.len() - 1);
+            greedy_len += 1;
+        }
+        if greedy_len < self.min_len {
+            return Proposal::empty();
+        }
+        let (proposal, parents) = tree::likeliest(&branches, max_draft_len, max_paths);
+        if !parents.is_empty() {
+            tree::shape_proposal(&parents);
+        }
+        proposal
+    }
+}
+
 export_drafter!(Draft);
 
 #[cfg(test)]
@@ -107,7 +168,7 @@ mod tests {
     use super::*;
     use spechost_sdk::DraftedToken;
     use spechost_sdk::testing::{
-        Harness, draft_model_context, install_draft_model, remove_draft_model,
+        Harness, draft_model_context, install_draft_model, install_runner_up, remove_draft_model,
     };
 
     fn facts() -> ModelFacts {
@@ -184,6 +245,42 @@ mod tests {
         let mut draft = Draft::new("", &facts()).expect("valid without a model");
         draft.feed(&[1]);
         assert!(draft.propose(8).tokens.is_empty());
+    }
+
+    #[test]
+    fn where_the_host_takes_trees_unsure_positions_branch_to_the_second_choice() {
+        // After 4: 5 (0.9), 6 (0.55), 7 (0.6), 8 (0.6); each second choice is 100 more, at 0.4.
+        let mut probs = vec![0.9; 100];
+        probs[5] = 0.55;
+        probs[6] = 0.6;
+        probs[7] = 0.6;
+        counting(probs);
+        assert!(install_runner_up(|context| {
+            let &last = context.last()?;
+            Some(DraftedToken {
+                token: last + 101,
+                prob: 0.4,
+            })
+        }));
+        spechost_sdk::testing::set_tree_paths(4);
+        let mut harness = Harness::<Draft>::new("", facts()).expect("defaults");
+        harness.feed(&[1, 2, 3, 4]);
+        // Paths: 5 0.9, 5 6 0.495, 5 106 0.36, 5 6 7 0.297, 5 6 107 0.198, 5 6 7 8 0.178:
+        // the likeliest four, the greedy path first.
+        let proposal = harness.propose(4);
+        assert_eq!(proposal.tokens, [5, 6, 7, 106]);
+        assert_eq!(harness.shape(), Some(&[0, 1, 2, 1][..]));
+        let expected = [0.9, 0.495, 0.297, 0.36];
+        for (got, want) in proposal.confidence.iter().zip(expected) {
+            assert!((got - want).abs() < 1e-5, "{:?}", proposal.confidence);
+        }
+        // No greedy token below split_below: a chain, as without trees.
+        let mut harness = Harness::<Draft>::new("split_below=0.5", facts()).expect("valid");
+        harness.feed(&[1, 2, 3, 4]);
+        assert_eq!(harness.propose(4).tokens, [5, 6, 7, 8]);
+        assert_eq!(harness.shape(), None);
+        spechost_sdk::testing::set_tree_paths(1);
+        remove_draft_model();
     }
 
     #[test]

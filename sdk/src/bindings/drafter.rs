@@ -82,7 +82,7 @@ pub(crate) mod state {
 #[cfg(target_arch = "wasm32")]
 pub(crate) mod draft_model {
     use crate::bindings::drafter_world::spechost::drafter::draft_model as wit;
-    use crate::records::{DraftedToken, Token};
+    use crate::records::{DraftedPosition, DraftedToken, Token};
 
     pub(crate) fn available() -> bool {
         wit::available()
@@ -99,6 +99,15 @@ pub(crate) mod draft_model {
     pub(crate) fn propose(max_draft_len: usize, p_min: f32) -> Vec<DraftedToken> {
         let max_draft_len = u32::try_from(max_draft_len).unwrap_or(u32::MAX);
         wit::propose(max_draft_len, p_min)
+    }
+
+    pub(crate) fn propose_with_runners_up(
+        max_draft_len: usize,
+        p_min: f32,
+        split_below: f32,
+    ) -> Vec<DraftedPosition> {
+        let max_draft_len = u32::try_from(max_draft_len).unwrap_or(u32::MAX);
+        wit::propose_with_runners_up(max_draft_len, p_min, split_below)
     }
 }
 

@@ -32,6 +32,20 @@ pub fn install_draft_model(next_token: impl FnMut(&[Token]) -> Option<DraftedTok
     draft_model::native::install(Box::new(next_token));
 }
 
+/// Gives this thread's fake draft model second choices for
+/// [`crate::draft_model::propose_with_runners_up`]: `runner_up` answers the draft model's
+/// second most likely token after a context, asked where the greedy token's probability is
+/// below the call's `split_below`. Without it the fake has none. Returns `false`, doing
+/// nothing, when no fake is installed ([`install_draft_model`] first; installing again removes
+/// the runner-up).
+///
+/// Native only, for tests.
+pub fn install_runner_up(
+    runner_up: impl FnMut(&[Token]) -> Option<DraftedToken> + 'static,
+) -> bool {
+    draft_model::native::install_runner_up(Box::new(runner_up))
+}
+
 /// Removes this thread's fake draft model: [`crate::draft_model::available`] becomes false.
 ///
 /// Native only, for tests.

@@ -53,8 +53,8 @@ mod policy;
 pub use self::drafter::{Harness, ReplayStats, facts};
 #[cfg(not(target_arch = "wasm32"))]
 pub use self::host::{
-    clear_state, draft_model_context, install_draft_model, remove_draft_model, set_state_limit,
-    set_tree_paths, take_tree_shape,
+    clear_state, draft_model_context, install_draft_model, install_runner_up, remove_draft_model,
+    set_state_limit, set_tree_paths, take_tree_shape,
 };
 pub use self::policy::{
     PolicyHarness, TEST_SOURCE, drafted_round, plain_round, policy_setup, shadow_round,

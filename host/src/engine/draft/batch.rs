@@ -21,7 +21,7 @@ use crate::cascade::{
     DraftSampling, Drafted, DraftedToken, ProposalSettings, Token, TokenDistribution,
 };
 use crate::engine::context::{Outputs, Rows, SeqId};
-use crate::engine::sample::argmax_with_probability;
+use crate::engine::sample::{argmax_with_probability, top_two_with_probability};
 
 /// What one sequence asks of a [`DraftBatch`].
 #[derive(Debug, Clone, Copy)]
@@ -103,6 +103,10 @@ struct Drafting {
     /// Time of the decodes that held some of `catch_up`.
     catch_up_time: Duration,
     drafted: Vec<DraftedToken>,
+    /// Greedy: where a chosen token is less likely than this, the second choice is kept.
+    split_below: f32,
+    /// Greedy with `split_below` above 0: each position's second choice, if kept.
+    runners_up: Vec<Option<DraftedToken>>,
     /// How the ask draws its tokens, with the generator of its draws; `None`: greedily.
     sampling: Option<(DraftSampling, Xoshiro256PlusPlus)>,
     /// The distribution of each drawn token.
@@ -115,6 +119,7 @@ impl Drafting {
     fn take_answer(&mut self) -> Drafted {
         Drafted {
             tokens: std::mem::take(&mut self.drafted),
+            runners_up: std::mem::take(&mut self.runners_up),
             distributions: std::mem::take(&mut self.distributions),
             catch_up_time: self.catch_up_time,
         }
@@ -192,6 +197,8 @@ impl DraftBatch {
             catch_up: Vec::new(),
             catch_up_time: Duration::ZERO,
             drafted: Vec::new(),
+            split_below: settings.split_below,
+            runners_up: Vec::new(),
             sampling: settings
                 .sampling
                 .map(|sampling| (sampling, sampling.generator(ask.context.len()))),
@@ -349,6 +356,16 @@ impl DraftBatch {
     /// there: whether a drawn token is verified must not depend on the token itself.
     fn take_next(&self, state: &mut Drafting, index: usize) {
         let (token, prob, stops) = match &mut state.sampling {
+            None if state.split_below > 0.0 => {
+                let ((token, prob), second) = self
+                    .context
+                    .with_dependent(|_, context| top_two_with_probability(context.logits(index)));
+                let runner_up = second
+                    .filter(|_| prob < state.split_below)
+                    .map(|(token, prob)| DraftedToken { token, prob });
+                state.runners_up.push(runner_up);
+                (token, prob, prob < state.p_min)
+            }
             None => {
                 let (token, prob) = self
                     .context
@@ -392,6 +409,7 @@ impl DraftBatch {
             state.done = true;
             state.catch_up.clear();
             state.drafted.clear();
+            state.runners_up.clear();
             state.distributions.clear();
             self.clear(state.seq);
             answer(index, Drafted::default());

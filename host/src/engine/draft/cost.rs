@@ -136,8 +136,8 @@ mod tests {
                     };
                     max_draft_len
                 ],
-                distributions: Vec::new(),
                 catch_up_time,
+                ..Drafted::default()
             }
         }
     }
