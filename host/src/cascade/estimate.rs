@@ -151,11 +151,13 @@ fn bin(confidence: f32) -> usize {
 }
 
 /// What the cascade knows about one source's acceptance: by position for its proposals without
-/// confidences, by stated confidence for those with.
+/// confidences, by stated confidence for those with (apart for the tokens of a tree off its
+/// leading chain: a source's second choices need not be as honest as its first).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AcceptanceHistory {
     by_position: PositionAcceptance,
     by_confidence: ConfidenceCalibration,
+    off_spine: ConfidenceCalibration,
 }
 
 impl AcceptanceHistory {
@@ -172,27 +174,41 @@ impl AcceptanceHistory {
 
     /// Records a tree `proposal` against the tokens the target `committed` after its row 0:
     /// acceptance by position along its leading chain (what a chain verified in its place
-    /// would have shown), and its confidences by every token's fate ([`tree_fates`]).
+    /// would have shown), and its confidences by every token's fate ([`tree_fates`]), those
+    /// of the leading chain as a chain's, the others apart.
     pub fn record_tree(&mut self, proposal: &Proposal, committed: &[Token]) {
         let shape = TreeShape::new(&proposal.tokens, &proposal.parents);
         let spine = shape.spine_len();
         let matched = matching_prefix(&proposal.tokens[..spine], committed);
         self.by_position.record(spine, matched, committed.len());
         if has_confidences(proposal) {
+            let fates = tree_fates(&shape, committed);
+            let (confidence, fates) = (&proposal.confidence, &fates);
             self.by_confidence
-                .record_fates(&proposal.confidence, &tree_fates(&shape, committed));
+                .record_fates(&confidence[..spine], &fates[..spine]);
+            self.off_spine
+                .record_fates(&confidence[spine..], &fates[spine..]);
         }
     }
 
     /// The estimated probability that the target accepts `proposal` through each of its
-    /// tokens: its calibrated confidences when it has them, else what acceptance by position
-    /// predicts (of a tree, at each token's depth).
+    /// tokens: its calibrated confidences when it has them (of a tree, those off its leading
+    /// chain by what such tokens achieved), else what acceptance by position predicts (of a
+    /// tree, at each token's depth).
     pub fn survival(&self, proposal: &Proposal) -> Vec<f64> {
         if has_confidences(proposal) {
+            let spine = TreeShape::new(&proposal.tokens, &proposal.parents).spine_len();
             return proposal
                 .confidence
                 .iter()
-                .map(|&c| self.by_confidence.calibrated(c))
+                .enumerate()
+                .map(|(index, &c)| {
+                    if index < spine {
+                        self.by_confidence.calibrated(c)
+                    } else {
+                        self.off_spine.calibrated(c)
+                    }
+                })
                 .collect();
         }
         if proposal.parents.is_empty() {
@@ -334,16 +350,28 @@ mod tests {
         };
         let mut history = AcceptanceHistory::default();
         history.record_tree(&proposal, &[10, 21, 5]);
-        let tallies: Vec<(f64, f64)> = history
-            .by_confidence
-            .bins
-            .iter()
-            .map(|t| (t.checked, t.hits))
-            .collect();
+        let tallies = |calibration: &ConfidenceCalibration| -> Vec<(f64, f64)> {
+            calibration
+                .bins
+                .iter()
+                .map(|t| (t.checked, t.hits))
+                .collect()
+        };
+        // The leading chain 10 11 12 (0.95 0.45 0.35), then 21 (0.55) and 30 (0.05) apart.
+        let spine = tallies(&history.by_confidence);
         assert_eq!(
-            [tallies[9], tallies[5], tallies[4], tallies[3], tallies[0]],
-            [(1.0, 1.0), (1.0, 1.0), (1.0, 0.0), (1.0, 0.0), (1.0, 0.0)]
+            [spine[9], spine[4], spine[3]],
+            [(1.0, 1.0), (1.0, 0.0), (1.0, 0.0)]
         );
+        let off = tallies(&history.off_spine);
+        assert_eq!([off[5], off[0]], [(1.0, 1.0), (1.0, 0.0)]);
+        assert_eq!(spine.iter().map(|t| t.0).sum::<f64>(), 3.0);
+        assert_eq!(off.iter().map(|t| t.0).sum::<f64>(), 2.0);
+        // Estimates: the chain's tokens by the chain's table, the others by theirs.
+        let fresh = AcceptanceHistory::default().survival(&proposal);
+        let learnt = history.survival(&proposal);
+        assert!(learnt[3] > fresh[3], "21 at 0.55 was accepted: {learnt:?}");
+        assert!(learnt[4] < fresh[4], "30 at 0.05 was not: {learnt:?}");
         // By position, the leading chain 10 11 12: 10 matched, 11 did not.
         assert_eq!(checked(&history.by_position), [(1.0, 1.0), (1.0, 0.0)]);
     }
