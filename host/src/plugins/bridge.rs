@@ -125,6 +125,36 @@ impl HostState {
         self.clock.credit(started.elapsed());
         result
     }
+
+    /// A `propose` call of the plugin's: the draw already made in this source's `propose` call
+    /// if there is one (it is committed), else a new draft (drawn, and then committed, at the
+    /// request's temperature), with second choices below `split_below` when greedy.
+    fn propose_drafted(&mut self, max_draft_len: u32, p_min: f32, split_below: f32) -> Drafted {
+        if let Some(draw) = &self.draft.draw {
+            return Drafted {
+                tokens: draw.drafted_tokens().collect(),
+                ..Drafted::default()
+            };
+        }
+        let finite_or_zero = |value: f32| if value.is_finite() { value } else { 0.0 };
+        let sampling = self.draft.sampling;
+        let settings = ProposalSettings {
+            max_draft_len: (max_draft_len as usize).min(MAX_BRIDGE_DRAFT_LEN),
+            p_min: finite_or_zero(p_min),
+            sampling,
+            split_below: finite_or_zero(split_below),
+        };
+        let mut drafted =
+            self.with_draft_model(Drafted::default(), |model| model.propose(settings));
+        self.draft.catch_up_time += drafted.catch_up_time;
+        if sampling.is_some() && !drafted.distributions.is_empty() {
+            self.draft.draw = Some(SampledDraft {
+                tokens: drafted.tokens.iter().map(|drafted| drafted.token).collect(),
+                distributions: std::mem::take(&mut drafted.distributions),
+            });
+        }
+        drafted
+    }
 }
 
 impl DraftModelHost for HostState {
@@ -172,38 +202,6 @@ impl DraftModelHost for HostState {
                 runner_up: runners_up.next().flatten().map(DraftedToken::from),
             })
             .collect()
-    }
-}
-
-impl HostState {
-    /// A `propose` call of the plugin's: the draw already made in this source's `propose` call
-    /// if there is one (it is committed), else a new draft (drawn, and then committed, at the
-    /// request's temperature), with second choices below `split_below` when greedy.
-    fn propose_drafted(&mut self, max_draft_len: u32, p_min: f32, split_below: f32) -> Drafted {
-        if let Some(draw) = &self.draft.draw {
-            return Drafted {
-                tokens: draw.drafted_tokens().collect(),
-                ..Drafted::default()
-            };
-        }
-        let finite_or_zero = |value: f32| if value.is_finite() { value } else { 0.0 };
-        let sampling = self.draft.sampling;
-        let settings = ProposalSettings {
-            max_draft_len: (max_draft_len as usize).min(MAX_BRIDGE_DRAFT_LEN),
-            p_min: finite_or_zero(p_min),
-            sampling,
-            split_below: finite_or_zero(split_below),
-        };
-        let mut drafted =
-            self.with_draft_model(Drafted::default(), |model| model.propose(settings));
-        self.draft.catch_up_time += drafted.catch_up_time;
-        if sampling.is_some() && !drafted.distributions.is_empty() {
-            self.draft.draw = Some(SampledDraft {
-                tokens: drafted.tokens.iter().map(|drafted| drafted.token).collect(),
-                distributions: std::mem::take(&mut drafted.distributions),
-            });
-        }
-        drafted
     }
 }
 

@@ -14,10 +14,11 @@
 //!
 //! Where the host verifies trees (`--cascade-mode tree`: `tree::max_paths() > 1`), the draft
 //! model also gives its second choice at each position whose greedy token is less likely than
-//! `split_below` (WIT 0.8.2 `draft-model.propose-with-runners-up`), and each becomes a one-token
-//! branch beside the greedy token, with confidence the path's times its own probability; the
-//! likeliest tokens within the round's length and the host's paths are proposed
-//! (`spechost_sdk::tree::likeliest`), the greedy path first.
+//! `split_below` (WIT 0.8.2 `draft-model.propose-with-runners-up`). The proposal is the greedy
+//! draft as without trees, then, in the room it leaves (it stopped before a token below
+//! `p_min`), the likeliest of the second choices beside its tokens, each a one-token branch
+//! with confidence the path's times its own probability, within the host's paths. The host
+//! weighs the tree against the greedy draft alone each round.
 //!
 //! # Config
 //!
@@ -34,7 +35,9 @@
 
 use spechost_sdk::config::Config;
 use spechost_sdk::tree::{self, Branch};
-use spechost_sdk::{Drafter, Level, ModelFacts, Proposal, Token, draft_model, export_drafter, log};
+use spechost_sdk::{
+    DraftedToken, Drafter, Level, ModelFacts, Proposal, Token, draft_model, export_drafter, log,
+};
 
 /// Default `p_min`: llama.cpp's speculative example stops at the same draft probability.
 const DEFAULT_P_MIN: f32 = 0.5;
@@ -126,34 +129,55 @@ impl Draft {
         let drafted =
             draft_model::propose_with_runners_up(max_draft_len, self.p_min, self.split_below);
         let mut branches: Vec<Branch> = Vec::with_capacity(2 * drafted.len());
-        // The greedy token before this position, and the probability the path reaches it.
+        // The greedy draft's tokens, and the second choices beside them: each a path of its own.
+        let mut greedy: Vec<usize> = Vec::with_capacity(drafted.len());
+        let mut second_choices: Vec<usize> = Vec::new();
+        // The last greedy token, and the probability the greedy path reaches this position.
         let mut parent: Option<usize> = None;
         let mut survive = 1.0f64;
-        let mut greedy_len = 0;
         for position in drafted {
+            // The greedy draft ends before a token below `p_min`, as without trees.
             if position.chosen.prob < self.p_min {
                 break;
             }
+            let before = survive;
+            let prob = |drafted: DraftedToken| before * f64::from(drafted.prob.clamp(0.0, 1.0));
+            // The greedy token first, so that it leads where a second choice ties with it.
+            branches.push(Branch {
+                parent,
+                token: position.chosen.token,
+                probability: prob(position.chosen),
+            });
+            let chosen = branches.len() - 1;
             if let Some(runner_up) = position.runner_up {
                 branches.push(Branch {
                     parent,
                     token: runner_up.token,
-                    probability: survive * f64::from(runner_up.prob.clamp(0.0, 1.0)),
+                    probability: prob(runner_up),
                 });
+                second_choices.push(branches.len() - 1);
             }
-            survive *= f64::from(position.chosen.prob.clamp(0.0, 1.0));
-            branches.push(Branch {
-                parent,
-                token: position.chosen.token,
-                probability: survive,
-            });
-            parent = Some(branches.len() - 1);
-            greedy_len += 1;
+            survive = prob(position.chosen);
+            greedy.push(chosen);
+            parent = Some(chosen);
         }
-        if greedy_len < self.min_len {
+        if greedy.len() < self.min_len {
             return Proposal::empty();
         }
-        let (proposal, parents) = tree::likeliest(&branches, max_draft_len, max_paths);
+        // The greedy draft as without trees, then the likeliest second choices in the room it
+        // leaves, within the host's paths.
+        second_choices.sort_by(|&a, &b| {
+            branches[b]
+                .probability
+                .total_cmp(&branches[a].probability)
+                .then(a.cmp(&b))
+        });
+        let room = max_draft_len
+            .saturating_sub(greedy.len())
+            .min(max_paths - 1);
+        let mut kept = greedy;
+        kept.extend(second_choices.into_iter().take(room));
+        let (proposal, parents) = tree::lay_out(&branches, &kept);
         if !parents.is_empty() {
             tree::shape_proposal(&parents);
         }
@@ -249,35 +273,44 @@ mod tests {
 
     #[test]
     fn where_the_host_takes_trees_unsure_positions_branch_to_the_second_choice() {
-        // After 4: 5 (0.9), 6 (0.55), 7 (0.6), 8 (0.6); each second choice is 100 more, at 0.4.
+        // After 4: 5 (0.7), 6 (0.6), 7 (0.3, below p_min 0.5); each second choice is 100
+        // more, at 0.25.
         let mut probs = vec![0.9; 100];
-        probs[5] = 0.55;
-        probs[6] = 0.6;
-        probs[7] = 0.6;
+        probs[4] = 0.7;
+        probs[5] = 0.6;
+        probs[6] = 0.3;
         counting(probs);
         assert!(install_runner_up(|context| {
             let &last = context.last()?;
             Some(DraftedToken {
                 token: last + 101,
-                prob: 0.4,
+                prob: 0.25,
             })
         }));
         spechost_sdk::testing::set_tree_paths(4);
         let mut harness = Harness::<Draft>::new("", facts()).expect("defaults");
         harness.feed(&[1, 2, 3, 4]);
-        // Paths: 5 0.9, 5 6 0.495, 5 106 0.36, 5 6 7 0.297, 5 6 107 0.198, 5 6 7 8 0.178:
-        // the likeliest four, the greedy path first.
-        let proposal = harness.propose(4);
-        assert_eq!(proposal.tokens, [5, 6, 7, 106]);
-        assert_eq!(harness.shape(), Some(&[0, 1, 2, 1][..]));
-        let expected = [0.9, 0.495, 0.297, 0.36];
+        // The greedy draft 5 6 leaves 3 of 5 tokens: 105 beside 5 (0.25) and 106 beside 6
+        // (0.7 * 0.25 = 0.175) take two; 7 and its second choice stay out, as without trees.
+        let proposal = harness.propose(5);
+        assert_eq!(proposal.tokens, [5, 6, 106, 105]);
+        assert_eq!(harness.shape(), Some(&[0, 1, 1, 0][..]));
+        let expected = [0.7, 0.42, 0.175, 0.25];
         for (got, want) in proposal.confidence.iter().zip(expected) {
             assert!((got - want).abs() < 1e-5, "{:?}", proposal.confidence);
         }
+        // Room for one: the likelier, 105; two paths at most: the same.
+        assert_eq!(harness.propose(3).tokens, [5, 6, 105]);
+        spechost_sdk::testing::set_tree_paths(2);
+        assert_eq!(harness.propose(5).tokens, [5, 6, 105]);
+        // A greedy draft that fills the round stays a chain.
+        spechost_sdk::testing::set_tree_paths(4);
+        assert_eq!(harness.propose(2).tokens, [5, 6]);
+        assert_eq!(harness.shape(), None);
         // No greedy token below split_below: a chain, as without trees.
         let mut harness = Harness::<Draft>::new("split_below=0.5", facts()).expect("valid");
         harness.feed(&[1, 2, 3, 4]);
-        assert_eq!(harness.propose(4).tokens, [5, 6, 7, 8]);
+        assert_eq!(harness.propose(5).tokens, [5, 6]);
         assert_eq!(harness.shape(), None);
         spechost_sdk::testing::set_tree_paths(1);
         remove_draft_model();
