@@ -506,12 +506,15 @@ pub(super) fn argmax_with_probability(logits: &[f32]) -> (Token, f32) {
     (token, probability)
 }
 
-/// The greedy token and its probability (as [`argmax_with_probability`]), and the second most
-/// likely token (the first on ties, the greedy one aside) with its probability; `None` for a
-/// vocabulary of one token.
-pub(super) fn top_two_with_probability(logits: &[f32]) -> ((Token, f32), Option<(Token, f32)>) {
-    let (first, probability) = argmax_with_probability(logits);
-    let second = logits
+/// The second most likely token of `logits` (the first on ties, `first` aside) and its
+/// probability, given the greedy token `first` and its probability (as
+/// [`argmax_with_probability`] gives them); `None` for a vocabulary of one token.
+pub(super) fn second_choice(
+    logits: &[f32],
+    first: Token,
+    probability: f32,
+) -> Option<(Token, f32)> {
+    let (index, logit) = logits
         .iter()
         .enumerate()
         .filter(|&(index, _)| index != first as usize)
@@ -522,13 +525,10 @@ pub(super) fn top_two_with_probability(logits: &[f32]) -> ((Token, f32), Option<
                 _ if logit.is_nan() => best,
                 _ => Some((index, logit)),
             },
-        );
+        )?;
     let max = logits.get(first as usize).copied().unwrap_or(f32::NAN);
-    let second = second.map(|(index, logit)| {
-        // p(second) / p(first) = exp(l2 - max).
-        (index as Token, probability * exp_non_positive(logit - max))
-    });
-    ((first, probability), second)
+    // p(second) / p(first) = exp(l2 - max).
+    Some((index as Token, probability * exp_non_positive(logit - max)))
 }
 
 /// `sum(exp(l - max))` over `logits`, `max` their largest, vectorised (see
@@ -789,9 +789,13 @@ mod tests {
 
     #[test]
     fn the_second_choice_is_the_next_largest_logit_with_its_probability() {
+        let top_two = |logits: &[f32]| {
+            let (first, p1) = argmax_with_probability(logits);
+            ((first, p1), second_choice(logits, first, p1))
+        };
         // Softmax of [0, ln 3, ln 2, ln 3]: 1/9, 3/9, 2/9, 3/9.
-        let logits = [0.0, 3f32.ln(), 2f32.ln(), 3f32.ln(), f32::NAN];
-        let ((first, p1), second) = top_two_with_probability(&logits[..4]);
+        let logits = [0.0, 3f32.ln(), 2f32.ln(), 3f32.ln()];
+        let ((first, p1), second) = top_two(&logits);
         let (second, p2) = second.expect("two tokens or more");
         assert_eq!(
             (first, second),
@@ -802,10 +806,10 @@ mod tests {
             (p1 - 3.0 / 9.0).abs() < 1e-5 && (p2 - 3.0 / 9.0).abs() < 1e-5,
             "{p1} {p2}"
         );
-        let (_, second) = top_two_with_probability(&[0.0, 2f32.ln(), f32::NAN]);
+        let (_, second) = top_two(&[0.0, 2f32.ln(), f32::NAN]);
         let (second, p2) = second.expect("a second token");
         assert_eq!(second, 0, "a NaN logit is never a choice");
         assert!(p2.is_finite());
-        assert_eq!(top_two_with_probability(&[3.0]), ((0, 1.0), None));
+        assert_eq!(top_two(&[3.0]), ((0, 1.0), None));
     }
 }

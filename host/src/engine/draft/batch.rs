@@ -21,7 +21,7 @@ use crate::cascade::{
     DraftSampling, Drafted, DraftedToken, ProposalSettings, Token, TokenDistribution,
 };
 use crate::engine::context::{Outputs, Rows, SeqId};
-use crate::engine::sample::{argmax_with_probability, top_two_with_probability};
+use crate::engine::sample::{argmax_with_probability, second_choice};
 
 /// What one sequence asks of a [`DraftBatch`].
 #[derive(Debug, Clone, Copy)]
@@ -356,20 +356,22 @@ impl DraftBatch {
     /// there: whether a drawn token is verified must not depend on the token itself.
     fn take_next(&self, state: &mut Drafting, index: usize) {
         let (token, prob, stops) = match &mut state.sampling {
-            None if state.split_below > 0.0 => {
-                let ((token, prob), second) = self
-                    .context
-                    .with_dependent(|_, context| top_two_with_probability(context.logits(index)));
-                let runner_up = second
-                    .filter(|_| prob < state.split_below)
-                    .map(|(token, prob)| DraftedToken { token, prob });
-                state.runners_up.push(runner_up);
-                (token, prob, prob < state.p_min)
-            }
             None => {
                 let (token, prob) = self
                     .context
                     .with_dependent(|_, context| argmax_with_probability(context.logits(index)));
+                if state.split_below > 0.0 {
+                    // Looked for only where the greedy token is unsure: a pass over the vocabulary.
+                    let runner_up = (prob < state.split_below)
+                        .then(|| {
+                            self.context.with_dependent(|_, context| {
+                                second_choice(context.logits(index), token, prob)
+                            })
+                        })
+                        .flatten()
+                        .map(|(token, prob)| DraftedToken { token, prob });
+                    state.runners_up.push(runner_up);
+                }
                 (token, prob, prob < state.p_min)
             }
             Some((sampling, generator)) => {
