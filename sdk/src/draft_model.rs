@@ -69,8 +69,9 @@ pub fn propose(max_draft_len: usize, p_min: f32) -> Vec<DraftedToken> {
 
 /// As [`propose`], also giving the draft model's second choice at each position where its
 /// greedy token's probability is below `split_below` (WIT 0.8.2): where a tree proposal may
-/// branch ([`crate::tree`]). The second choice comes from the same distribution, at no extra
-/// cost, and is not continued. A draw (a request at a temperature) gives no second choices.
+/// branch ([`crate::tree`]). The second choice comes from the same distribution, without
+/// another decode, and is not continued. A draw (a request at a temperature) gives no second
+/// choices.
 pub fn propose_with_runners_up(
     max_draft_len: usize,
     p_min: f32,
