@@ -2,12 +2,16 @@
 """llama.cpp's own tools on exactly the prompts, model, threads and context of a `spechost bench`
 run, next to spechost's numbers from its results.json.
 
-Called by bench/peers.sh (which builds the tools and writes the prompts with `spechost prompts`);
-see there for what is compared. Writes peers.md, verify-cost.md and peers.json into --out and
-prints both tables.
+Called by bench/peers.sh (which builds the tools); see there for what is compared. Writes the
+prompts with `spechost prompts`, runs the tools, checks every answer with `spechost
+check-outputs` (bench's degenerate-output rule), and compares only the requests whose every
+answer, each tool's and spechost's plain decoding's, is an answer. Writes peers.md,
+best-lookup.md, verify-cost.md, answers.jsonl (every tool run's figures, answer and verdict) and
+peers.json into --out and prints the tables.
 """
 
 import argparse
+import csv
 import json
 import re
 import statistics
@@ -22,6 +26,8 @@ DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 EVAL = re.compile(r"llama_perf_context_print:\s+eval time =\s+([\d.]+) ms /\s+(\d+) runs")
 DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
 ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
+# What each tool run measured, kept in answers.jsonl.
+RUN_FIGURES = ("tokens", "seconds", "drafted", "accepted")
 # llama-simple takes no thread count: llama.cpp's default context parameters give it 4.
 SIMPLE_THREADS = 4
 
@@ -29,7 +35,7 @@ SIMPLE_THREADS = 4
 def arguments():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bench-json", required=True, type=Path, help="results.json of spechost bench")
-    p.add_argument("--prompts", required=True, type=Path, help="directory of spechost prompts")
+    p.add_argument("--spechost", required=True, type=Path, help="the spechost binary")
     p.add_argument("--bin", required=True, type=Path, help="llama.cpp's bin directory")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--draft-max", default="8",
@@ -49,14 +55,28 @@ class ToolError(RuntimeError):
 
 
 def run(command, log):
-    """Runs a tool, keeps its output in `log`, returns the output."""
+    """Runs a tool, keeps its output in `log`, returns (its stdout, stdout and stderr)."""
     done = subprocess.run(command, capture_output=True, text=True, errors="replace")
     text = done.stdout + "\n" + done.stderr
     log.write_text(text)
     if done.returncode != 0:
         tail = "\n".join(text.splitlines()[-15:])
         raise ToolError(f"{command[0]} exited {done.returncode} (log {log}):\n{tail}")
-    return text
+    return done.stdout, text
+
+
+def answer_of(stdout, prompt, log):
+    """The generated text: llama.cpp's tools print the prompt's tokens, then the answer's, on
+    stdout (statistics go to stderr)."""
+    at = stdout.find(prompt)
+    if at >= 0:
+        return stdout[at + len(prompt):]
+    tail = prompt[-64:]
+    at = stdout.find(tail)
+    if at < 0:
+        raise ToolError(f"the prompt's end is not on the tool's stdout (log {log}): "
+                        "cannot tell its answer apart")
+    return stdout[at + len(tail):]
 
 
 def parse_decoded(text, log):
@@ -117,6 +137,24 @@ def tools(args, bench, peer_bin):
     return chosen
 
 
+def spechost_settings(bench):
+    """spechost's flags that template and cap the prompts exactly as the bench run did."""
+    flags = ["--model", bench["model"], "--ctx-size", str(bench["ctx_size"]),
+             "--prompt-style", bench.get("prompt_style", "chat")]
+    if bench["max_tokens_cap"]:
+        flags += ["--max-tokens", str(bench["max_tokens_cap"])]
+    for w in bench["workloads"]:
+        flags += ["--workload", w["path"]]
+    return flags
+
+
+def write_prompts(args, bench):
+    """`spechost prompts` into --out/prompts."""
+    args.prompts = args.out / "prompts"
+    run([str(args.spechost), "prompts", *spechost_settings(bench), "--out", str(args.prompts)],
+        args.out / "logs" / "spechost-prompts.log")
+
+
 def requests(args):
     """The prompts index, grouped by workload in order, cut to --requests per workload."""
     by_workload = {}
@@ -134,13 +172,13 @@ def degenerate_requests(bench):
 
 
 def measure(args, bench, peer_bin):
-    """Runs every tool on every request spechost's figures count (its degenerate ones left out,
-    so both sides measure the same requests), interleaved, --repeat times; sums per workload."""
+    """Runs every tool on every request spechost's figures count (its degenerate ones left out),
+    interleaved, --repeat times. Returns the tools and, per (workload, tool), one dict per pass
+    of request id -> that run's tokens, seconds, draft counts and answer."""
     chosen = tools(args, bench, peer_bin)
     logs = args.out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
     left_out = degenerate_requests(bench)
-    totals = {}  # (workload, tool) -> one sum per pass
+    results = {}
     for workload, entries in requests(args).items():
         entries = [entry for entry in entries if (workload, entry["id"]) not in left_out]
         for pass_index in range(args.repeat):
@@ -151,16 +189,80 @@ def measure(args, bench, peer_bin):
                     log = logs / f"{slug}-pass{pass_index + 1}.log"
                     print(f"  {workload} · {entry['id']} · {name} · pass {pass_index + 1}",
                           file=sys.stderr)
-                    result = parse(run(command(prompt, entry["max_tokens"]), log), log)
-                    passes = totals.setdefault((workload, name), [])
+                    stdout, text = run(command(prompt, entry["max_tokens"]), log)
+                    result = parse(text, log)
+                    result["answer"] = answer_of(stdout, prompt, log)
+                    passes = results.setdefault((workload, name), [])
                     if len(passes) <= pass_index:
-                        passes.append({"tokens": 0, "seconds": 0.0, "drafted": 0,
-                                       "accepted": 0, "requests": 0})
-                    sums = passes[pass_index]
-                    for key in ("tokens", "seconds", "drafted", "accepted"):
-                        sums[key] += result[key]
-                    sums["requests"] += 1
-    return chosen, totals
+                        passes.append({})
+                    passes[pass_index][entry["id"]] = result
+    return chosen, results
+
+
+def judge(args, bench, results):
+    """Every answer's verdict by bench's rule (`spechost check-outputs`), kept with the run's
+    figures in answers.jsonl; returns the (workload, request id) pairs with a degenerate answer."""
+    answers = args.out / "answers.jsonl"
+    with answers.open("w") as f:
+        for (workload, tool), passes in results.items():
+            for pass_index, by_id in enumerate(passes):
+                for request, result in by_id.items():
+                    f.write(json.dumps({"workload": workload, "id": request, "tool": tool,
+                                        "pass": pass_index + 1, "text": result["answer"]}
+                                       | {key: result[key] for key in RUN_FIGURES}) + "\n")
+    stdout, _ = run([str(args.spechost), "check-outputs", *spechost_settings(bench),
+                     "--outputs", str(answers)], args.out / "logs" / "spechost-check-outputs.log")
+    judged = [json.loads(line) for line in stdout.splitlines() if line.strip()]
+    answers.write_text("".join(json.dumps(j) + "\n" for j in judged))
+    return {(j["workload"], j["id"]) for j in judged if j["degenerate"]}
+
+
+def kept_requests(args, bench, theirs_degenerate):
+    """Per workload, the request ids both sides count: spechost's plain answer and every llama.cpp
+    answer are answers (neither echoes nor loops)."""
+    ours = degenerate_requests(bench)
+    return {workload: [e["id"] for e in entries
+                       if (workload, e["id"]) not in ours | theirs_degenerate]
+            for workload, entries in requests(args).items()}
+
+
+def totals_over(passes, kept):
+    """One sum per pass of tokens, seconds and draft counts over the kept requests."""
+    sums = []
+    for by_id in passes:
+        chosen = [by_id[r] for r in kept if r in by_id]
+        sums.append({key: sum(r[key] for r in chosen)
+                     for key in RUN_FIGURES} | {"requests": len(chosen)})
+    return sums
+
+
+# requests.csv's column of each of RUN_FIGURES.
+REQUESTS_CSV_COLUMNS = {"tokens": "generated_tokens", "seconds": "generation_seconds",
+                        "drafted": "drafted", "accepted": "accepted"}
+
+
+def spechost_over(bench, bench_dir, workload, kept):
+    """spechost's configurations over the kept requests, from the bench run's requests.csv:
+    per label, its passes summarised as llama.cpp's are, with its speedup over plain's median
+    tok/s. Returns them and plain decoding's label."""
+    by_label = {}  # label -> pass -> sums
+    with (bench_dir / "requests.csv").open() as f:
+        for row in csv.DictReader(f):
+            if row["workload"] != workload or row["request"] not in kept:
+                continue
+            sums = by_label.setdefault(row["configuration"], {}).setdefault(
+                row["pass"], {key: 0 for key in RUN_FIGURES} | {"requests": 0})
+            for key, column in REQUESTS_CSV_COLUMNS.items():
+                sums[key] += float(row[column])
+            sums["requests"] += 1
+    figures = {label: summarise(list(passes.values())) for label, passes in by_label.items()}
+    plain = next((c["label"] for w in bench["workloads"] if w["name"] == workload
+                  for c in w["configurations"] if not c["cascade"]), None)
+    base = figures.get(plain, {}).get("tokens_per_second")
+    for f in figures.values():
+        rate = f["tokens_per_second"]
+        f["speedup"] = rate / base if base and rate else None
+    return figures, plain
 
 
 def summarise(passes):
@@ -168,44 +270,52 @@ def summarise(passes):
     drafted = sum(p["drafted"] for p in passes)
     return {
         "tokens_per_second": statistics.median(rates) if rates else None,
+        "tokens": statistics.median(p["tokens"] for p in passes) if passes else 0,
         "acceptance": sum(p["accepted"] for p in passes) / drafted if drafted else None,
-        "requests": passes[0]["requests"],
+        "requests": passes[0]["requests"] if passes else 0,
         "passes": passes,
     }
-
-
-def spechost_configuration(bench, workload, label):
-    for w in bench["workloads"]:
-        if w["name"] == workload:
-            for c in w["configurations"]:
-                if c["label"] == label:
-                    return c
-    return None
 
 
 def fmt(value, pattern):
     return "–" if value is None else pattern.format(value)
 
 
-def peers_table(args, bench, chosen, totals):
+def comparison_note(args, bench, kept, theirs_degenerate):
+    """Which requests each workload's rows compare, and why others are left out."""
+    notes = []
+    ours = degenerate_requests(bench)
+    for workload, entries in requests(args).items():
+        ids = [e["id"] for e in entries]
+        mine = [r for r in ids if (workload, r) in ours]
+        theirs = [r for r in ids if (workload, r) in theirs_degenerate]
+        notes.append(f"- `{workload}`: {len(kept[workload])} of {len(ids)} requests compared"
+                     + (f"; spechost's plain answer degenerate: {', '.join(mine)}" if mine else "")
+                     + (f"; a llama.cpp answer degenerate: {', '.join(theirs)}" if theirs else ""))
+    return notes
+
+
+def peers_table(args, bench, chosen, results, kept, theirs_degenerate):
     rows = []
     lines = [
         "| workload | requests | llama.cpp tool | tok/s | speedup | acceptance "
         "| spechost | tok/s | speedup | acceptance | spechost / llama.cpp |",
         "|---|--:|---|--:|--:|--:|---|--:|--:|--:|--:|",
     ]
-    # A workload whose every request is degenerate has nothing to compare.
-    workloads = [w for w in requests(args) if (w, "llama-lookup K=0") in totals]
-    for workload in workloads:
-        baseline = summarise(totals[(workload, "llama-lookup K=0")])["tokens_per_second"]
+    for workload in requests(args):
+        if not kept[workload]:
+            continue  # nothing both sides answered
+        ours_all, _ = spechost_over(bench, args.bench_json.parent, workload, set(kept[workload]))
+        baseline = summarise(totals_over(results[(workload, "llama-lookup K=0")],
+                                         kept[workload]))["tokens_per_second"]
         for name, label, _, _ in chosen:
-            theirs = summarise(totals[(workload, name)])
-            ours = spechost_configuration(bench, workload, label)
+            theirs = summarise(totals_over(results[(workload, name)], kept[workload]))
+            ours = ours_all.get(label)
             their_rate = theirs["tokens_per_second"]
             plain = label == "plain"
             their_speedup = None if plain or not baseline or their_rate is None \
                 else their_rate / baseline
-            our_rate = ours["tokens_per_second"]["median"] if ours else None
+            our_rate = ours["tokens_per_second"] if ours else None
             our_speedup = ours["speedup"] if ours and not plain else None
             if plain:
                 ratio = (f"{our_rate / their_rate:.3f} (tok/s)"
@@ -220,81 +330,88 @@ def peers_table(args, bench, chosen, totals):
                 f"| {fmt(None if theirs['acceptance'] is None else 100 * theirs['acceptance'], '{:.1f}%')} "
                 f"| {label if ours else label + ' (not measured)'} | {fmt(our_rate, '{:.1f}')} "
                 f"| {fmt(our_speedup, '{:.2f}x')} "
-                f"| {fmt(ours['acceptance'] * 100 if ours and not plain else None, '{:.1f}%')} "
+                f"| {fmt(ours['acceptance'] * 100 if ours and ours['acceptance'] is not None and not plain else None, '{:.1f}%')} "
                 f"| {ratio} |")
             rows.append({"workload": workload, "tool": name, "spechost": label,
                          "llama": theirs, "llama_speedup": their_speedup,
                          "spechost_tokens_per_second": our_rate,
-                         "spechost_speedup": our_speedup})
-    counts = {w["name"]: w["requests"] - len(w["degenerate"]) for w in bench["workloads"]}
-    partial = [w for w in workloads
-               if summarise(totals[(w, "llama-lookup K=0")])["requests"] < counts.get(w, 0)]
+                         "spechost_speedup": our_speedup, "requests": kept[workload]})
     notes = [
         "",
         f"llama.cpp's tools from the `llama-cpp-python==0.3.36` sdist (bench/llama-peer.sh), "
         f"greedy (`--temp 0`), {bench['threads']} threads, context {bench['ctx_size']}, each "
         f"request's max_tokens as in spechost bench, with their default numerics; "
-        f"{args.repeat} interleaved pass(es), medians, over the requests spechost's figures "
-        f"count (its degenerate ones left out on both sides). tok/s: generated tokens over "
-        f"generation time, prompt excluded, summed over the workload's requests. The speedup of "
-        f"a llama.cpp tool is over `llama-lookup K=0` (the same tool and settings, no drafts); "
-        f"spechost's is over its plain decoding. `spechost / llama.cpp` is the ratio of tok/s "
-        f"for plain decoding and of speedups otherwise.",
+        f"{args.repeat} interleaved pass(es), medians. Both sides over the same requests: those "
+        f"whose every answer is an answer by bench's degenerate-output rule (spechost's plain "
+        f"decoding's, and every llama.cpp tool's in every pass: llama.cpp's default numerics "
+        f"change its greedy answers with K, and an answer that loops is trivially predicted); "
+        f"spechost's figures recomputed over them from the bench run's requests.csv. tok/s: "
+        f"generated tokens over generation time, prompt excluded, summed over the workload's "
+        f"requests. The speedup of a llama.cpp tool is over `llama-lookup K=0` (the same tool "
+        f"and settings, no drafts); spechost's is over its plain decoding. `spechost / "
+        f"llama.cpp` is the ratio of tok/s for plain decoding and of speedups otherwise.",
+        "",
+        *comparison_note(args, bench, kept, theirs_degenerate),
     ]
-    if partial:
-        notes.append(
-            f"\nllama.cpp ran only the first {args.requests} request(s) of {', '.join(partial)}; "
-            f"spechost's numbers cover every request, so those rows compare different samples.")
+    if args.requests is not None:
+        notes.append(f"\nOnly the first {args.requests} request(s) of each workload ran (a "
+                     "quick check, not for publishing).")
     return "\n".join(lines + notes) + "\n", rows
 
 
-def best_lookup_table(args, bench, totals):
+def best_lookup_table(args, bench, results, kept, theirs_degenerate):
     """Every spechost cascade against llama-lookup at its best K on each workload."""
     lines = [
-        "| workload | llama-lookup best K | its speedup | spechost configuration | speedup "
-        "| spechost / llama-lookup | degenerate requests (left out) "
+        "| workload | requests compared | llama-lookup best K | its speedup "
+        "| spechost configuration | speedup | spechost / llama-lookup "
         "| tokens per pass, llama-lookup K=0 / spechost plain |",
-        "|---|--:|--:|---|--:|--:|--:|--:|",
+        "|---|--:|--:|--:|---|--:|--:|--:|",
     ]
     rows = []
     for w in bench["workloads"]:
         name = w["name"]
-        if (name, "llama-lookup K=0") not in totals:
+        if not kept.get(name):
             continue
-        baseline_passes = totals[(name, "llama-lookup K=0")]
-        baseline = summarise(baseline_passes)["tokens_per_second"]
-        plain = next((c for c in w["configurations"] if not c["cascade"]), None)
-        tokens = (f"{statistics.median(p['tokens'] for p in baseline_passes):.0f} / "
-                  f"{fmt(plain['generated_tokens'] if plain else None, '{}')}")
+        ours, plain = spechost_over(bench, args.bench_json.parent, name, set(kept[name]))
+        baseline = summarise(totals_over(results[(name, "llama-lookup K=0")], kept[name]))
         speedups = {}
         for k in args.draft_max:
-            rate = summarise(totals[(name, f"llama-lookup K={k}")])["tokens_per_second"]
-            if baseline and rate:
-                speedups[k] = rate / baseline
+            rate = summarise(totals_over(results[(name, f"llama-lookup K={k}")],
+                                         kept[name]))["tokens_per_second"]
+            if baseline["tokens_per_second"] and rate:
+                speedups[k] = rate / baseline["tokens_per_second"]
         if not speedups:
             continue
         best_k = max(speedups, key=speedups.get)
         theirs = speedups[best_k]
-        share = f"{len(w['degenerate'])}/{w['requests']} ({100 * w['degenerate_share']:.0f}%)"
+        tokens = (f"{baseline['tokens']:.0f} / "
+                  f"{fmt(ours[plain]['tokens'] if plain in ours else None, '{:.0f}')}")
+        compared = f"{len(kept[name])}/{len(requests(args)[name])}"
         for c in w["configurations"]:
-            if not c["cascade"]:
+            if not c["cascade"] or c["label"] not in ours:
                 continue
-            ours = c["speedup"]
-            ratio = ours / theirs if ours else None
-            lines.append(f"| {name} | {best_k} | {theirs:.2f}x | {c['label']} "
-                         f"| {fmt(ours, '{:.2f}x')} | {fmt(ratio, '**{:.2f}**')} | {share} "
-                         f"| {tokens} |")
+            speedup = ours[c["label"]]["speedup"]
+            ratio = speedup / theirs if speedup else None
+            lines.append(f"| {name} | {compared} | {best_k} | {theirs:.2f}x | {c['label']} "
+                         f"| {fmt(speedup, '{:.2f}x')} | {fmt(ratio, '**{:.2f}**')} | {tokens} |")
             rows.append({"workload": name, "llama_lookup_k": best_k,
                          "llama_lookup_speedup": theirs, "spechost": c["label"],
-                         "spechost_speedup": ours, "ratio": ratio})
+                         "spechost_speedup": speedup, "ratio": ratio,
+                         "requests": kept[name]})
     lines += [
         "",
         f"llama-lookup's speedup is over itself at K=0, at the best of K = "
         f"{', '.join(map(str, args.draft_max))} on each workload; spechost's is over its plain "
-        f"decoding in the bench run. Both over the same requests: those whose spechost output is "
-        f"not degenerate (the degenerate ones are listed in results.md and kept in requests.csv; "
-        f"llama-lookup does not run them). Unequal token counts mean the two decode different "
-        f"text (llama.cpp's default numerics can change a greedy answer).",
+        f"decoding in the bench run, recomputed from its requests.csv over the same requests: "
+        f"those whose every answer, spechost's plain decoding's and every llama.cpp tool's in "
+        f"every pass, is an answer by bench's degenerate-output rule (answers.jsonl holds "
+        f"llama.cpp's answers and their verdicts). Unequal token counts mean the two decode "
+        f"different text (llama.cpp's default numerics can change a greedy answer)"
+        + (", and on raw prompts different lengths: llama.cpp's tools take no stop strings, "
+           "so they go on to max_tokens past where spechost's answers stop."
+           if bench.get("prompt_style") == "raw" else "."),
+        "",
+        *comparison_note(args, bench, kept, theirs_degenerate),
     ]
     return "\n".join(lines) + "\n", rows
 
@@ -306,7 +423,7 @@ def llama_bench_curve(bench, peer_bin, args):
                "-p", ",".join(map(str, LLAMA_BENCH_SIZES)), "-n", "0", "-d", str(depth),
                "-r", "5", "-o", "json", *SAME_NUMERICS]
     print("  llama-bench " + " ".join(command[1:]), file=sys.stderr)
-    text = run(command, args.out / "logs" / "llama-bench.log")
+    _, text = run(command, args.out / "logs" / "llama-bench.log")
     start = text.index("[")
     results = json.loads(text[start:text.rindex("]") + 1])
     return depth, {r["n_prompt"]: r["avg_ns"] / 1e3 for r in results if r["n_prompt"] > 0}
@@ -343,11 +460,14 @@ def main():
     bench = json.loads(args.bench_json.read_text())
     bench["model"] = str(bench["model"])
     peer_bin = args.bin
-    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
     try:
-        chosen, totals = measure(args, bench, peer_bin)
-        peers, rows = peers_table(args, bench, chosen, totals)
-        best, best_rows = best_lookup_table(args, bench, totals)
+        write_prompts(args, bench)
+        chosen, results = measure(args, bench, peer_bin)
+        theirs_degenerate = judge(args, bench, results)
+        kept = kept_requests(args, bench, theirs_degenerate)
+        peers, rows = peers_table(args, bench, chosen, results, kept, theirs_degenerate)
+        best, best_rows = best_lookup_table(args, bench, results, kept, theirs_degenerate)
         depth, theirs = llama_bench_curve(bench, peer_bin, args)
     except ToolError as error:
         sys.exit(f"error: {error}")
@@ -356,7 +476,8 @@ def main():
     (args.out / "best-lookup.md").write_text(best)
     (args.out / "verify-cost.md").write_text(cost)
     (args.out / "peers.json").write_text(json.dumps(
-        {"rows": rows, "best_lookup": best_rows, "llama_bench_micros": theirs, "llama_bench_depth": depth}, indent=2) + "\n")
+        {"rows": rows, "best_lookup": best_rows, "llama_bench_micros": theirs,
+         "llama_bench_depth": depth}, indent=2) + "\n")
     print(peers)
     print(best)
     print(cost)

@@ -12,7 +12,10 @@
 # llama-server, with concurrent clients over HTTP, is measured next to `spechost serve` by
 # bench/serve-scaling.sh (the same `spechost bench --clients` drives both), not here.
 # The prompts are written by `spechost prompts` (chat template applied by spechost's target) and
-# passed whole with -p, so every tool reads the same text. Tools are built by bench/llama-peer.sh.
+# passed whole with -p, so every tool reads the same text; every answer is checked by bench's
+# degenerate-output rule (`spechost check-outputs`), and a request is compared only where no
+# answer to it, of any tool or pass, spechost's plain decoding included, echoes or loops.
+# Tools are built by bench/llama-peer.sh.
 # Prints three markdown tables and writes peers.md, best-lookup.md, verify-cost.md, peers.json and
 # the tools' logs
 # into --out.
@@ -42,21 +45,5 @@ fi
 
 PEER_BIN=$("$SPECHOST_ROOT/bench/llama-peer.sh" llama-simple llama-lookup llama-speculative-simple llama-bench)
 
-# The bench run's settings: prompts must be templated and capped exactly as it did.
-mapfile -t settings < <(python3 - "$BENCH_JSON" <<'PY'
-import json, sys
-bench = json.load(open(sys.argv[1]))
-print(bench["model"]); print(bench["ctx_size"]); print(bench["max_tokens_cap"] or "")
-print(bench.get("prompt_style", "chat"))
-for w in bench["workloads"]:
-    print(w["path"])
-PY
-)
-model=${settings[0]} ctx=${settings[1]} cap=${settings[2]} style=${settings[3]}
-prompt_args=(--model "$model" --ctx-size "$ctx" --prompt-style "$style")
-[[ -n $cap ]] && prompt_args+=(--max-tokens "$cap")
-for path in "${settings[@]:4}"; do prompt_args+=(--workload "$path"); done
 mkdir -p "$OUT"
-"$SPECHOST_BIN" prompts "${prompt_args[@]}" --out "$OUT/prompts"
-
-python3 "$SPECHOST_ROOT/bench/peers.py" --prompts "$OUT/prompts" --bin "$PEER_BIN" "$@"
+python3 "$SPECHOST_ROOT/bench/peers.py" --spechost "$SPECHOST_BIN" --bin "$PEER_BIN" "$@"

@@ -279,6 +279,75 @@ fn prompts_are_the_exact_text_the_target_tokenizes() {
 }
 
 #[test]
+fn other_tools_answers_are_flagged_by_benchs_rule_and_bad_lines_are_named() {
+    let _guard = common::exclusive();
+    let model = common::smollm2_path();
+    let workload = scratch("check.jsonl");
+    std::fs::write(&workload, WORKLOAD).expect("write workload");
+    let outputs = scratch("answers.jsonl");
+    let looping = "Copyright\n\n".repeat(40);
+    let answers = [
+        serde_json::json!({"workload": "check", "id": "copy", "tool": "a",
+            "text": "red apple, green pear, red apple, green pear, red apple, green pear."}),
+        serde_json::json!({"workload": "check", "id": "code", "tool": "b", "text": looping}),
+        serde_json::json!({"workload": "check", "id": "again", "tool": "c",
+            "text": "Sure. Copy this list exactly: green pear, red apple, green pear, red apple."}),
+    ];
+    let lines: String = answers.iter().map(|a| format!("{a}\n\n")).collect();
+    std::fs::write(&outputs, lines).expect("write answers");
+    let args = |outputs: &Path| {
+        vec![
+            "check-outputs".to_owned(),
+            "--model".into(),
+            common::arg(&model).into(),
+            "--workload".into(),
+            common::arg(&workload).into(),
+            "--outputs".into(),
+            common::arg(outputs).into(),
+        ]
+    };
+    let stdout = spechost_ok(
+        &args(&outputs)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let verdicts: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    let degenerate: Vec<&Value> = verdicts.iter().map(|v| &v["degenerate"]).collect();
+    assert_eq!(
+        degenerate,
+        [&Value::Null, &Value::from("loop"), &Value::from("echo")],
+        "{stdout}"
+    );
+    assert_eq!(verdicts[1]["tool"], "b", "other fields are kept: {stdout}");
+
+    let unknown = scratch("unknown.jsonl");
+    std::fs::write(
+        &unknown,
+        r#"{"workload": "check", "id": "nope", "text": "x"}"#,
+    )
+    .expect("write");
+    let out = common::spechost(
+        &args(&unknown)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("unknown.jsonl:1") && stderr.contains("no request `nope`"),
+        "names the line and the request: {stderr}"
+    );
+    for path in [workload, outputs, unknown] {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+#[test]
 fn verify_costs_cover_every_batch_size_and_refuse_what_cannot_run() {
     let _guard = common::exclusive();
     let target = common::load(DefaultModel::SmolLm2);

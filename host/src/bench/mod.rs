@@ -26,13 +26,15 @@
 //! Beside the benchmark: [`trace`] records the target's greedy output on workloads once,
 //! [`simulate`] replays it through cascades without the model (acceptance in seconds), and
 //! [`prompts`] writes the exact prompt text for running llama.cpp's tools on it
-//! (`bench/peers.sh`). [`VerifyCosts`] is the ceiling every speedup is compared with.
+//! (`bench/peers.sh`), and [`check_outputs`] flags those tools' degenerate answers by bench's
+//! rule. [`VerifyCosts`] is the ceiling every speedup is compared with.
 //!
 //! Not here: flags (`config::BenchArgs`), the verify loop (`engine`), drafting (`cascade`,
 //! `plugins`).
 
 mod ceiling;
 mod chart;
+pub mod check_outputs;
 mod degenerate;
 mod prepare;
 pub mod prompts;

@@ -22,6 +22,7 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Trace(args) => crate::bench::trace::run(&args.into_config(&cache)?),
         Command::Simulate(args) => crate::bench::simulate::run(&args.into_config()?, &cache),
         Command::Prompts(args) => crate::bench::prompts::run(&args.into_config(&cache)?),
+        Command::CheckOutputs(args) => crate::bench::check_outputs::run(&args.into_config(&cache)?),
         Command::Models(command) => models::run(command, &cache),
         Command::Plugin(command) => plugin::run(command, &cache),
     }

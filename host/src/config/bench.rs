@@ -742,6 +742,37 @@ impl PromptsArgs {
     }
 }
 
+/// Flags of `spechost check-outputs`.
+#[derive(Debug, Args, Default)]
+pub struct CheckOutputsArgs {
+    /// The target (for its chat template and tokenizer) and the workloads the outputs answer.
+    #[command(flatten)]
+    pub inputs: WorkloadTargetArgs,
+    /// Other tools' outputs, one JSON object per line with the request's `workload` (file
+    /// stem), `id` and the generated `text`; other fields are kept.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub outputs: PathBuf,
+}
+
+/// Everything `spechost check-outputs` needs, validated.
+#[derive(Debug, Clone)]
+pub struct CheckOutputsConfig {
+    /// The target and the workloads.
+    pub inputs: WorkloadTargetConfig,
+    /// The outputs to check.
+    pub outputs: PathBuf,
+}
+
+impl CheckOutputsArgs {
+    /// Validates the flags into a [`CheckOutputsConfig`].
+    pub fn into_config(self, cache_dir: &Path) -> Result<CheckOutputsConfig, ConfigError> {
+        Ok(CheckOutputsConfig {
+            inputs: self.inputs.into_config("check-outputs", cache_dir)?,
+            outputs: self.outputs,
+        })
+    }
+}
+
 /// Flags of `spechost simulate`.
 #[derive(Debug, Args, Default)]
 pub struct SimulateArgs {

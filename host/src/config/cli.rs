@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
-use super::bench::{BenchArgs, PromptsArgs, SimulateArgs, TraceArgs};
+use super::bench::{BenchArgs, CheckOutputsArgs, PromptsArgs, SimulateArgs, TraceArgs};
 use super::plugin::PluginCommand;
 use super::run::RunArgs;
 use super::serve::ServeArgs;
@@ -44,6 +44,9 @@ pub enum Command {
     /// Write each workload request's prompt as the target reads it (chat template applied),
     /// for running other tools on exactly the same text.
     Prompts(Box<PromptsArgs>),
+    /// Flag other tools' outputs for workload requests that `bench` would leave out of its
+    /// figures as degenerate (an echo of the prompt, a loop), by the same rule.
+    CheckOutputs(Box<CheckOutputsArgs>),
     /// Tools for plugin authors: make a project, check a plugin, replay a trace through it.
     #[command(subcommand)]
     Plugin(PluginCommand),

@@ -21,10 +21,11 @@ mod serve;
 mod tools;
 
 pub use self::bench::{
-    BenchArgs, BenchConfig, BenchServer, DEFAULT_BENCH_REPEAT, DEFAULT_BENCH_WARMUP,
-    DEFAULT_COST_MAX_TOKENS, DEFAULT_REQUESTS_PER_CLIENT, FIXED_POLICY, PromptStyle, PromptsArgs,
-    PromptsConfig, ServeBenchConfig, ServerAddress, SimulateArgs, SimulateConfig, TraceArgs,
-    TraceConfig, WorkloadTargetArgs, WorkloadTargetConfig,
+    BenchArgs, BenchConfig, BenchServer, CheckOutputsArgs, CheckOutputsConfig,
+    DEFAULT_BENCH_REPEAT, DEFAULT_BENCH_WARMUP, DEFAULT_COST_MAX_TOKENS,
+    DEFAULT_REQUESTS_PER_CLIENT, FIXED_POLICY, PromptStyle, PromptsArgs, PromptsConfig,
+    ServeBenchConfig, ServerAddress, SimulateArgs, SimulateConfig, TraceArgs, TraceConfig,
+    WorkloadTargetArgs, WorkloadTargetConfig,
 };
 pub use self::cli::{Cli, Command, ModelsCommand, SuffixCommand};
 pub(crate) use self::common::fresh_seed;

@@ -146,10 +146,17 @@ impl GenerationStats {
             100.0 * self.acceptance(),
             self.mean_accepted_per_draft_round()
         );
+        if self.tree_rounds > 0 {
+            let _ = writeln!(
+                out,
+                "trees       {:>6} rounds verified a tree of drafts",
+                self.tree_rounds
+            );
+        }
         if self.replayed_tokens > 0 {
             let _ = writeln!(
                 out,
-                "replayed    {:>6} tokens (the recurrent target's state restored after drafts cut short)",
+                "replayed    {:>6} tokens decoded again (accepted tree rows off the leading chain, or a recurrent target's state after drafts cut short)",
                 self.replayed_tokens
             );
         }
