@@ -171,6 +171,21 @@ def degenerate_requests(bench):
     return {(w["name"], d["request"]) for w in bench["workloads"] for d in w["degenerate"]}
 
 
+def answer_lengths(bench, bench_dir):
+    """On raw prompts, the tokens of spechost's plain answer to each (workload, request id):
+    llama.cpp's tools take no stop strings, so they are given that many tokens instead of going
+    on to max_tokens past where spechost's answer stopped. Empty for chat prompts (both sides
+    stop at the end of the turn)."""
+    if bench.get("prompt_style") != "raw":
+        return {}
+    plain = {c["label"] for w in bench["workloads"] for c in w["configurations"]
+             if not c["cascade"]}
+    with (bench_dir / "requests.csv").open() as f:
+        return {(row["workload"], row["request"]): int(row["generated_tokens"])
+                for row in csv.DictReader(f)
+                if row["configuration"] in plain and row["pass"] == "1"}
+
+
 def measure(args, bench, peer_bin):
     """Runs every tool on every request spechost's figures count (its degenerate ones left out),
     interleaved, --repeat times. Returns the tools and, per (workload, tool), one dict per pass
@@ -178,6 +193,7 @@ def measure(args, bench, peer_bin):
     chosen = tools(args, bench, peer_bin)
     logs = args.out / "logs"
     left_out = degenerate_requests(bench)
+    lengths = answer_lengths(bench, args.bench_json.parent)
     results = {}
     for workload, entries in requests(args).items():
         entries = [entry for entry in entries if (workload, entry["id"]) not in left_out]
@@ -189,7 +205,8 @@ def measure(args, bench, peer_bin):
                     log = logs / f"{slug}-pass{pass_index + 1}.log"
                     print(f"  {workload} · {entry['id']} · {name} · pass {pass_index + 1}",
                           file=sys.stderr)
-                    stdout, text = run(command(prompt, entry["max_tokens"]), log)
+                    n = lengths.get((workload, entry["id"]), entry["max_tokens"])
+                    stdout, text = run(command(prompt, n), log)
                     result = parse(text, log)
                     result["answer"] = answer_of(stdout, prompt, log)
                     passes = results.setdefault((workload, name), [])
@@ -340,7 +357,8 @@ def peers_table(args, bench, chosen, results, kept, theirs_degenerate):
         "",
         f"llama.cpp's tools from the `llama-cpp-python==0.3.36` sdist (bench/llama-peer.sh), "
         f"greedy (`--temp 0`), {bench['threads']} threads, context {bench['ctx_size']}, each "
-        f"request's max_tokens as in spechost bench, with their default numerics; "
+        f"request's max_tokens as in spechost bench (on raw prompts, which they cannot stop at "
+        f"stop strings, the length of spechost's plain answer), with their default numerics; "
         f"{args.repeat} interleaved pass(es), medians. Both sides over the same requests: those "
         f"whose every answer is an answer by bench's degenerate-output rule (spechost's plain "
         f"decoding's, and every llama.cpp tool's in every pass: llama.cpp's default numerics "
@@ -407,8 +425,8 @@ def best_lookup_table(args, bench, results, kept, theirs_degenerate):
         f"every pass, is an answer by bench's degenerate-output rule (answers.jsonl holds "
         f"llama.cpp's answers and their verdicts). Unequal token counts mean the two decode "
         f"different text (llama.cpp's default numerics can change a greedy answer)"
-        + (", and on raw prompts different lengths: llama.cpp's tools take no stop strings, "
-           "so they go on to max_tokens past where spechost's answers stop."
+        + (". On raw prompts llama.cpp's tools, which take no stop strings, are given as many "
+           "tokens as spechost's plain answer has (where its stop strings ended it)."
            if bench.get("prompt_style") == "raw" else "."),
         "",
         *comparison_note(args, bench, kept, theirs_degenerate),

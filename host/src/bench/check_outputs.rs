@@ -15,10 +15,10 @@ use std::io::Write as _;
 use anyhow::Context as _;
 
 use super::degenerate;
-use super::prepare::{TokenLimits, prepare};
+use super::prepare::prepare_greedy;
 use super::workload::Workload;
-use crate::config::CheckOutputsConfig;
-use crate::engine::{SamplingParams, Target};
+use crate::config::{CheckOutputsConfig, WorkloadTargetConfig};
+use crate::engine::Target;
 
 /// Checks every output of the configured file and writes it back with its verdict.
 pub fn run(config: &CheckOutputsConfig) -> anyhow::Result<()> {
@@ -29,7 +29,7 @@ pub fn run(config: &CheckOutputsConfig) -> anyhow::Result<()> {
         .map(|path| Workload::read(path))
         .collect::<Result<Vec<_>, _>>()?;
     let target = Target::load(&inputs.model, &inputs.target)?;
-    let openings = openings(config, &target, &workloads)?;
+    let openings = openings(inputs, &target, &workloads)?;
     let path = &config.outputs;
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading {}; check the path", path.display()))?;
@@ -72,27 +72,18 @@ pub fn run(config: &CheckOutputsConfig) -> anyhow::Result<()> {
 
 /// The opening `bench` checks echoes against, of every request, by (workload, id).
 fn openings(
-    config: &CheckOutputsConfig,
+    inputs: &WorkloadTargetConfig,
     target: &Target,
     workloads: &[Workload],
 ) -> anyhow::Result<HashMap<(String, String), String>> {
-    let inputs = &config.inputs;
-    let limits = TokenLimits {
-        default_max_tokens: inputs.default_max_tokens,
-        max_tokens_cap: inputs.max_tokens_cap,
-    };
-    let mut openings = HashMap::new();
-    for workload in workloads {
-        for request in prepare(
-            target,
-            workload,
-            inputs.prompt_style,
-            &limits,
-            &SamplingParams::greedy(),
-            inputs.session.ctx_size,
-        )? {
-            openings.insert((workload.name.clone(), request.id), request.opening);
-        }
-    }
-    Ok(openings)
+    let prepared = prepare_greedy(inputs, target, workloads, inputs.session.ctx_size)?;
+    Ok(workloads
+        .iter()
+        .zip(prepared)
+        .flat_map(|(workload, requests)| {
+            requests
+                .into_iter()
+                .map(|request| ((workload.name.clone(), request.id), request.opening))
+        })
+        .collect())
 }

@@ -5,7 +5,7 @@
 use anyhow::Context as _;
 
 use super::workload::{Prompt, Workload, WorkloadRequest};
-use crate::config::PromptStyle;
+use crate::config::{PromptStyle, WorkloadTargetConfig};
 use crate::engine::{Request, SamplingParams, StopStrings, Target};
 
 /// How many tokens a request may generate.
@@ -72,6 +72,34 @@ pub fn choose_prompt(
         (Err(_), PromptStyle::Auto) => request.prompt(other_style(preferred)),
         (prompt, _) => prompt,
     }
+}
+
+/// Every request of `workloads` prepared greedily for `target` within a context of `ctx_size`
+/// tokens, with the limits and prompt style of `inputs`: what `trace` decodes, `prompts` writes
+/// and `check-outputs` checks answers to. One list per workload, in order.
+pub fn prepare_greedy(
+    inputs: &WorkloadTargetConfig,
+    target: &Target,
+    workloads: &[Workload],
+    ctx_size: u32,
+) -> anyhow::Result<Vec<Vec<Prepared>>> {
+    let limits = TokenLimits {
+        default_max_tokens: inputs.default_max_tokens,
+        max_tokens_cap: inputs.max_tokens_cap,
+    };
+    workloads
+        .iter()
+        .map(|workload| {
+            prepare(
+                target,
+                workload,
+                inputs.prompt_style,
+                &limits,
+                &SamplingParams::greedy(),
+                ctx_size,
+            )
+        })
+        .collect()
 }
 
 /// Prompts every request of `workload` as `style` says ([`choose_prompt`]), tokenizes it and

@@ -10,10 +10,10 @@
 use anyhow::Context as _;
 use serde::Serialize;
 
-use super::prepare::{TokenLimits, prepare};
+use super::prepare::prepare_greedy;
 use super::workload::Workload;
 use crate::config::PromptsConfig;
-use crate::engine::{SamplingParams, Target};
+use crate::engine::Target;
 
 /// The index file of the output directory.
 pub const PROMPTS_INDEX: &str = "index.jsonl";
@@ -42,25 +42,12 @@ pub fn run(config: &PromptsConfig) -> anyhow::Result<()> {
         .map(|path| Workload::read(path))
         .collect::<Result<Vec<_>, _>>()?;
     let target = Target::load(&inputs.model, &inputs.target)?;
-    let limits = TokenLimits {
-        default_max_tokens: inputs.default_max_tokens,
-        max_tokens_cap: inputs.max_tokens_cap,
-    };
+    let prepared = prepare_greedy(inputs, &target, &workloads, inputs.session.ctx_size)?;
     let mut index = String::new();
-    for workload in &workloads {
+    for (workload, requests) in workloads.iter().zip(prepared) {
         let dir = config.out.join(&workload.name);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        for (n, request) in prepare(
-            &target,
-            workload,
-            inputs.prompt_style,
-            &limits,
-            &SamplingParams::greedy(),
-            inputs.session.ctx_size,
-        )?
-        .into_iter()
-        .enumerate()
-        {
+        for (n, request) in requests.into_iter().enumerate() {
             let file = format!("{}/{}.txt", workload.name, n + 1);
             let path = config.out.join(&file);
             std::fs::write(&path, &request.text)

@@ -18,12 +18,12 @@ use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
 use super::ceiling::VerifyCosts;
-use super::prepare::{Prepared, TokenLimits, prepare};
+use super::prepare::{Prepared, prepare_greedy};
 use super::runner::{measure_verify_costs, progress_bar};
 use super::workload::Workload;
 use crate::cascade::{Cascade, ModelFacts, Token};
 use crate::config::TraceConfig;
-use crate::engine::{SamplingParams, StopReason, Target};
+use crate::engine::{StopReason, Target};
 use crate::models::sha256_file;
 
 /// Version of the trace format this build reads and writes.
@@ -329,24 +329,8 @@ pub fn record(config: &TraceConfig) -> anyhow::Result<Trace> {
     let sha256 = sha256_file(&inputs.model)
         .with_context(|| format!("hashing {}", inputs.model.display()))?;
     let mut session = target.session(&inputs.session)?;
-    let limits = TokenLimits {
-        default_max_tokens: inputs.default_max_tokens,
-        max_tokens_cap: inputs.max_tokens_cap,
-    };
-    let prepared = workloads
-        .iter()
-        .map(|w| {
-            prepare(
-                &target,
-                w,
-                inputs.prompt_style,
-                &limits,
-                // A trace is plain decoding's greedy output: what `simulate` replays.
-                &SamplingParams::greedy(),
-                session.ctx_size(),
-            )
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    // A trace is plain decoding's greedy output: what `simulate` replays.
+    let prepared = prepare_greedy(inputs, &target, &workloads, session.ctx_size())?;
 
     let all: Vec<Prepared> = prepared.iter().flatten().cloned().collect();
     let progress = progress_bar(all.len() as u64);
