@@ -23,11 +23,7 @@ use crate::engine::Target;
 /// Checks every output of the configured file and writes it back with its verdict.
 pub fn run(config: &CheckOutputsConfig) -> anyhow::Result<()> {
     let inputs = &config.inputs;
-    let workloads = inputs
-        .workloads
-        .iter()
-        .map(|path| Workload::read(path))
-        .collect::<Result<Vec<_>, _>>()?;
+    let workloads = Workload::read_all(&inputs.workloads)?;
     let target = Target::load(&inputs.model, &inputs.target)?;
     let openings = openings(inputs, &target, &workloads)?;
     let path = &config.outputs;

@@ -36,11 +36,7 @@ pub struct PromptEntry {
 /// Templates every request of the configured workloads and writes the prompts and the index.
 pub fn run(config: &PromptsConfig) -> anyhow::Result<()> {
     let inputs = &config.inputs;
-    let workloads = inputs
-        .workloads
-        .iter()
-        .map(|path| Workload::read(path))
-        .collect::<Result<Vec<_>, _>>()?;
+    let workloads = Workload::read_all(&inputs.workloads)?;
     let target = Target::load(&inputs.model, &inputs.target)?;
     let prepared = prepare_greedy(inputs, &target, &workloads, inputs.session.ctx_size)?;
     let mut index = String::new();

@@ -262,11 +262,7 @@ pub struct Measurements {
 /// Reads the workloads, loads the plugins and the target, then runs every pass; see the
 /// [module docs](self).
 pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Result<Measurements> {
-    let workloads = config
-        .workloads
-        .iter()
-        .map(|path| Workload::read(path))
-        .collect::<Result<Vec<_>, _>>()?;
+    let workloads = Workload::read_all(&config.workloads)?;
     measure_workloads(config, workloads, cache_dir)
 }
 

@@ -320,11 +320,7 @@ fn check_request(request: &TraceRequest, target: &TraceTarget) -> Result<(), Str
 /// Decodes every request of the configured workloads and returns the trace.
 pub fn record(config: &TraceConfig) -> anyhow::Result<Trace> {
     let inputs = &config.inputs;
-    let workloads = inputs
-        .workloads
-        .iter()
-        .map(|path| Workload::read(path))
-        .collect::<Result<Vec<_>, _>>()?;
+    let workloads = Workload::read_all(&inputs.workloads)?;
     let target = Target::load(&inputs.model, &inputs.target)?;
     let sha256 = sha256_file(&inputs.model)
         .with_context(|| format!("hashing {}", inputs.model.display()))?;

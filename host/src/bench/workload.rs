@@ -161,6 +161,11 @@ struct Line {
 }
 
 impl Workload {
+    /// Reads and parses every workload file of `paths`, in order; the first bad one is the error.
+    pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Self>, WorkloadError> {
+        paths.iter().map(|path| Self::read(path)).collect()
+    }
+
     /// Reads and parses the workload file at `path`.
     pub fn read(path: &Path) -> Result<Self, WorkloadError> {
         let text = std::fs::read_to_string(path).map_err(|source| WorkloadError::Read {

@@ -27,11 +27,7 @@ use crate::server::{Embedding, serve_embedded};
 /// Measures every level, prints the table, writes the result files; an error when any answer
 /// differed from its reference (after everything is written, so the evidence is kept).
 pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> anyhow::Result<()> {
-    let workloads = config
-        .workloads
-        .iter()
-        .map(|path| Workload::read(path))
-        .collect::<Result<Vec<_>, _>>()?;
+    let workloads = Workload::read_all(&config.workloads)?;
     let limits = TokenLimits {
         default_max_tokens: config.default_max_tokens,
         max_tokens_cap: config.max_tokens_cap,
