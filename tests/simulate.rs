@@ -324,12 +324,10 @@ fn other_tools_answers_are_flagged_by_benchs_rule_and_bad_lines_are_named() {
     );
     assert_eq!(verdicts[1]["tool"], "b", "other fields are kept: {stdout}");
 
+    // A good line, then a bad one: an error naming the bad line, and no partial output.
     let unknown = scratch("unknown.jsonl");
-    std::fs::write(
-        &unknown,
-        r#"{"workload": "check", "id": "nope", "text": "x"}"#,
-    )
-    .expect("write");
+    let bad = r#"{"workload": "check", "id": "nope", "text": "x"}"#;
+    std::fs::write(&unknown, format!("{}\n{bad}\n", answers[0])).expect("write");
     let out = common::spechost(
         &args(&unknown)
             .iter()
@@ -339,9 +337,10 @@ fn other_tools_answers_are_flagged_by_benchs_rule_and_bad_lines_are_named() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        stderr.contains("unknown.jsonl:1") && stderr.contains("no request `nope`"),
+        stderr.contains("unknown.jsonl:2") && stderr.contains("no request `nope`"),
         "names the line and the request: {stderr}"
     );
+    assert!(out.stdout.is_empty(), "nothing written: {:?}", out.stdout);
     for path in [workload, outputs, unknown] {
         let _ = std::fs::remove_file(path);
     }

@@ -6,8 +6,9 @@
 //!
 //! Input: one JSON object per line with the request's `workload` (its file stem), `id` and the
 //! generated `text`; blank lines are skipped. Output (stdout): each object again, every field
-//! kept, with `degenerate` set to `"echo"`, `"loop"` or `null`. The loop check runs on the
-//! text tokenized by the target, since other tools print text, not token ids.
+//! kept, with `degenerate` set to `"echo"`, `"loop"` or `null`, or nothing but an error naming
+//! the first bad line. The loop check runs on the text tokenized by the target, since other
+//! tools print text, not token ids.
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -29,7 +30,8 @@ pub fn run(config: &CheckOutputsConfig) -> anyhow::Result<()> {
     let path = &config.outputs;
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading {}; check the path", path.display()))?;
-    let mut stdout = std::io::stdout().lock();
+    // Every line is checked before any is written: a bad line leaves no partial output.
+    let mut checked = Vec::new();
     for (index, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -60,7 +62,11 @@ pub fn run(config: &CheckOutputsConfig) -> anyhow::Result<()> {
             "degenerate".into(),
             verdict.map_or(serde_json::Value::Null, |d| d.name().into()),
         );
-        serde_json::to_writer(&mut stdout, &output).context("writing stdout")?;
+        checked.push(output);
+    }
+    let mut stdout = std::io::stdout().lock();
+    for output in &checked {
+        serde_json::to_writer(&mut stdout, output).context("writing stdout")?;
         writeln!(stdout).context("writing stdout")?;
     }
     Ok(())
