@@ -47,7 +47,9 @@ def arguments():
     p.add_argument("--requests", type=int, help="only the first N requests of each workload")
     p.add_argument("--repeat", type=int, default=1, help="interleaved passes; medians")
     p.add_argument("--no-simple", action="store_true", help="skip llama-simple")
-    return p.parse_args()
+    args = p.parse_args()
+    args.prompts = args.out / "prompts"  # written by `spechost prompts` (write_prompts)
+    return args
 
 
 class ToolError(RuntimeError):
@@ -150,7 +152,6 @@ def spechost_settings(bench):
 
 def write_prompts(args, bench):
     """`spechost prompts` into --out/prompts."""
-    args.prompts = args.out / "prompts"
     run([str(args.spechost), "prompts", *spechost_settings(bench), "--out", str(args.prompts)],
         args.out / "logs" / "spechost-prompts.log")
 
