@@ -75,6 +75,18 @@ fn bench_writes_every_result_and_outputs_match_plain_decoding() {
         .as_array()
         .expect("verify cost curve");
     assert_eq!(curve.len(), 5, "batches of 1..=K+1 tokens: {json}");
+    // What the real verify decodes took against the curve: plain decoding's single tokens at
+    // least, each size with a positive ratio.
+    let observed = report["workloads"][0]["verify_cost"]["observed"]
+        .as_array()
+        .expect("observed verify costs");
+    assert_eq!(observed[0]["tokens"], 1, "{json}");
+    for size in observed {
+        assert!(
+            size["ratio"].as_f64() > Some(0.0) && size["decodes"].as_u64() > Some(0),
+            "{size}"
+        );
+    }
     for configuration in configurations {
         assert!(
             configuration["ideal_speedup"].as_f64() > Some(0.0)

@@ -294,6 +294,7 @@ mod tests {
             verify_cost: VerifyCostReport {
                 context_tokens: 10,
                 points: Vec::new(),
+                observed: Vec::new(),
             },
             configurations: vec![
                 configuration("plain", 1.0, vec![]),

@@ -28,7 +28,7 @@ use super::stats::Totals;
 use super::workload::Workload;
 use crate::cascade::{Cascade, CascadeMode, CascadeSettings, ModelFacts, Token};
 use crate::config::{BenchConfig, FIXED_POLICY, PromptStyle};
-use crate::engine::{GenerationStats, Request, Session, VerifyCurve};
+use crate::engine::{GenerationStats, ObservedRatio, Request, Session, VerifyCurve};
 use crate::plugins::{LoadedPlugin, LoadedPolicy, PluginHost};
 use crate::plugins::{PolicySpec, SourceSpec};
 use crate::stack::{DraftContexts, Stack, StackConfig, build_cascade};
@@ -196,6 +196,8 @@ pub struct WorkloadRun {
     pub workload: Workload,
     /// The target's verify cost curve after the workload's median-length prompt.
     pub verify_costs: VerifyCosts,
+    /// What the workload's real verify decodes took over that curve's prices, by batch size.
+    pub observed: Vec<ObservedRatio>,
     /// `passes[c]`: the measured passes of configuration `c`, in order, over the requests
     /// whose plain output is not degenerate (the headline figures).
     pub passes: Vec<Vec<Totals>>,
@@ -377,6 +379,7 @@ pub fn measure_workloads(
             passes: vec![Vec::new(); configurations.len()],
             degenerate: Vec::new(),
             verify_costs,
+            observed: Vec::new(),
             workload,
         };
         let mut reference: Vec<Option<Vec<Token>>> = vec![None; requests.len()];
@@ -450,6 +453,7 @@ pub fn measure_workloads(
                 })
             })
             .collect();
+        run.observed = session.observed_costs();
         runs.push(run);
     }
     progress.finish_and_clear();

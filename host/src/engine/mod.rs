@@ -74,5 +74,5 @@ pub use self::stats::GenerationStats;
 pub use self::text::{MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS, StopStrings, StopStringsError};
 pub use self::verify::{
     BatchLayout, DEFAULT_COST_REPETITIONS, DEFAULT_MAX_DRAFT_LEN, DEFAULT_TREE_LEAVES, DraftCut,
-    MAX_DRAFT_LEN_LIMIT, Session, SessionParams, VerifyCurve,
+    MAX_DRAFT_LEN_LIMIT, ObservedRatio, Session, SessionParams, VerifyCurve,
 };

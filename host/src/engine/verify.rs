@@ -12,15 +12,18 @@
 mod cost;
 mod cut;
 mod layout;
+mod observed;
 mod pass_costs;
 mod tree;
 
 pub use self::cost::{DEFAULT_COST_REPETITIONS, VerifyCurve};
 pub use self::cut::DraftCut;
 pub use self::layout::BatchLayout;
+pub use self::observed::ObservedRatio;
 
 use std::time::{Duration, Instant};
 
+use self::observed::ObservedCosts;
 use self::pass_costs::PassCosts;
 use super::context::{ModelContext, Outputs, Rows, SeqId};
 use super::error::EngineError;
@@ -31,7 +34,7 @@ use super::rounds::{
     Verifier, VerifyBatch, generate,
 };
 use super::sample::{SamplingParams, TokenLogprob, TokenSampler, argmax};
-use crate::cascade::{Cascade, ModelFacts, Token};
+use crate::cascade::{Cascade, ModelFacts, Token, curve_cost};
 
 /// Default maximum draft length per round.
 pub const DEFAULT_MAX_DRAFT_LEN: usize = 24;
@@ -102,6 +105,8 @@ pub struct Session<'a> {
     /// The verify cost curve measured in this context (empty until measured), which every
     /// request's policy gets for its prompt's length.
     verify_curve: VerifyCurve,
+    /// What this session's verify decodes of one sequence really took, against the curve.
+    observed: ObservedCosts,
     /// Per sequence: the sampler of the request it holds, from its prefill on.
     samplers: Vec<Option<TokenSampler>>,
     /// How batches of several sequences are laid out.
@@ -130,6 +135,7 @@ impl<'a> Session<'a> {
             context,
             batch_size,
             verify_curve: VerifyCurve::default(),
+            observed: ObservedCosts::default(),
             samplers,
             layout,
             draft_cut,
@@ -570,7 +576,9 @@ impl<'a> Session<'a> {
         self.record_pass(&entries, started.elapsed());
     }
 
-    /// Records what a decode of `entries` took, when they made one pass over the weights.
+    /// Records what a decode of `entries` took, when they made one pass over the weights: a
+    /// pass of several sequences by its shape, one of a single sequence against the curve's
+    /// price for it at its context.
     fn record_pass(&mut self, entries: &[BatchEntry], took: Duration) {
         let mut by_seq = vec![0; self.samplers.len()];
         for entry in entries {
@@ -578,7 +586,13 @@ impl<'a> Session<'a> {
                 *rows = entry.tokens.len();
             }
         }
-        if let [pass] = layout::passes(&by_seq, self.batch_size)[..] {
+        let [pass] = layout::passes(&by_seq, self.batch_size)[..] else {
+            return;
+        };
+        if let ([entry], 1) = (entries, pass.sequences) {
+            let priced = curve_cost(&self.verify_curve.at(entry.position), pass.rows);
+            self.observed.record(pass.rows, took, priced);
+        } else {
             self.pass_costs.record(pass, took);
         }
     }

@@ -15,7 +15,7 @@ use super::runner::{
 use super::stats::{Summary, Totals, acceptance_by_position, speedup};
 use crate::cascade::SourceStats;
 use crate::config::{BenchConfig, PromptStyle};
-use crate::engine::SamplingParams;
+use crate::engine::{ObservedRatio, SamplingParams};
 
 /// Everything a benchmark found; `results.json` is this value.
 #[derive(Debug, Clone, Serialize)]
@@ -95,6 +95,9 @@ pub struct VerifyCostReport {
     pub context_tokens: usize,
     /// Median cost of one verify batch, by tokens in the batch.
     pub points: Vec<VerifyCostPoint>,
+    /// What the workload's real verify decodes took over these points' prices, by tokens in
+    /// the batch (sizes verified at least once).
+    pub observed: Vec<ObservedRatio>,
 }
 
 /// The results of one configuration on one workload.
@@ -295,6 +298,7 @@ impl Report {
                     verify_cost: VerifyCostReport {
                         context_tokens: run.verify_costs.context_tokens,
                         points: run.verify_costs.points(),
+                        observed: run.observed.clone(),
                     },
                     configurations,
                 }
@@ -464,6 +468,7 @@ mod tests {
                         .map(Duration::from_micros)
                         .collect(),
                 },
+                observed: Vec::new(),
                 degenerate: vec![DegenerateRequest {
                     request: "echoed".into(),
                     degeneracy: Degeneracy::Echo,
@@ -505,6 +510,7 @@ mod tests {
                 context_tokens: 1,
                 per_batch: Vec::new(),
             },
+            observed: Vec::new(),
             degenerate: Vec::new(),
         };
         let configurations = [

@@ -206,6 +206,18 @@ impl Report {
                 workload.name, curve.context_tokens
             );
             out.push_str(&crate::bench::ceiling::points_markdown(&curve.points));
+            if !curve.observed.is_empty() {
+                let sizes: Vec<String> = curve
+                    .observed
+                    .iter()
+                    .map(|size| format!("{} {:.2}x ({})", size.tokens, size.ratio, size.decodes))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "\nThe workload's real verify decodes over this curve, by tokens (mean of each size's decodes over the curve's price for them; decodes seen, every configuration's together): {}.",
+                    sizes.join(", ")
+                );
+            }
         }
         out
     }

@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Session, decode_error};
+use super::{ObservedRatio, Session, decode_error};
 use crate::cascade::Token;
 use crate::engine::EngineError;
 
@@ -82,9 +82,16 @@ impl Session<'_> {
     }
 
     /// Gives requests `curve` (measured elsewhere: a benchmark's after each workload's
-    /// prompts) from now on.
+    /// prompts) from now on, forgetting the decodes observed against the previous one.
     pub fn set_verify_curve(&mut self, curve: VerifyCurve) {
         self.verify_curve = curve;
+        self.observed.clear();
+    }
+
+    /// What this session's verify decodes of one sequence took over the curve's prices, by
+    /// batch size, since the curve was set (`observed.rs`).
+    pub fn observed_costs(&self) -> Vec<ObservedRatio> {
+        self.observed.ratios()
     }
 
     /// Measures the verify cost curve after `prompt` (a request's own, as `spechost run` does)
@@ -109,7 +116,7 @@ impl Session<'_> {
             took_ms = started.elapsed().as_secs_f64() * 1e3,
             "measured the verify cost curve"
         );
-        self.verify_curve = VerifyCurve::new(vec![(prompt.len(), costs)]);
+        self.set_verify_curve(VerifyCurve::new(vec![(prompt.len(), costs)]));
         Ok(())
     }
 
@@ -219,7 +226,7 @@ impl Session<'_> {
             let costs = self.measure_costs(&context, largest, repetitions, per_point, sweeps)?;
             points.push((context_len, costs));
         }
-        self.verify_curve = VerifyCurve::new(points);
+        self.set_verify_curve(VerifyCurve::new(points));
         Ok(&self.verify_curve)
     }
 
