@@ -6,7 +6,7 @@
 //! block again for every row of the batch: verifying `n` tokens costs close to `n` single-token
 //! passes. Here each weight block is loaded and unpacked once and used for up to 16 batch rows,
 //! and each block of those batch rows is loaded once for two weight rows (batches of more than
-//! two rows).
+//! four rows).
 //! `kernels::backend` hands it llama.cpp's products: on Gemma 3, its output layer (the
 //! 262144 × 640 Q8_0 token embedding) and most of its layers (Q5_0); on Q4_0 models (the
 //! default draft models, `spechost models quantize --type Q4_0`), every layer.
@@ -368,6 +368,14 @@ const PREFETCH_ROWS: usize = 4;
 /// Weight rows the kernel takes together: each pass block loaded once serves all of them.
 const ROWS_PER_STEP: usize = 2;
 
+/// Fewest pairs a pass needs for the kernel to take [`ROWS_PER_STEP`] weight rows together.
+/// With one or two pairs (verify batches of up to four tokens) the weights stream from memory
+/// faster a row at a time: measured on a 2-vCPU AMD EPYC with AVX-512 VNNI, a 40 MB Q8_0
+/// matrix on two threads, three or four batch rows took about a fifth less time a row at a
+/// time, five or six about a tenth more (docs/benchmarks.md, "Verify batches of three and four
+/// tokens a weight row at a time").
+const MIN_PAIRS_FOR_ROW_STEPS: usize = 3;
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 unsafe fn rows_avx512<B: WeightBlock, const PAIRS: usize>(
     matrix: &QuantMatrix<'_, B>,
@@ -377,8 +385,7 @@ unsafe fn rows_avx512<B: WeightBlock, const PAIRS: usize>(
 ) {
     let first_row = range.start;
     let mut row = range.start;
-    // One batch pair streams the weights from memory faster a row at a time.
-    while PAIRS > 1 && row + ROWS_PER_STEP <= range.end {
+    while PAIRS >= MIN_PAIRS_FOR_ROW_STEPS && row + ROWS_PER_STEP <= range.end {
         // SAFETY: this function's features are the callee's.
         let accs = unsafe { accumulate::<B, PAIRS, ROWS_PER_STEP>(matrix, pairs, row) };
         for (step_row, acc) in accs.iter().enumerate() {
