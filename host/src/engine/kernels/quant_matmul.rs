@@ -346,18 +346,27 @@ fn rows_kernel<B: WeightBlock>(
     range: Range<usize>,
     outputs: &mut [&mut [f32]],
 ) {
+    let odd = pairs.positions % 2 == 1;
     // SAFETY: `multiply` checked that the CPU has the kernel's instructions.
     unsafe {
-        match pairs.pairs {
-            1 => rows_avx512::<B, 1>(matrix, pairs, range, outputs),
-            2 => rows_avx512::<B, 2>(matrix, pairs, range, outputs),
-            3 => rows_avx512::<B, 3>(matrix, pairs, range, outputs),
-            4 => rows_avx512::<B, 4>(matrix, pairs, range, outputs),
-            5 => rows_avx512::<B, 5>(matrix, pairs, range, outputs),
-            6 => rows_avx512::<B, 6>(matrix, pairs, range, outputs),
-            7 => rows_avx512::<B, 7>(matrix, pairs, range, outputs),
-            8 => rows_avx512::<B, 8>(matrix, pairs, range, outputs),
-            other => unreachable!("{other} pairs in one pass"),
+        match (pairs.pairs, odd) {
+            (1, false) => rows_avx512::<B, 1, false>(matrix, pairs, range, outputs),
+            (1, true) => rows_avx512::<B, 1, true>(matrix, pairs, range, outputs),
+            (2, false) => rows_avx512::<B, 2, false>(matrix, pairs, range, outputs),
+            (2, true) => rows_avx512::<B, 2, true>(matrix, pairs, range, outputs),
+            (3, false) => rows_avx512::<B, 3, false>(matrix, pairs, range, outputs),
+            (3, true) => rows_avx512::<B, 3, true>(matrix, pairs, range, outputs),
+            (4, false) => rows_avx512::<B, 4, false>(matrix, pairs, range, outputs),
+            (4, true) => rows_avx512::<B, 4, true>(matrix, pairs, range, outputs),
+            (5, false) => rows_avx512::<B, 5, false>(matrix, pairs, range, outputs),
+            (5, true) => rows_avx512::<B, 5, true>(matrix, pairs, range, outputs),
+            (6, false) => rows_avx512::<B, 6, false>(matrix, pairs, range, outputs),
+            (6, true) => rows_avx512::<B, 6, true>(matrix, pairs, range, outputs),
+            (7, false) => rows_avx512::<B, 7, false>(matrix, pairs, range, outputs),
+            (7, true) => rows_avx512::<B, 7, true>(matrix, pairs, range, outputs),
+            (8, false) => rows_avx512::<B, 8, false>(matrix, pairs, range, outputs),
+            (8, true) => rows_avx512::<B, 8, true>(matrix, pairs, range, outputs),
+            (other, _) => unreachable!("{other} pairs in one pass"),
         }
     }
 }
@@ -377,7 +386,7 @@ const ROWS_PER_STEP: usize = 2;
 const MIN_PAIRS_FOR_ROW_STEPS: usize = 3;
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-unsafe fn rows_avx512<B: WeightBlock, const PAIRS: usize>(
+unsafe fn rows_avx512<B: WeightBlock, const PAIRS: usize, const ODD: bool>(
     matrix: &QuantMatrix<'_, B>,
     pairs: &PairBlocks,
     range: Range<usize>,
@@ -387,7 +396,7 @@ unsafe fn rows_avx512<B: WeightBlock, const PAIRS: usize>(
     let mut row = range.start;
     while PAIRS >= MIN_PAIRS_FOR_ROW_STEPS && row + ROWS_PER_STEP <= range.end {
         // SAFETY: this function's features are the callee's.
-        let accs = unsafe { accumulate::<B, PAIRS, ROWS_PER_STEP>(matrix, pairs, row) };
+        let accs = unsafe { accumulate::<B, PAIRS, ODD, ROWS_PER_STEP>(matrix, pairs, row) };
         for (step_row, acc) in accs.iter().enumerate() {
             store_row(acc, pairs, row + step_row - first_row, outputs);
         }
@@ -395,16 +404,19 @@ unsafe fn rows_avx512<B: WeightBlock, const PAIRS: usize>(
     }
     for row in row..range.end {
         // SAFETY: as above.
-        let [acc] = unsafe { accumulate::<B, PAIRS, 1>(matrix, pairs, row) };
+        let [acc] = unsafe { accumulate::<B, PAIRS, ODD, 1>(matrix, pairs, row) };
         store_row(&acc, pairs, row - first_row, outputs);
     }
 }
 
 /// The lane accumulators of weight rows `first_row..first_row + ROWS` with every batch row of
 /// `pairs`: each (weight row, batch row) gets exactly the operations it would get alone, the
-/// rows only share the loads of the pass's blocks.
+/// rows only share the loads of the pass's blocks. With `ODD` the last pair holds one batch
+/// row, computed with 256-bit instructions into its accumulator's low half (the same
+/// operations on the same lanes; on CPUs that split a 512-bit instruction in two, half the
+/// work of a full pair).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-unsafe fn accumulate<B: WeightBlock, const PAIRS: usize, const ROWS: usize>(
+unsafe fn accumulate<B: WeightBlock, const PAIRS: usize, const ODD: bool, const ROWS: usize>(
     matrix: &QuantMatrix<'_, B>,
     pairs: &PairBlocks,
     first_row: usize,
@@ -434,7 +446,26 @@ unsafe fn accumulate<B: WeightBlock, const PAIRS: usize, const ROWS: usize>(
             *row_scale = _mm512_set1_ps(f16_to_f32(scale));
         }
         let batch = &pairs.blocks[block * PAIRS..(block + 1) * PAIRS];
-        for (pair_index, pair) in batch.iter().enumerate() {
+        let (full, half) = batch.split_at(PAIRS - usize::from(ODD));
+        if let [pair] = half {
+            // SAFETY: `PairBlock` is 64-byte aligned; each field's first 32 bytes are the
+            // first position's.
+            let (y, offsets, scales) = unsafe {
+                (
+                    _mm256_load_si256(pair.values.as_ptr().cast()),
+                    _mm256_load_si256(pair.offsets.as_ptr().cast()),
+                    _mm256_load_ps(pair.scales.as_ptr()),
+                )
+            };
+            for ((acc, x), row_scale) in accs.iter_mut().zip(&xs).zip(&row_scales) {
+                let sums = _mm256_dpbusd_epi32(offsets, _mm512_castsi512_si256(*x), y);
+                let scale = _mm256_mul_ps(_mm512_castps512_ps256(*row_scale), scales);
+                let low = _mm512_castps512_ps256(acc[PAIRS - 1]);
+                let low = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sums), low);
+                acc[PAIRS - 1] = _mm512_castps256_ps512(low);
+            }
+        }
+        for (pair_index, pair) in full.iter().enumerate() {
             // SAFETY: `PairBlock` is 64-byte aligned and each field is 64 bytes long.
             let (y, offsets, scales) = unsafe {
                 (
