@@ -42,7 +42,7 @@ pub use self::mode::{
 };
 pub use self::policy::{
     Decision, DraftModelSetup, FixedLength, PolicySetup, RoundPolicy, RoundRecord, SourceRound,
-    curve_cost,
+    curve_cost, curve_cost_by,
 };
 pub use self::sampled::{DraftSampling, MAX_DRAFT_SUPPORT, SampledDraft, TokenDistribution};
 pub use self::source::{DraftSource, Feedback, ModelFacts, Proposal, SourceFault, Token};

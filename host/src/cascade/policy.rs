@@ -31,8 +31,13 @@ pub struct PolicySetup {
 /// [`PolicySetup::verify_costs`]), in seconds, extrapolated along its last step beyond it;
 /// NaN when nothing was measured.
 pub fn curve_cost(curve: &[Duration], n: usize) -> f64 {
-    let seconds = |index: usize| curve[index].as_secs_f64();
-    match curve.len() {
+    curve_cost_by(curve.len(), |index| curve[index].as_secs_f64(), n)
+}
+
+/// [`curve_cost`] of a curve of `len` sizes whose entry `index` costs `seconds(index)`, for a
+/// caller that computes entries on demand rather than holding the curve.
+pub fn curve_cost_by(len: usize, seconds: impl Fn(usize) -> f64, n: usize) -> f64 {
+    match len {
         0 => f64::NAN,
         len if n <= len => seconds(n.max(1) - 1),
         1 => seconds(0) * n as f64,

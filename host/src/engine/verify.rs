@@ -34,7 +34,7 @@ use super::rounds::{
     Verifier, VerifyBatch, generate,
 };
 use super::sample::{SamplingParams, TokenLogprob, TokenSampler, argmax};
-use crate::cascade::{Cascade, ModelFacts, Token, curve_cost};
+use crate::cascade::{Cascade, ModelFacts, Token};
 
 /// Default maximum draft length per round.
 pub const DEFAULT_MAX_DRAFT_LEN: usize = 24;
@@ -590,7 +590,7 @@ impl<'a> Session<'a> {
             return;
         };
         if let ([entry], 1) = (entries, pass.sequences) {
-            let priced = curve_cost(&self.verify_curve.at(entry.position), pass.rows);
+            let priced = self.verify_curve.price(entry.position, pass.rows);
             self.observed.record(pass.rows, took, priced);
         } else {
             self.pass_costs.record(pass, took);

@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use super::{ObservedRatio, Session, decode_error};
-use crate::cascade::Token;
+use crate::cascade::{Token, curve_cost_by};
 use crate::engine::EngineError;
 
 /// Default repetitions of [`Session::measure_verify_costs`].
@@ -51,27 +51,67 @@ impl VerifyCurve {
     /// The costs of verify batches after `context_len` tokens (`[n - 1]`: `n` tokens), as many
     /// sizes as every measurement has; empty when nothing was measured.
     pub fn at(&self, context_len: usize) -> Vec<Duration> {
-        let (low, high) = match self.points.as_slice() {
-            [] => return Vec::new(),
-            [(_, only)] => return only.clone(),
-            [(first_len, first), ..] if context_len <= *first_len => return first.clone(),
-            points => points
-                .windows(2)
-                .find(|pair| context_len <= pair[1].0)
-                .map_or_else(
-                    || (&points[points.len() - 2], &points[points.len() - 1]),
-                    |pair| (&pair[0], &pair[1]),
-                ),
+        self.between(context_len)
+            .map(|between| (0..between.sizes()).map(|n| between.cost(n)).collect())
+            .unwrap_or_default()
+    }
+
+    /// What verifying `rows` tokens costs after `context_len` tokens, in seconds:
+    /// [`curve_cost`](crate::cascade::curve_cost) of [`Self::at`], computing only the sizes it reads (once per verify
+    /// decode); NaN when nothing was measured.
+    pub fn price(&self, context_len: usize, rows: usize) -> f64 {
+        match self.between(context_len) {
+            Some(between) => {
+                curve_cost_by(between.sizes(), |n| between.cost(n).as_secs_f64(), rows)
+            }
+            None => f64::NAN,
+        }
+    }
+
+    /// The two measurements `context_len` lies between (or extrapolates from), and where.
+    fn between(&self, context_len: usize) -> Option<Between<'_>> {
+        let (low, high, share) = match self.points.as_slice() {
+            [] => return None,
+            [(_, only)] => (only, only, 0.0),
+            [(first_len, first), ..] if context_len <= *first_len => (first, first, 0.0),
+            points => {
+                let (low, high) = points
+                    .windows(2)
+                    .find(|pair| context_len <= pair[1].0)
+                    .map_or_else(
+                        || (&points[points.len() - 2], &points[points.len() - 1]),
+                        |pair| (&pair[0], &pair[1]),
+                    );
+                let share = (context_len - low.0) as f64 / (high.0 - low.0) as f64;
+                (&low.1, &high.1, share)
+            }
         };
-        let share = (context_len - low.0) as f64 / (high.0 - low.0) as f64;
-        low.1
-            .iter()
-            .zip(&high.1)
-            .map(|(short, long)| {
-                let (short, long) = (short.as_secs_f64(), long.as_secs_f64());
-                Duration::from_secs_f64((short + (long - short) * share).max(0.0))
-            })
-            .collect()
+        Some(Between { low, high, share })
+    }
+}
+
+/// A context length's place between two measured curves.
+struct Between<'c> {
+    low: &'c [Duration],
+    high: &'c [Duration],
+    /// How far from `low` to `high` (beyond 1: extrapolated).
+    share: f64,
+}
+
+impl Between<'_> {
+    /// Sizes both curves have.
+    fn sizes(&self) -> usize {
+        self.low.len().min(self.high.len())
+    }
+
+    /// The cost of `index + 1` tokens, interpolated.
+    fn cost(&self, index: usize) -> Duration {
+        let (short, long) = (self.low[index], self.high[index]);
+        if self.share == 0.0 {
+            return short;
+        }
+        let (short, long) = (short.as_secs_f64(), long.as_secs_f64());
+        Duration::from_secs_f64((short + (long - short) * self.share).max(0.0))
     }
 }
 
@@ -287,6 +327,33 @@ fn median(samples: &mut [Duration]) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cascade::curve_cost;
+
+    #[test]
+    fn a_price_is_the_cost_of_the_interpolated_curve_at_that_size() {
+        let ms = |n: u64| Duration::from_micros(n * 997);
+        let curves = [
+            VerifyCurve::default(),
+            VerifyCurve::new(vec![(64, vec![ms(10), ms(12), ms(15)])]),
+            VerifyCurve::new(vec![
+                (64, vec![ms(10), ms(12), ms(15), ms(17)]),
+                (520, vec![ms(11), ms(16), ms(23)]),
+                (1024, vec![ms(13), ms(21), ms(30), ms(41)]),
+            ]),
+        ];
+        for curve in &curves {
+            for context in [1, 64, 100, 520, 700, 1024, 3000] {
+                for rows in 1..=6 {
+                    let want = curve_cost(&curve.at(context), rows);
+                    let got = curve.price(context, rows);
+                    assert!(
+                        got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                        "context {context}, {rows} rows: {got} against {want}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn the_curve_interpolates_linearly_in_the_context_length() {
