@@ -67,6 +67,18 @@ runs() { [[ " $STEPS " == *" $1 "* ]]; }
 echo "==> building" >&2
 "$SPECHOST_ROOT/scripts/build-plugins.sh" >/dev/null
 cargo build --release -p spechost --manifest-path "$SPECHOST_ROOT/Cargo.toml" >&2
+if runs bench; then
+    # llama.cpp's tools run after an hour of spechost bench; a peer build that cannot run on
+    # this CPU (its native AMX kernels die with SIGILL on some VMs) must stop the script now.
+    echo "==> checking llama.cpp's tools on this CPU" >&2
+    peer_bin=$("$SPECHOST_ROOT/bench/llama-peer.sh" llama-simple llama-lookup llama-speculative-simple llama-bench)
+    if ! "$peer_bin/llama-bench" -m "$("$SPECHOST_BIN" models path smollm2)" -t "$THREADS" \
+        -p 64 -n 4 -r 1 >/dev/null 2>&1; then
+        echo "error: llama.cpp's llama-bench ($peer_bin) fails on this CPU; rebuild it without" \
+            "the instructions it dies on (bench/llama-peer.sh's header: LLAMA_PEER_CMAKE_ARGS)" >&2
+        exit 1
+    fi
+fi
 
 workloads=()
 for path in $WORKLOADS; do
