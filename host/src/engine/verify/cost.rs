@@ -162,7 +162,8 @@ impl Session<'_> {
 
     /// Measures one verify batch of `n` tokens after `context`, for `n = 1..=max_tokens`:
     /// `costs[n - 1]` is the median over `repetitions` of one `llama_decode` of `n` tokens with
-    /// logits at every position. The batch's token ids repeat the context's (the cost does not
+    /// logits at every position, a single token timed right after an untimed one as plain
+    /// decoding decodes them. The batch's token ids repeat the context's (the cost does not
     /// depend on them). Leaves the KV cache empty.
     ///
     /// Errors when `context` is empty, `max_tokens` or `repetitions` is 0, `max_tokens` exceeds
@@ -220,6 +221,15 @@ impl Session<'_> {
                 break;
             }
             for n_tokens in 1..=max_tokens {
+                if n_tokens == 1 {
+                    // Plain decoding's single tokens follow single tokens, and llama.cpp reuses
+                    // the graph of the one before; the sweep's last decode was the largest. One
+                    // untimed single token first prices the next as plain decoding pays it.
+                    self.decode_round(batch[0], &[], n_past)?;
+                    self.context
+                        .remove_from(n_past)
+                        .map_err(|e| decode_error(1, e))?;
+                }
                 let started = Instant::now();
                 self.decode_round(batch[0], &batch[1..n_tokens], n_past)?;
                 let elapsed = started.elapsed();
