@@ -638,7 +638,7 @@ fn batch_backend_enabled() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 fn host_products_on_this_thread() -> u64 {
-    batch_backend::computed_on_this_thread()
+    batch_backend::products_on_this_thread()
 }
 
 #[cfg(not(target_arch = "x86_64"))]

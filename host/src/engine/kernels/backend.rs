@@ -59,15 +59,16 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 static REGISTERED: OnceLock<Registered> = OnceLock::new();
 
 thread_local! {
-    /// Operations computed for graphs run by this thread (ggml runs a graph's splits on the
-    /// thread that called `llama_decode`).
-    static COMPUTED: Cell<u64> = const { Cell::new(0) };
+    /// Matrix products computed for graphs run by this thread (ggml runs a graph's splits on
+    /// the thread that called `llama_decode`). Attention is not counted: the host computes it
+    /// for every batch over the Q8_0 cache, also where llama.cpp's AMX buffers take the
+    /// products, and the count says whose products a batch used.
+    static PRODUCTS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// How many operations (matrix products, attention) the backend has computed for decodes made
-/// by this thread.
-pub(in crate::engine) fn computed_on_this_thread() -> u64 {
-    COMPUTED.get()
+/// How many matrix products the backend has computed for decodes made by this thread.
+pub(in crate::engine) fn products_on_this_thread() -> u64 {
+    PRODUCTS.get()
 }
 
 /// Registers the device with ggml, once per process, and turns it on; returns whether it is on
@@ -387,7 +388,7 @@ unsafe extern "C" fn backend_graph_compute(
                 sys::GGML_OP_MUL_MAT => unsafe { product_of(node) }
                     .map(|product| {
                         product.compute(threads);
-                        COMPUTED.set(COMPUTED.get() + 1);
+                        PRODUCTS.set(PRODUCTS.get() + 1);
                     })
                     .is_some(),
                 // SAFETY: as above; the scheduler only assigns attention `supports_op` took,
@@ -396,7 +397,6 @@ unsafe extern "C" fn backend_graph_compute(
                     .map(|attention| {
                         // SAFETY: `Attention::of` checked the layout and the instructions.
                         unsafe { attention.compute(threads) };
-                        COMPUTED.set(COMPUTED.get() + 1);
                     })
                     .is_some(),
                 // Views compute nothing (the scheduler may place one next to a product).
