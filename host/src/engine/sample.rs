@@ -14,9 +14,10 @@ use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
 use super::error::EngineError;
-use super::grammar::{Grammar, GrammarError, GrammarState, masked_argmax, thread_cpu_time};
+use super::grammar::{Grammar, GrammarError, GrammarState, masked_argmax};
 use super::model::{from_llama, to_llama};
 use crate::cascade::{DraftSampling, Token, TokenDistribution};
+use crate::placement::thread_cpu_time;
 
 /// Temperatures below this are greedy decoding, as in vLLM (`_SAMPLING_EPS`): dividing logits
 /// by a smaller temperature overflows `f32` (1e-37 turns every logit into ±inf and the draw

@@ -8,6 +8,7 @@
 //! threads and the plugin host's epoch ticker are started while plugins load.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::unistd::Pid;
@@ -15,6 +16,13 @@ use serde::Serialize;
 
 use super::cpulist::CpuList;
 use super::plan::Plan;
+
+/// CPU time the calling thread has used so far: what its own work cost, however many other
+/// threads share its CPUs. Zero if the clock cannot be read (it always can on Linux).
+pub fn thread_cpu_time() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map_or(Duration::ZERO, Duration::from)
+}
 
 /// Why a thread could not be pinned or its CPU set read.
 #[derive(Debug, thiserror::Error)]

@@ -35,7 +35,8 @@ mod topology;
 
 pub use self::advice::Advice;
 pub use self::affinity::{
-    AffinityError, ThreadCpus, current_thread_cpus, pin_current_thread, thread_cpus,
+    AffinityError, ThreadCpus, current_thread_cpus, pin_current_thread, thread_cpu_time,
+    thread_cpus,
 };
 pub use self::cpulist::{CpuList, CpuListError, MAX_CPU};
 pub use self::draft::{DRAFT_THREAD_NAME, PinnedDraftBatch, PinnedDraftFactory};

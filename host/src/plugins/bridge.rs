@@ -15,10 +15,10 @@
 //! the draft verified was not chosen after seeing it.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::bindings::{DraftModelHost, DraftedPosition, DraftedToken};
-use super::sandbox::HostState;
+use super::sandbox::{HostState, Moment};
 use crate::cascade::{
     DraftModel, DraftModelFactory, DraftSampling, Drafted, ProposalSettings, SampledDraft, Token,
 };
@@ -117,7 +117,7 @@ impl HostState {
         default: T,
         call: impl FnOnce(&mut dyn DraftModel) -> T,
     ) -> T {
-        let started = Instant::now();
+        let started = Moment::now();
         let result = match self.draft.model(&self.name) {
             Some(model) => call(model.as_mut()),
             None => default,

@@ -117,7 +117,7 @@ pub enum LoadError {
     },
     /// The component loaded but could not be instantiated under the sandbox limits.
     #[error(
-        "cannot start plugin {plugin}: {reason}; if it needs more memory, raise the plugin memory limit"
+        "cannot start plugin {plugin}: {reason}; an instance must start within the sandbox's memory and time limits, so the plugin must need less memory or less start-up work"
     )]
     Instantiate {
         /// The plugin name.

@@ -3,7 +3,8 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use wasmtime::Engine;
 
@@ -41,6 +42,8 @@ pub(super) struct LoadedInner<W: World> {
     /// The host's limits: those of instances made without limits of their own.
     pub(super) limits: SandboxLimits,
     pub(super) extras: W::Extras,
+    /// The CPU time the loader's check instance took to start, set once it has.
+    pub(super) start_time: OnceLock<Duration>,
     /// Keeps deadlines enforced for as long as this plugin can run.
     pub(super) _ticker: Arc<EpochTicker>,
 }
@@ -84,6 +87,17 @@ impl<W: World> Loaded<W> {
     /// The sha256 of the `.wasm` file, in hex.
     pub fn sha256(&self) -> &str {
         &self.inner.sha256
+    }
+
+    /// The CPU time an instance took to start when the plugin was loaded (its data copied in,
+    /// its start-up code run): what each restart after a trap costs again.
+    pub fn start_time(&self) -> Duration {
+        self.inner.start_time.get().copied().unwrap_or_default()
+    }
+
+    pub(super) fn record_start_time(&self, time: Duration) {
+        // Set once, by the loader; a second call would keep the first time.
+        let _ = self.inner.start_time.set(time);
     }
 
     pub(super) fn shared_name(&self) -> Arc<str> {

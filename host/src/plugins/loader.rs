@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine};
@@ -213,14 +213,17 @@ impl PluginHost {
             engine: self.engine.clone(),
             limits: self.limits.clone(),
             extras: extras(&component),
+            start_time: OnceLock::new(),
             _ticker: Arc::clone(&self.ticker),
         });
-        Supervised::check_starts(&plugin, &self.limits)?;
+        let start_time = Supervised::check_starts(&plugin, &self.limits)?;
+        plugin.record_start_time(start_time);
         tracing::info!(
             plugin = plugin.name(),
             kind = W::KIND.as_str(),
             path = %plugin.path().display(),
             sha256 = &plugin.sha256()[..16],
+            start_cpu_ms = format!("{:.1}", plugin.start_time().as_secs_f64() * 1e3),
             "loaded {} plugin",
             W::KIND.as_str()
         );

@@ -7,7 +7,9 @@
 //!   epoch every [`EPOCH_TICK`], and each call gets a deadline of [`deadline_ticks`] epochs.
 //!   When it passes, [`CallClock`] decides: time the host spent inside the call on the guest's
 //!   behalf (running the draft model, reading state) is credited back, so only the plugin's own
-//!   time counts; the call traps once that reaches the deadline.
+//!   time counts; the call traps once that reaches the deadline. The deadline counts CPU time,
+//!   so a loaded machine does not time out a plugin for waiting for a CPU; wall-clock time is
+//!   bounded too, at [`WALL_TIME_IN_DEADLINES`] deadlines.
 //! - WASI is linked but empty: no files, no environment, no arguments, no network. stdout is
 //!   discarded; stderr goes to a bounded in-memory buffer so a guest's panic message can be put
 //!   in the fault it causes.
@@ -39,11 +41,17 @@ use super::log::LogGate;
 use super::state::StateSlot;
 use super::tree::TreeRound;
 use crate::cascade::DraftModelFactory;
+use crate::placement::thread_cpu_time;
 
 /// Default cap on each linear memory of a plugin instance.
 pub const DEFAULT_MEMORY_LIMIT: usize = 256 << 20;
-/// Default time a plugin may spend in one call before it is interrupted.
+/// Default CPU time a plugin may spend in one call before it is interrupted.
 pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_millis(50);
+/// Default CPU time a plugin's instance may take to start (its data copied in, its start-up code
+/// run): about 0.1 ms for a Rust plugin and 1 ms for a Python one on a 2-vCPU Xeon. Starting is
+/// paid at load and after each trap, not per call, so its bound is looser than a call's while
+/// still stopping a start-up that never ends.
+pub const DEFAULT_START_DEADLINE: Duration = Duration::from_millis(500);
 /// Default number of faults after which a plugin is quarantined for the rest of the run.
 pub const DEFAULT_MAX_FAULTS: u32 = 3;
 /// Default cap on the elements of each table (function pointers) of a plugin instance.
@@ -57,6 +65,9 @@ pub const DEFAULT_MAX_TABLES: usize = 32;
 /// Default cap on host-side WASI resources (streams, pollables) a plugin may hold open.
 pub const DEFAULT_MAX_HOST_RESOURCES: usize = 1024;
 
+/// Wall-clock time one guest call may take, in deadlines (which count its CPU time): room for a
+/// loaded machine, and a bound should a guest ever wait without using CPU.
+pub const WALL_TIME_IN_DEADLINES: u32 = 10;
 /// Host time one guest call may always have credited back, in call deadlines. Draft-model and
 /// state calls are the plugin's choice: without a cap, a plugin calling them in a loop would
 /// spend almost no time of its own and never reach its deadline.
@@ -91,8 +102,11 @@ pub struct SandboxLimits {
     pub max_tables: usize,
     /// Cap on host-side WASI resources the plugin may hold.
     pub max_host_resources: usize,
-    /// Time allowed for one guest call (`open`, `feed`, `propose`, `feedback`, drop).
+    /// CPU time allowed for one guest call (`open`, `feed`, `propose`, `feedback`, drop);
+    /// wall-clock time is bounded at [`WALL_TIME_IN_DEADLINES`] times it.
     pub call_deadline: Duration,
+    /// CPU time allowed for an instance to start (at load, and again after each trap).
+    pub start_deadline: Duration,
     /// Faults (traps, time-outs, invalid proposals, rejected configs) before quarantine; 0 acts
     /// as 1.
     pub max_faults: u32,
@@ -108,6 +122,7 @@ impl Default for SandboxLimits {
             max_tables: DEFAULT_MAX_TABLES,
             max_host_resources: DEFAULT_MAX_HOST_RESOURCES,
             call_deadline: DEFAULT_CALL_DEADLINE,
+            start_deadline: DEFAULT_START_DEADLINE,
             max_faults: DEFAULT_MAX_FAULTS,
         }
     }
@@ -244,53 +259,117 @@ impl ResourceLimiter for Limiter {
     }
 }
 
-/// Time of the current guest call, less the time the host spent in it on the guest's behalf.
-#[derive(Debug)]
-pub(super) struct CallClock {
-    started: Instant,
-    host_time: Duration,
-    /// The longest single host call credited in the current guest call.
-    longest_host_call: Duration,
+/// Time on the two clocks a guest call is judged by: the wall clock, and the CPU time of the
+/// calling thread (the guest runs on it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Spent {
+    /// Wall-clock time.
+    pub(super) wall: Duration,
+    /// CPU time of the calling thread.
+    pub(super) cpu: Duration,
 }
 
-impl CallClock {
-    fn new() -> Self {
+/// A moment on both clocks of [`Spent`]; time host work done for a guest with it and
+/// [`CallClock::credit`] what it took.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Moment {
+    wall: Instant,
+    cpu: Duration,
+}
+
+impl Moment {
+    /// Now, on the calling thread.
+    pub(super) fn now() -> Self {
         Self {
-            started: Instant::now(),
-            host_time: Duration::ZERO,
-            longest_host_call: Duration::ZERO,
+            wall: Instant::now(),
+            cpu: thread_cpu_time(),
         }
     }
 
-    /// Starts timing a new guest call.
-    fn restart(&mut self) {
-        *self = Self::new();
+    /// Time since this moment, on the calling thread.
+    pub(super) fn elapsed(&self) -> Spent {
+        Spent {
+            wall: self.wall.elapsed(),
+            cpu: thread_cpu_time().saturating_sub(self.cpu),
+        }
+    }
+}
+
+/// The current guest call's time, less the time the host spent in it on the guest's behalf,
+/// and the deadline that call runs under.
+///
+/// The deadline counts the guest's **CPU time**: on a loaded machine a call waits for a CPU
+/// without using any, and a plugin that did little work must not time out for it. A guest has
+/// no way to wait without using CPU (timers fire at once, there is no I/O to block on), but the
+/// call is still bounded in wall-clock time, at [`WALL_TIME_IN_DEADLINES`] deadlines.
+#[derive(Debug)]
+pub(super) struct CallClock {
+    started: Moment,
+    host_time: Spent,
+    /// The longest single host call credited in the current guest call, in wall-clock time.
+    longest_host_call: Duration,
+    /// The current call's deadline for its own time.
+    pub(super) deadline: Duration,
+}
+
+impl CallClock {
+    fn new(deadline: Duration) -> Self {
+        Self {
+            started: Moment::now(),
+            host_time: Spent::default(),
+            longest_host_call: Duration::ZERO,
+            deadline,
+        }
+    }
+
+    /// Starts timing a new guest call with `deadline`.
+    fn restart(&mut self, deadline: Duration) {
+        *self = Self::new(deadline);
     }
 
     /// Credits `spent` (host work done for the guest) back to the current call.
-    pub(super) fn credit(&mut self, spent: Duration) {
-        self.host_time += spent;
-        self.longest_host_call = self.longest_host_call.max(spent);
+    pub(super) fn credit(&mut self, spent: Spent) {
+        self.host_time.wall += spent.wall;
+        self.host_time.cpu += spent.cpu;
+        self.longest_host_call = self.longest_host_call.max(spent.wall);
     }
 
-    /// Time the guest's own code has had in the current call.
-    fn guest_time(&self) -> Duration {
-        self.started.elapsed().saturating_sub(self.host_time)
+    /// Time the guest's own code has had in the current call, on both clocks.
+    fn guest_time(&self) -> Spent {
+        let elapsed = self.started.elapsed();
+        Spent {
+            wall: elapsed.wall.saturating_sub(self.host_time.wall),
+            cpu: elapsed.cpu.saturating_sub(self.host_time.cpu),
+        }
     }
 
-    /// Whether the host time credited to the current call passed its cap for `deadline`.
-    pub(super) fn host_time_exceeded(&self, deadline: Duration) -> bool {
-        self.host_time > self.host_time_cap(deadline)
+    /// How much longer the guest may run, in wall-clock time at the most (its CPU time cannot
+    /// grow faster than that), or `None` once its time is up: CPU time at the deadline, wall
+    /// time at [`WALL_TIME_IN_DEADLINES`] deadlines, or host time past its cap.
+    fn time_left(&self) -> Option<Duration> {
+        let guest = self.guest_time();
+        let wall_limit = self.deadline.saturating_mul(WALL_TIME_IN_DEADLINES);
+        if guest.cpu >= self.deadline || guest.wall >= wall_limit || self.host_time_exceeded() {
+            return None;
+        }
+        Some((self.deadline - guest.cpu).min(wall_limit - guest.wall))
     }
 
-    /// The most host time the current call with `deadline` may have credited back: the larger
-    /// of [`MAX_HOST_TIME_IN_DEADLINES`] deadlines and [`MAX_HOST_TIME_IN_LONGEST_CALLS`] times
-    /// its longest host call so far.
-    pub(super) fn host_time_cap(&self, deadline: Duration) -> Duration {
-        deadline.saturating_mul(MAX_HOST_TIME_IN_DEADLINES).max(
-            self.longest_host_call
-                .saturating_mul(MAX_HOST_TIME_IN_LONGEST_CALLS),
-        )
+    /// Whether the host time credited to the current call passed its cap.
+    pub(super) fn host_time_exceeded(&self) -> bool {
+        self.host_time.wall > self.host_time_cap()
+    }
+
+    /// The most host time the current call may have credited back: the larger of
+    /// [`MAX_HOST_TIME_IN_DEADLINES`] deadlines and [`MAX_HOST_TIME_IN_LONGEST_CALLS`] times its
+    /// longest host call so far.
+    pub(super) fn host_time_cap(&self) -> Duration {
+        self.deadline
+            .saturating_mul(MAX_HOST_TIME_IN_DEADLINES)
+            .max(
+                self.longest_host_call
+                    .saturating_mul(MAX_HOST_TIME_IN_LONGEST_CALLS),
+            )
     }
 }
 
@@ -337,7 +416,7 @@ impl HostState {
             table,
             limiter: Limiter::new(limits),
             log: LogGate::new(Arc::clone(&name)),
-            clock: CallClock::new(),
+            clock: CallClock::new(limits.call_deadline),
             state: services
                 .state
                 .unwrap_or_else(|| StateSlot::open(&name, None, 0)),
@@ -363,28 +442,21 @@ impl WasiView for HostState {
     }
 }
 
-/// Makes `store` enforce `deadline` on each guest call armed with [`arm_call`]: when the epoch
-/// deadline passes, the call traps with [`Trap::Interrupt`] if the guest's own time reached
-/// `deadline`, and otherwise gets the epochs it has left.
-pub(super) fn enforce_deadline(store: &mut Store<HostState>, deadline: Duration) {
-    store.epoch_deadline_callback(move |store| {
-        let clock = &store.data().clock;
-        let guest_time = clock.guest_time();
-        if guest_time >= deadline || clock.host_time_exceeded(deadline) {
-            return Err(Trap::Interrupt.into());
-        }
-        Ok(UpdateDeadline::Continue(deadline_ticks(
-            deadline - guest_time,
-            EPOCH_TICK,
-        )))
+/// Makes `store` enforce the deadline of each guest call armed with [`arm_call`]: when the
+/// epoch deadline passes, the call traps with [`Trap::Interrupt`] if [`CallClock`] says its
+/// time is up, and otherwise gets the epochs it has left.
+pub(super) fn enforce_deadline(store: &mut Store<HostState>) {
+    store.epoch_deadline_callback(|store| match store.data().clock.time_left() {
+        Some(left) => Ok(UpdateDeadline::Continue(deadline_ticks(left, EPOCH_TICK))),
+        None => Err(Trap::Interrupt.into()),
     });
 }
 
-/// Arms the deadline for one guest call and forgets memory refusals from earlier calls.
-pub(super) fn arm_call(store: &mut Store<HostState>, deadline_ticks: u64) {
-    store.set_epoch_deadline(deadline_ticks);
+/// Arms `deadline` for one guest call and forgets memory refusals from earlier calls.
+pub(super) fn arm_call(store: &mut Store<HostState>, deadline: Duration) {
+    store.set_epoch_deadline(deadline_ticks(deadline, EPOCH_TICK));
     let state = store.data_mut();
-    state.clock.restart();
+    state.clock.restart(deadline);
     state.limiter.take_refusal();
 }
 
@@ -493,31 +565,59 @@ mod tests {
     #[test]
     fn one_long_host_call_is_allowed_but_repeated_host_work_is_capped() {
         let deadline = Duration::from_millis(50);
-        let mut clock = CallClock::new();
-        clock.credit(Duration::from_millis(900));
-        assert!(!clock.host_time_exceeded(deadline), "within 20 deadlines");
+        let mut clock = CallClock::new(deadline);
+        clock.credit(host_call(Duration::from_millis(900)));
+        assert!(!clock.host_time_exceeded(), "within 20 deadlines");
         // Feeding a long prompt: one call far longer than 20 deadlines.
-        clock.credit(Duration::from_secs(3));
-        assert!(
-            !clock.host_time_exceeded(deadline),
-            "one long call is allowed"
-        );
-        assert_eq!(clock.host_time_cap(deadline), Duration::from_secs(12));
+        clock.credit(host_call(Duration::from_secs(3)));
+        assert!(!clock.host_time_exceeded(), "one long call is allowed");
+        assert_eq!(clock.host_time_cap(), Duration::from_secs(12));
         for _ in 0..2 {
-            clock.credit(Duration::from_secs(3));
+            clock.credit(host_call(Duration::from_secs(3)));
         }
-        assert!(!clock.host_time_exceeded(deadline), "9.9 s of 12 s");
-        clock.credit(Duration::from_secs(3));
+        assert!(!clock.host_time_exceeded(), "9.9 s of 12 s");
+        clock.credit(host_call(Duration::from_secs(3)));
         assert!(
-            clock.host_time_exceeded(deadline),
+            clock.host_time_exceeded(),
             "12.9 s: past four longest calls"
         );
-        clock.restart();
-        assert!(
-            !clock.host_time_exceeded(deadline),
-            "each guest call starts afresh"
-        );
-        assert_eq!(clock.host_time_cap(deadline), Duration::from_secs(1));
+        clock.restart(deadline);
+        assert!(!clock.host_time_exceeded(), "each guest call starts afresh");
+        assert_eq!(clock.host_time_cap(), Duration::from_secs(1));
+    }
+
+    /// A host call that took `wall`, with the guest's thread waiting (no CPU time).
+    fn host_call(wall: Duration) -> Spent {
+        Spent {
+            wall,
+            cpu: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn the_deadline_counts_cpu_time_and_bounds_wall_time() {
+        let deadline = Duration::from_millis(20);
+        let clock = CallClock::new(deadline);
+        // Waiting for a CPU (here: sleeping) uses none, so the call keeps its time.
+        thread::sleep(deadline * 2);
+        let left = clock
+            .time_left()
+            .expect("two deadlines of waiting used no CPU time");
+        assert!(left <= deadline, "{left:?} left of {deadline:?}");
+        // Spinning uses CPU time, and the call's time runs out.
+        let spinning = Instant::now();
+        while clock.time_left().is_some() {
+            assert!(
+                spinning.elapsed() < Duration::from_secs(30),
+                "never ran out"
+            );
+        }
+        assert!(clock.guest_time().cpu >= deadline);
+        // Waiting without end is bounded in wall-clock time.
+        let short = Duration::from_millis(2);
+        let waiting = CallClock::new(short);
+        thread::sleep(short * (WALL_TIME_IN_DEADLINES + 5));
+        assert_eq!(waiting.time_left(), None, "wall time is bounded");
     }
 
     #[test]

@@ -16,11 +16,10 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 use super::bindings::StateHost;
 use super::cache::{remove_stale_temporaries, write_atomically};
-use super::sandbox::{HostState, format_bytes};
+use super::sandbox::{HostState, Moment, format_bytes};
 
 /// Default cap on a plugin's state blob.
 pub const DEFAULT_MAX_STATE_BYTES: usize = 256 << 20;
@@ -141,14 +140,14 @@ fn read_state_file(plugin: &str, path: &Path, max_bytes: usize) -> Option<Vec<u8
 
 impl StateHost for HostState {
     fn load(&mut self) -> Option<Vec<u8>> {
-        let started = Instant::now();
+        let started = Moment::now();
         let blob = self.state.blob().map(|bytes| bytes.as_ref().clone());
         self.clock.credit(started.elapsed());
         blob
     }
 
     fn save(&mut self, blob: Vec<u8>) -> Result<(), String> {
-        let started = Instant::now();
+        let started = Moment::now();
         let saved = self.state.save(blob);
         self.clock.credit(started.elapsed());
         saved

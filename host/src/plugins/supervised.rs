@@ -19,17 +19,19 @@
 //! mean (a proposal, a decision) is for [`PluginSource`](super::PluginSource) and
 //! [`PluginPolicy`](super::PluginPolicy).
 
+use std::time::Duration;
+
 use wasmtime::component::ResourceAny;
 use wasmtime::{Store, Trap};
 
 use super::error::LoadError;
 use super::loaded::Loaded;
 use super::sandbox::{
-    EPOCH_TICK, HostState, SandboxLimits, arm_call, deadline_ticks, enforce_deadline, format_bytes,
-    format_duration, sanitize,
+    HostState, SandboxLimits, arm_call, enforce_deadline, format_bytes, format_duration, sanitize,
 };
 use super::world::World;
 use crate::cascade::SourceFault;
+use crate::placement::thread_cpu_time;
 
 /// Longest error string from a plugin's `open` kept in a fault, in characters.
 const MAX_GUEST_ERROR_CHARS: usize = 500;
@@ -98,7 +100,6 @@ pub(super) struct Supervised<W: World> {
     plugin: Loaded<W>,
     config: String,
     limits: SandboxLimits,
-    deadline_ticks: u64,
     /// `None` after a trap, until the next call that needs the plugin.
     live: Option<Live<W>>,
     /// The last instance trapped; the next one to be created counts as a restart.
@@ -119,7 +120,6 @@ impl<W: World> Supervised<W> {
         Self {
             plugin,
             config,
-            deadline_ticks: deadline_ticks(limits.call_deadline, EPOCH_TICK),
             limits,
             live: None,
             crashed: false,
@@ -141,15 +141,16 @@ impl<W: World> Supervised<W> {
     }
 
     /// Checks that `plugin` can be instantiated under `limits` (its initial memory fits, its
-    /// start-up code runs within the deadline).
+    /// start-up code runs within the start-up deadline); returns the CPU time starting took.
     pub(super) fn check_starts(
         plugin: &Loaded<W>,
         limits: &SandboxLimits,
-    ) -> Result<(), LoadError> {
+    ) -> Result<Duration, LoadError> {
         let probe = Self::new(plugin.clone(), String::new(), limits.clone());
+        let started = thread_cpu_time();
         probe
             .instantiate()
-            .map(drop)
+            .map(|_| thread_cpu_time().saturating_sub(started))
             .map_err(|error| LoadError::Instantiate {
                 plugin: plugin.name().to_owned(),
                 reason: describe_failure(Method::Instantiate, &error, None, None, limits),
@@ -319,7 +320,7 @@ impl<W: World> Supervised<W> {
         if live.session.is_some() {
             return Ok(());
         }
-        arm_call(&mut live.store, self.deadline_ticks);
+        arm_call(&mut live.store, self.limits.call_deadline);
         let opened = W::open(
             &live.instance,
             &mut live.store,
@@ -341,7 +342,7 @@ impl<W: World> Supervised<W> {
             Err(error) => return Err(self.trap(Method::Open, error)),
         };
         live.session = Some(session);
-        arm_call(&mut live.store, self.deadline_ticks);
+        arm_call(&mut live.store, self.limits.call_deadline);
         let caught_up = W::catch_up(&live.instance, &mut live.store, session, &mut request.state);
         caught_up.map_err(|error| self.trap(W::CATCH_UP, error))
     }
@@ -360,7 +361,7 @@ impl<W: World> Supervised<W> {
         let Some(session) = live.session else {
             return Ok(None);
         };
-        arm_call(&mut live.store, self.deadline_ticks);
+        arm_call(&mut live.store, self.limits.call_deadline);
         match call(&live.instance, &mut live.store, session) {
             Ok(result) => Ok(Some(result)),
             Err(error) => Err(self.trap(method, error)),
@@ -377,7 +378,7 @@ impl<W: World> Supervised<W> {
         let Some(live) = self.live.as_mut() else {
             return Ok(None);
         };
-        arm_call(&mut live.store, self.deadline_ticks);
+        arm_call(&mut live.store, self.limits.call_deadline);
         match call(&live.instance, &mut live.store) {
             Ok(result) => Ok(Some(result)),
             Err(error) => Err(self.trap(method, error)),
@@ -432,8 +433,8 @@ impl<W: World> Supervised<W> {
             ),
         );
         store.limiter(|state| &mut state.limiter);
-        enforce_deadline(&mut store, self.limits.call_deadline);
-        arm_call(&mut store, self.deadline_ticks);
+        enforce_deadline(&mut store);
+        arm_call(&mut store, self.limits.start_deadline);
         let instance = W::instantiate(self.plugin.pre(), &mut store)?;
         Ok(Live {
             store,
@@ -450,7 +451,7 @@ impl<W: World> Supervised<W> {
         let Some(session) = live.session.take() else {
             return;
         };
-        arm_call(&mut live.store, self.deadline_ticks);
+        arm_call(&mut live.store, self.limits.call_deadline);
         if let Err(error) = session.resource_drop(&mut live.store) {
             self.trap(Method::Drop, error);
         }
@@ -459,13 +460,10 @@ impl<W: World> Supervised<W> {
     /// Records a trap in `method`: the instance is dropped, to be re-created on next use.
     fn trap(&mut self, method: Method, error: wasmtime::Error) -> SourceFault {
         self.crashed = true;
-        let deadline = self.limits.call_deadline;
         let (refused_memory, panic, host_busy) = match self.drop_instance() {
             Some(mut live) => {
                 let clock = &live.store.data().clock;
-                let host_busy = clock
-                    .host_time_exceeded(deadline)
-                    .then(|| clock.host_time_cap(deadline));
+                let host_busy = clock.host_time_exceeded().then(|| clock.host_time_cap());
                 (
                     live.store.data_mut().limiter.take_refusal(),
                     live.store.data().last_panic(),
@@ -502,29 +500,35 @@ fn describe_failure(
     panic: Option<&str>,
     limits: &SandboxLimits,
 ) -> String {
-    let method = method.as_str();
+    let name = method.as_str();
     if let Some(desired) = refused_memory {
         return format!(
-            "exceeded its {} memory limit in {method} (tried to grow a memory to {})",
+            "exceeded its {} memory limit in {name} (tried to grow a memory to {})",
             format_bytes(limits.memory_limit),
             format_bytes(desired)
         );
     }
     let cause = match error.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) if method == Method::Instantiate => {
+            return format!(
+                "exceeded its {} start-up deadline in {name}",
+                format_duration(limits.start_deadline)
+            );
+        }
         Some(Trap::Interrupt) => {
             return format!(
-                "exceeded its {} deadline in {method}",
+                "exceeded its {} deadline in {name}",
                 format_duration(limits.call_deadline)
             );
         }
         Some(trap) => {
             let text = trap.to_string();
             format!(
-                "trapped in {method}: {}",
+                "trapped in {name}: {}",
                 text.strip_prefix("wasm trap: ").unwrap_or(&text)
             )
         }
-        None => format!("failed in {method}: {error}"),
+        None => format!("failed in {name}: {error}"),
     };
     match panic {
         Some(panic) => format!("{cause} ({panic})"),
@@ -535,7 +539,6 @@ fn describe_failure(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn describes_deadline_memory_and_panic_faults() {
@@ -573,6 +576,10 @@ mod tests {
         assert_eq!(
             describe_failure(Method::Decide, &deadline, None, None, &short),
             "exceeded its 10 ms deadline in decide"
+        );
+        assert_eq!(
+            describe_failure(Method::Instantiate, &deadline, None, None, &short),
+            "exceeded its 500 ms start-up deadline in instantiate"
         );
     }
 }

@@ -115,8 +115,12 @@ impl Check {
 pub struct Figures {
     /// Time per call of each guest function the replays made.
     pub calls: Vec<CallTimes>,
-    /// The sandbox's time limit per call, in µs.
+    /// The sandbox's limit on each call's CPU time, in µs.
     pub call_deadline_us: u64,
+    /// The CPU time an instance took to start at load, in µs.
+    pub start_time_us: u64,
+    /// The sandbox's limit on the CPU time an instance takes to start, in µs.
+    pub start_deadline_us: u64,
     /// The largest linear memory an instance had, in bytes.
     pub peak_memory_bytes: usize,
     /// The sandbox's cap on each linear memory, in bytes.
@@ -209,6 +213,7 @@ pub fn check(options: &CheckOptions) -> anyhow::Result<CheckReport> {
         checks: Vec::new(),
         figures: Figures {
             call_deadline_us: micros(options.limits.call_deadline),
+            start_deadline_us: micros(options.limits.start_deadline),
             memory_limit_bytes: options.limits.memory_limit,
             ..Figures::default()
         },
@@ -217,14 +222,14 @@ pub fn check(options: &CheckOptions) -> anyhow::Result<CheckReport> {
     match host.load(&spec) {
         Ok(plugin) => {
             report.kind = Some(PluginKind::Drafter.as_str());
-            report.checks.push(loads(PluginKind::Drafter, &report.wit));
+            loads(PluginKind::Drafter, plugin.start_time(), &mut report);
             drafter::check(&host, &plugin, &trace, options, &mut report);
         }
         Err(LoadError::MissingExport { found, .. }) if found.contains("policy-api") => {
             match host.load_policy(&spec) {
                 Ok(plugin) => {
                     report.kind = Some(PluginKind::Policy.as_str());
-                    report.checks.push(loads(PluginKind::Policy, &report.wit));
+                    loads(PluginKind::Policy, plugin.start_time(), &mut report);
                     policy::check(&host, &plugin, &trace, options, &mut report);
                 }
                 Err(error) => report.checks.push(Check::fail("loads", error.to_string())),
@@ -235,14 +240,21 @@ pub fn check(options: &CheckOptions) -> anyhow::Result<CheckReport> {
     Ok(report)
 }
 
-fn loads(kind: PluginKind, wit: &str) -> Check {
-    Check::pass(
+/// Adds the passed `loads` check of a plugin of `kind` whose instance started in `start_time`
+/// (recorded in `report`'s figures).
+fn loads(kind: PluginKind, start_time: std::time::Duration, report: &mut CheckReport) {
+    report.figures.start_time_us = micros(start_time);
+    let check = Check::pass(
         "loads",
         format!(
-            "a {} component linked against {wit}, started under the sandbox limits",
-            kind.as_str()
+            "a {} component linked against {}, started under the sandbox limits in {} of CPU time (the limit is {})",
+            kind.as_str(),
+            report.wit,
+            format_us(report.figures.start_time_us as f64),
+            format_us(report.figures.start_deadline_us as f64)
         ),
-    )
+    );
+    report.checks.push(check);
 }
 
 /// The checks every plugin gets on its `open`: an empty config is accepted, one with an unknown
@@ -285,13 +297,16 @@ fn time_check(calls: &[CallTimes], limits: &SandboxLimits) -> Check {
         .collect::<Vec<_>>()
         .join("; ");
     let slowest = calls.iter().map(|c| c.max_us).fold(0.0, f64::max);
-    let detail = format!("{summary}; the limit is {} per call", format_us(deadline));
+    let detail = format!(
+        "{summary} (CPU time); the limit is {} of CPU time per call",
+        format_us(deadline)
+    );
     if slowest * 2.0 > deadline {
         Check::new(
             "time per call",
             Outcome::Warn,
             format!(
-                "{detail}: the slowest call took over half of it, so a busy server may time it out"
+                "{detail}: the slowest call took over half of it, so a slower CPU may time it out"
             ),
         )
     } else {

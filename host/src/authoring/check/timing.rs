@@ -1,12 +1,13 @@
-//! Time per guest call, as the checks measure it: the host's whole call (sandbox entry, the
-//! guest's work, checking the result), per function of the WIT.
+//! Time per guest call, as the checks measure it: the CPU time of the host's whole call
+//! (sandbox entry, the guest's work, checking the result), per function of the WIT. CPU time is
+//! what the sandbox's deadline counts, and it does not change with what else the machine runs.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 use serde::Serialize;
 
 use super::format_us;
+use crate::placement::thread_cpu_time;
 
 /// The times of one guest function's calls.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -61,11 +62,12 @@ pub struct CallLog {
 }
 
 impl CallLog {
-    /// Runs `call`, recording its time under `method`.
+    /// Runs `call`, recording its CPU time under `method`.
     pub fn time<T>(&mut self, method: &'static str, call: impl FnOnce() -> T) -> T {
-        let started = Instant::now();
+        let started = thread_cpu_time();
         let result = call();
-        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let spent = thread_cpu_time().saturating_sub(started);
+        let ns = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
         self.samples.entry(method).or_default().push(ns);
         result
     }

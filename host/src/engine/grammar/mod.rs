@@ -25,6 +25,7 @@ pub use self::source::{GRAMMAR_SOURCE, GrammarSource};
 
 use super::model::{from_llama, to_llama};
 use crate::cascade::Token;
+use crate::placement::thread_cpu_time;
 
 /// The rule generation starts from.
 const ROOT: &str = "root";
@@ -157,12 +158,6 @@ impl Grammar {
             })
             .map_err(|_| GrammarError::Invalid(String::new()))
     }
-}
-
-/// CPU time this thread has used: what a grammar costs, whatever else runs on the machine.
-pub(super) fn thread_cpu_time() -> Duration {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
-        .map_or(Duration::ZERO, Duration::from)
 }
 
 /// Where generation stands in a grammar: which tokens may come next.
