@@ -355,6 +355,28 @@ impl CallClock {
         Some((self.deadline - guest.cpu).min(wall_limit - guest.wall))
     }
 
+    /// What ran out, in words, when the current call's time ran out on something other than
+    /// the guest's own CPU time: the host time credited to it ("kept the host busy ...") or its
+    /// wall-clock bound ("took over ..."); `None` otherwise. `method` names the call.
+    pub(super) fn overrun(&self, method: &str) -> Option<String> {
+        if self.host_time_exceeded() {
+            return Some(format!(
+                "kept the host busy on its behalf (draft model, state) for over {} in {method}",
+                format_duration(self.host_time_cap())
+            ));
+        }
+        let guest = self.guest_time();
+        let wall_limit = self.deadline.saturating_mul(WALL_TIME_IN_DEADLINES);
+        (guest.wall >= wall_limit && guest.cpu < self.deadline).then(|| {
+            format!(
+                "took over {} of wall-clock time in {method} having used {} of its {} of CPU time: the machine is too busy to run it",
+                format_duration(wall_limit),
+                format_duration(guest.cpu),
+                format_duration(self.deadline)
+            )
+        })
+    }
+
     /// Whether the host time credited to the current call passed its cap.
     pub(super) fn host_time_exceeded(&self) -> bool {
         self.host_time.wall > self.host_time_cap()
@@ -618,6 +640,18 @@ mod tests {
         let waiting = CallClock::new(short);
         thread::sleep(short * (WALL_TIME_IN_DEADLINES + 5));
         assert_eq!(waiting.time_left(), None, "wall time is bounded");
+        let overrun = waiting
+            .overrun("propose")
+            .expect("the wall-clock bound is named");
+        assert!(
+            overrun.starts_with("took over 20 ms of wall-clock time in propose"),
+            "{overrun}"
+        );
+        assert_eq!(
+            clock.overrun("propose"),
+            None,
+            "CPU time ran out, not the wall clock"
+        );
     }
 
     #[test]

@@ -460,32 +460,29 @@ impl<W: World> Supervised<W> {
     /// Records a trap in `method`: the instance is dropped, to be re-created on next use.
     fn trap(&mut self, method: Method, error: wasmtime::Error) -> SourceFault {
         self.crashed = true;
-        let (refused_memory, panic, host_busy) = match self.drop_instance() {
+        let interrupted = matches!(error.downcast_ref::<Trap>(), Some(Trap::Interrupt));
+        let (refused_memory, panic, overrun) = match self.drop_instance() {
             Some(mut live) => {
-                let clock = &live.store.data().clock;
-                let host_busy = clock.host_time_exceeded().then(|| clock.host_time_cap());
+                let overrun = interrupted
+                    .then(|| live.store.data().clock.overrun(method.as_str()))
+                    .flatten();
                 (
                     live.store.data_mut().limiter.take_refusal(),
                     live.store.data().last_panic(),
-                    host_busy,
+                    overrun,
                 )
             }
             None => (None, None, None),
         };
-        let what = match host_busy {
-            Some(cap) => format!(
-                "kept the host busy on its behalf (draft model, state) for over {} in {}",
-                format_duration(cap),
-                method.as_str()
-            ),
-            None => describe_failure(
+        let what = overrun.unwrap_or_else(|| {
+            describe_failure(
                 method,
                 &error,
                 refused_memory,
                 panic.as_deref(),
                 &self.limits,
-            ),
-        };
+            )
+        });
         tracing::debug!(plugin = %self.name(), method = method.as_str(), "trap detail: {error:?}");
         self.fault(what)
     }
