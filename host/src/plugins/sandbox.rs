@@ -343,12 +343,17 @@ impl CallClock {
         }
     }
 
+    /// The current call's bound on wall-clock time: [`WALL_TIME_IN_DEADLINES`] deadlines.
+    fn wall_limit(&self) -> Duration {
+        self.deadline.saturating_mul(WALL_TIME_IN_DEADLINES)
+    }
+
     /// How much longer the guest may run, in wall-clock time at the most (its CPU time cannot
     /// grow faster than that), or `None` once its time is up: CPU time at the deadline, wall
     /// time at [`WALL_TIME_IN_DEADLINES`] deadlines, or host time past its cap.
     fn time_left(&self) -> Option<Duration> {
         let guest = self.guest_time();
-        let wall_limit = self.deadline.saturating_mul(WALL_TIME_IN_DEADLINES);
+        let wall_limit = self.wall_limit();
         if guest.cpu >= self.deadline || guest.wall >= wall_limit || self.host_time_exceeded() {
             return None;
         }
@@ -366,7 +371,7 @@ impl CallClock {
             ));
         }
         let guest = self.guest_time();
-        let wall_limit = self.deadline.saturating_mul(WALL_TIME_IN_DEADLINES);
+        let wall_limit = self.wall_limit();
         (guest.wall >= wall_limit && guest.cpu < self.deadline).then(|| {
             format!(
                 "took over {} of wall-clock time in {method} having used {} of its {} of CPU time: the machine is too busy to run it",
