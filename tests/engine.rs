@@ -5,7 +5,8 @@ mod common;
 use common::*;
 use spechost::cascade::Cascade;
 use spechost::engine::{
-    MessageContents, Request, RoundDecision, SamplingParams, StopReason, Target, TargetParams,
+    MessageContents, Request, RoundDecision, SamplingParams, Session, StopReason, Target,
+    TargetParams,
 };
 use spechost::models::DefaultModel;
 use spechost::plugins::SourceSpec;
@@ -143,8 +144,9 @@ fn gemma3_seeded_sampling_is_reproducible_and_speculation_keeps_the_draws() {
 /// Gemma's output layer is Q8_0, most of its layers Q5_0 and the rest Q4_K and Q6_K: the host's
 /// batched kernels compute them all on a CPU with AVX2, after the session checked a batch against one-by-one decoding. The
 /// identity tests above then compare verify batches computed by the host with single tokens
-/// computed by llama.cpp; this makes sure that is what they test, and that turning the host's
-/// products off (`--llama-matmul`) changes nothing but speed.
+/// computed by llama.cpp (or by the host, bit for bit alike, on AVX-512 VNNI: the test below);
+/// this makes sure that is what they test, and that turning the host's products off
+/// (`--llama-matmul`) changes nothing but speed.
 #[test]
 fn gemma3_batches_use_the_host_batched_products_exactly() {
     batches_use_the_host_products_exactly(
@@ -160,6 +162,63 @@ fn gemma3_batches_use_the_host_batched_products_exactly() {
 #[test]
 fn smollm2_batches_use_the_host_q4_1_products_exactly() {
     batches_use_the_host_products_exactly(DefaultModel::SmolLm2, avx2() && !amx(), "Q4_1", "AVX2");
+}
+
+/// On a CPU with AVX-512 VNNI the host also computes the single rows of Q8_0, Q5_0 and Q4_0
+/// products, plain decoding's: Gemma's Q5_0 layers and Q8_0 output layer go to the host in
+/// every single-token step there, and plain decoding gives exactly what it gives with llama.cpp
+/// computing every product (`--llama-matmul`). So the single tokens that the identity tests
+/// compare verify batches with are the host's there, and bit for bit ggml's.
+#[test]
+fn gemma3_single_tokens_use_the_host_products_exactly() {
+    let _guard = exclusive();
+    let target = load(DefaultModel::Gemma3);
+    let message = &fixtures()[0].user_message;
+    let plain = |target: &Target, session: &mut Session<'_>, max_tokens: usize| {
+        let before = session.host_batch_products();
+        let outcome = generate_in(
+            target,
+            session,
+            message,
+            max_tokens,
+            SamplingParams::greedy(),
+            0,
+            &mut Cascade::empty(),
+        );
+        (outcome, session.host_batch_products() - before)
+    };
+    let mut session = target.session(&session_params()).expect("session");
+    // The prompt alone (its first token comes from the prompt's batch), then the same prompt
+    // and MAX_TOKENS - 1 single-token steps: the steps' products are the difference.
+    let (_, prompt_products) = plain(&target, &mut session, 1);
+    let (by_host, products) = plain(&target, &mut session, MAX_TOKENS);
+    assert_eq!(
+        by_host.tokens.len(),
+        MAX_TOKENS,
+        "no early end of the answer"
+    );
+    assert_eq!(
+        products > prompt_products + MAX_TOKENS as u64,
+        avx512_vnni(),
+        "single tokens' Q5_0/Q8_0 products go to the host exactly when the CPU has AVX-512 VNNI \
+         ({prompt_products} for the prompt, {products} with {MAX_TOKENS} tokens)"
+    );
+    drop(session);
+    let llama_only = Target::load(
+        target.path(),
+        &TargetParams {
+            host_batch_products: false,
+            ..TargetParams::default()
+        },
+    )
+    .expect("the model loads again");
+    let mut session = llama_only.session(&session_params()).expect("session");
+    let (by_llama, products) = plain(&llama_only, &mut session, MAX_TOKENS);
+    assert_eq!(products, 0, "turned off, llama.cpp computes every product");
+    drop(session);
+    // Contexts made from here on use the host's products again, as other tests expect.
+    drop(load(DefaultModel::Gemma3));
+    assert_eq!(by_host.tokens, by_llama.tokens);
 }
 
 /// Checks that `model`'s verify batches hand products to the host exactly when `expected`, and

@@ -262,6 +262,17 @@ pub fn amx() -> bool {
         .is_ok_and(|info| info.split_whitespace().any(|flag| flag == "amx_int8"))
 }
 
+/// Whether the CPU has the instructions of the host's AVX-512 VNNI kernel (`quant_matmul`): it
+/// computes the Q8_0, Q5_0 and Q4_0 products of batches and of single rows.
+pub fn avx512_vnni() -> bool {
+    cfg!(target_arch = "x86_64")
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
 /// Whether the CPU has the instructions of the host's AVX2 kernel (AVX2, FMA, F16C): it computes
 /// the Q4_1, Q8_0 and Q4_0 products of batches.
 pub fn avx2() -> bool {

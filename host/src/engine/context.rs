@@ -15,12 +15,14 @@
 //! decoded after every cell it keeps, and only a leading chain of them is kept.
 //!
 //! The matrix products of batches with Q8_0, Q5_0, Q4_0, Q4_1, Q4_K or Q6_K weights go to the
-//! host's batched kernels (`engine::kernels`) when they are on. Their arithmetic is ggml's,
-//! checked by their unit tests against ggml's single-row kernels; the check here proves it
-//! again on the real model, for the batch shapes the context will decode: the rows of a largest
-//! verify batch of one sequence and, with several sequences, beside them rows of sequences with
-//! other lengths and other contexts, decoded one at a time (llama.cpp's own kernels throughout)
-//! and then as one batch, must give the same logits, bit for bit, or the host's products are
+//! host's batched kernels (`engine::kernels`) when they are on (and, on CPUs with AVX-512 VNNI,
+//! the single rows of Q8_0, Q5_0 and Q4_0 products too). Their arithmetic is ggml's, checked by
+//! their unit tests against ggml's single-row kernels; the check here proves on the real model
+//! that a row's logits do not depend on its batch, for the batch shapes the context will
+//! decode: the rows of a largest verify batch of one sequence and, with several sequences,
+//! beside them rows of sequences with other lengths and other contexts, decoded one at a time
+//! (as plain decoding decodes them) and then as one batch, must give the same logits, bit for
+//! bit, or the host's products are
 //! turned off for the process and the context is made again without them (then the check runs
 //! once more, on llama.cpp's kernels alone, and a difference there is logged as a warning:
 //! output may then differ from plain decoding near ties).
@@ -501,8 +503,8 @@ impl<'m> ModelContext<'m> {
         checked
     }
 
-    /// Decodes the check's batch (see [`BatchCheck`]) one token at a time, with llama.cpp's
-    /// single-row kernels throughout, then as one batch with every output, as verify batches
+    /// Decodes the check's batch (see [`BatchCheck`]) one token at a time, as plain decoding
+    /// does, then as one batch with every output, as verify batches
     /// decode, and compares the logits bit for bit. Returns how many products of the batch the
     /// host computed; a check that cannot run (a tiny context) proves nothing beyond the
     /// kernel's unit tests and passes.

@@ -1,8 +1,9 @@
 //! A ggml backend that computes the Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K matrix products of
 //! batches (verify batches, prompts) with `quant_matmul`, `avx2` and `k_quants`: one pass over
 //! each weight matrix per batch instead of llama.cpp's one vector dot product per (weight row,
-//! batch row), and the same bits; and their flash attention over the Q8_0 KV cache with
-//! `attention` (each cache row read once for the query rows that share a KV head).
+//! batch row), and the same bits; where `quant_matmul` runs, their single rows (plain decoding)
+//! too; and their flash attention over the Q8_0 KV cache with `attention` (each cache row read
+//! once for the query rows that share a KV head).
 //!
 //! How it gets the work: llama.cpp gives every context one backend per registered
 //! "accelerator" device, ahead of the CPU backend, and ggml's scheduler hands a matrix product
@@ -10,9 +11,11 @@
 //! how llama.cpp's BLAS backend works). This device accepts matrix products of weights in host
 //! memory with two or more `f32` batch rows of Q8_0, Q5_0, Q4_0, Q4_1 (SmolLM2's layers), Q4_K
 //! and Q6_K weights when the CPU has AVX2 (`avx2`, `k_quants`; `quant_matmul` takes Q8_0, Q5_0
-//! and Q4_0 when it has AVX-512 VNNI), and flash attention of two or more query rows over a
-//! Q8_0 cache (`attention`, AVX2); single rows (plain decoding) and everything else stay with
-//! llama.cpp's CPU backend. The weights stay where llama.cpp put them.
+//! and Q4_0, single rows included, when it has AVX-512 VNNI: [`WeightKind::fewest_rows`]), and
+//! flash attention of two or more query rows over a Q8_0 cache (`attention`, AVX2); the other
+//! single rows and everything else stay with llama.cpp's CPU backend. The weights stay where
+//! llama.cpp put them (llama.cpp's AMX buffers, on CPUs that have AMX, are not host memory:
+//! llama.cpp computes their products, see docs/exactness.md).
 //!
 //! Gemma 3's output layer is Q8_0 and its layers mostly Q5_0 (their 640-wide rows do not fit
 //! Q4_K's 256-value blocks), and llama.cpp's kernels unpack every block again for every batch
@@ -475,6 +478,20 @@ impl WeightKind {
         }
     }
 
+    /// Fewest batch rows of a product of this kind the backend takes. One where `quant_matmul`
+    /// computes it (AVX-512 VNNI): its single row, what plain decoding multiplies, is faster than
+    /// ggml's dot products (measured on a 2-vCPU Xeon with the weights in plain CPU buffers, a
+    /// token of SmolLM2 Q8_0 in 10.4 ms against 13.6, of Gemma-3-270M, whose Q5_0 layers and
+    /// Q8_0 output layer it takes, in 14.5 against 16.4), with the same bits. Two where the AVX2
+    /// kernels compute it: their single row ran slower than ggml's (a token of SmolLM2 Q4_1 in
+    /// 13.7-14.3 ms against 11.2-12.3).
+    fn fewest_rows(self) -> usize {
+        match self {
+            Self::Q8_0 | Self::Q5_0 | Self::Q4_0 if quant_matmul::kernel_available() => 1,
+            _ => 2,
+        }
+    }
+
     /// Bytes and values of one block.
     fn block_layout(self) -> (usize, usize) {
         fn of<B: QuantBlock>() -> (usize, usize) {
@@ -492,7 +509,8 @@ impl WeightKind {
 }
 
 /// The product `node` asks for, if it is one this backend computes: a 2-D matrix product of
-/// weights of a [`WeightKind`] with contiguous rows and two or more contiguous `f32` batch rows.
+/// weights of a [`WeightKind`] with contiguous rows and contiguous `f32` batch rows, at least
+/// [`WeightKind::fewest_rows`] of them.
 ///
 /// # Safety
 /// `node` and its sources must be live tensors.
@@ -511,7 +529,7 @@ unsafe fn product_of(node: &sys::ggml_tensor) -> Option<Product> {
         .all(|tensor| tensor.ne[2] == 1 && tensor.ne[3] == 1);
     let supported = two_dimensional
         && input.type_ == sys::GGML_TYPE_F32
-        && batch >= 2
+        && batch >= kind.fewest_rows()
         && width.is_multiple_of(block_values)
         && input.ne[0] as usize == width
         && node.ne[0] as usize == rows
