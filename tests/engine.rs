@@ -204,14 +204,7 @@ fn gemma3_single_tokens_use_the_host_products_exactly() {
          ({prompt_products} for the prompt, {products} with {MAX_TOKENS} tokens)"
     );
     drop(session);
-    let llama_only = Target::load(
-        target.path(),
-        &TargetParams {
-            host_batch_products: false,
-            ..TargetParams::default()
-        },
-    )
-    .expect("the model loads again");
+    let llama_only = without_host_products(&target);
     let mut session = llama_only.session(&session_params()).expect("session");
     let (by_llama, products) = plain(&llama_only, &mut session, MAX_TOKENS);
     assert_eq!(products, 0, "turned off, llama.cpp computes every product");
@@ -219,6 +212,20 @@ fn gemma3_single_tokens_use_the_host_products_exactly() {
     // Contexts made from here on use the host's products again, as other tests expect.
     drop(load(DefaultModel::Gemma3));
     assert_eq!(by_host.tokens, by_llama.tokens);
+}
+
+/// `target` loaded again with the host's products off: llama.cpp computes every product
+/// (`--llama-matmul`). Load a default model again afterwards, for contexts made later in the
+/// process use the host's products only after one is loaded with them on.
+fn without_host_products(target: &Target) -> Target {
+    Target::load(
+        target.path(),
+        &TargetParams {
+            host_batch_products: false,
+            ..TargetParams::default()
+        },
+    )
+    .expect("the model loads again")
 }
 
 /// Checks that `model`'s verify batches hand products to the host exactly when `expected`, and
@@ -255,14 +262,7 @@ fn batches_use_the_host_products_exactly(
     if !expected {
         return;
     }
-    let llama_only = Target::load(
-        target.path(),
-        &TargetParams {
-            host_batch_products: false,
-            ..TargetParams::default()
-        },
-    )
-    .expect("the model loads again");
+    let llama_only = without_host_products(&target);
     let mut session = llama_only.session(&session_params()).expect("session");
     let by_llama = generate_in(
         &llama_only,
