@@ -159,7 +159,9 @@ impl<'a> Session<'a> {
         self.target
     }
 
-    /// How many matrix products of this session's batches the host's batched kernels computed (see `TargetParams::host_batch_products`); 0 when llama.cpp computed them all.
+    /// How many matrix products of this session's decodes the host's kernels computed (batches,
+    /// and single rows where it takes them; see `TargetParams::host_batch_products`); 0 when
+    /// llama.cpp computed them all.
     pub fn host_batch_products(&self) -> u64 {
         self.context.host_products()
     }
