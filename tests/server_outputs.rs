@@ -314,10 +314,12 @@ fn constrained_outputs_parse_and_are_the_same_with_and_without_speculation() {
         .collect();
     let late = format!("root ::= \"Yes\" ({})+", words.join(" | "));
     assert_grammar_fails(&server, &late, "took");
-    assert_eq!(
-        post(&server, "/completions", &json!({"prompt": "Is the sky green? Answer:", "grammar": grammar, "max_tokens": 8, "temperature": 0})).status,
-        200
+    let after = post(
+        &server,
+        "/completions",
+        &json!({"prompt": "Is the sky green? Answer:", "grammar": grammar, "max_tokens": 8, "temperature": 0}),
     );
+    assert_eq!(after.status, 200, "{}", after.body);
 
     for (extra, param) in [
         (json!({"grammar": "root ::= ("}), "grammar"),

@@ -55,7 +55,10 @@
 //! (weight 0.2) of `round.verify_us` per batch size `n = round.n_verified`; a size not measured
 //! yet is interpolated linearly between the nearest measured sizes, or, beyond them, scaled from
 //! the nearest one by the linear model `verify(n) ∝ 1 + 0.3 (n - 1)`, which also stands in (with
-//! a unit cost for `n = 1`) before anything is measured. `draft_per_token` is learned per source:
+//! a unit cost for `n = 1`) before anything is measured. A size that comes out dearer than a
+//! larger one takes the larger one's time: timings err upwards, and a plain round slowed by
+//! something else must not make plain decoding look slow for good (a source asked every round
+//! leaves no plain round to correct it). `draft_per_token` is learned per source:
 //! the moving average (weight 0.2) of its `(draft_us - catch_up_us) / drafted` over the proposals
 //! it made; the cost model uses the sources' average weighted by the rounds each won lately
 //! (decayed like the counts). A draft model's time to catch up with the context
@@ -402,7 +405,9 @@ impl VerifyCosts {
     }
 
     /// The best known verify time for every size `n = 1..=sizes`, filling the gaps (see the
-    /// crate docs).
+    /// crate docs). Never decreasing with `n`: a size that looks dearer than a larger one was
+    /// slowed by something else (timings err upwards), and takes the larger one's time; else
+    /// one slow plain round, once a source is asked every round, would never be corrected.
     fn table(&self, sizes: usize) -> Vec<f64> {
         let known: Vec<Option<f64>> = (0..sizes)
             .map(|index| {
@@ -411,7 +416,7 @@ impl VerifyCosts {
             })
             .collect();
         let linear = |index: usize| 1.0 + VERIFY_SLOPE * index as f64;
-        (0..known.len())
+        let mut table: Vec<f64> = (0..known.len())
             .map(|index| {
                 if let Some(time) = known[index] {
                     return time;
@@ -428,7 +433,11 @@ impl VerifyCosts {
                     (None, None) => linear(index),
                 }
             })
-            .collect()
+            .collect();
+        for index in (1..table.len()).rev() {
+            table[index - 1] = table[index - 1].min(table[index]);
+        }
+        table
     }
 }
 
@@ -1702,6 +1711,40 @@ mod tests {
             asks > 1000,
             "probed and brought in: asked in {asks} of 2000 rounds"
         );
+    }
+
+    #[test]
+    fn one_slow_plain_round_does_not_bring_in_a_source_that_does_not_pay() {
+        // No host measurements: verify times are learned. A model whose tokens cost three target
+        // steps never pays, however well accepted; but one plain round slowed 15 times (the
+        // machine busy elsewhere) makes plain decoding look slower than asking it. Once it is
+        // asked every round, no round decodes one token alone to correct that time: verifying
+        // one token must not cost more than verifying two, which its asks measure.
+        let mut harness = cost(
+            "carry=false",
+            PolicySetup {
+                verify_us: Vec::new(),
+                ..two_sources(0.3)
+            },
+        );
+        let verify_us = |n: u32| (ONE_TOKEN_US * (1.0 + 0.3 * (n - 1) as f32)) as u64;
+        let (mut asks, rounds) = (0, 200);
+        for index in 0..rounds {
+            let decision = harness.decide();
+            let mut round = if decision.exclude.is_empty() {
+                asks += 1;
+                let k = decision.max_draft_len;
+                model_round(k, k, ONE_TOKEN_US * 3.0)
+            } else {
+                lookup_round(0, 0)
+            };
+            round.verify_us = verify_us(round.n_verified);
+            if index == 1 {
+                round.verify_us *= 15;
+            }
+            harness.observe(&round);
+        }
+        assert!(asks * 10 <= rounds, "asked in {asks} of {rounds} rounds");
     }
 
     #[test]
