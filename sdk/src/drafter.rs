@@ -38,7 +38,8 @@ pub trait Drafter: Sized + 'static {
     ///
     /// Called first with the whole prompt, then once per round with only the tokens that round
     /// committed: the accepted prefix of the draft followed by the target's token. Tokens are
-    /// never sent twice, so keep whatever history you need.
+    /// never sent twice, so keep whatever history you need. The rounds a policy left this
+    /// drafter out of come together, in one call before it is next asked or its session ends.
     fn feed(&mut self, tokens: &[Token]);
 
     /// Proposes up to `max_draft_len` tokens continuing the context fed so far.

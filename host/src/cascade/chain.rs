@@ -232,7 +232,7 @@ impl Cascade {
             return;
         }
         for slot in &mut self.slots {
-            slot.call("feed", |s| s.feed(tokens));
+            slot.feed(tokens);
         }
     }
 
@@ -258,6 +258,9 @@ impl Cascade {
             slot.draw = None;
             slot.shadow_asked = false;
             slot.excluded = decision.exclude.contains(&slot.stats.name);
+            if !slot.excluded {
+                slot.feed_held_back();
+            }
         }
         if let Some(names) = &decision.order {
             self.reorder(names);
@@ -500,7 +503,11 @@ impl Cascade {
             if let Some(settled) = slot.settle_shadow(committed) {
                 sources.push(settled);
             }
-            slot.call("feed", |s| s.feed(committed));
+            if slot.excluded {
+                slot.hold_back(committed);
+            } else {
+                slot.feed(committed);
+            }
         }
         let record = RoundRecord {
             max_draft_len: draft.max_draft_len,
@@ -539,9 +546,11 @@ impl Cascade {
         Some(winner.0)
     }
 
-    /// Ends the request for every source and the policy, and drops the sources joined for it.
+    /// Ends the request for every source (fed first what was held back from it while it was
+    /// left out) and the policy, and drops the sources joined for it.
     pub fn end(&mut self) {
         for slot in &mut self.slots {
+            slot.feed_held_back();
             slot.source.end();
         }
         self.slots.truncate(self.own_sources);
@@ -996,6 +1005,81 @@ mod tests {
             cascade.propose(8);
             assert_eq!(asked(&cheap_asked), 1, "{mode:?}: `cheap` is asked again");
         }
+    }
+
+    #[test]
+    fn a_source_left_out_is_fed_the_rounds_it_missed_in_one_call_before_it_is_asked() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let left_out = |max_draft_len| Decision {
+            max_draft_len,
+            exclude: vec!["model".to_owned()],
+            ..Decision::default()
+        };
+        let policy = ScriptedPolicy {
+            decisions: vec![
+                left_out(4),
+                left_out(0),
+                Decision {
+                    max_draft_len: 4,
+                    ..Decision::default()
+                },
+                left_out(4),
+            ],
+            observed: Arc::default(),
+        };
+        let mut cascade = Cascade::new(
+            vec![
+                scripted("lookup", Ok(vec![]), &log),
+                scripted("model", Ok(vec![7]), &log),
+            ],
+            CascadeSettings::default(),
+        )
+        .with_policy(Box::new(policy));
+        cascade.begin(&facts(), &[1], 8, 64, &[]);
+        let model_lines = || -> Vec<String> {
+            let lines = log.lock().expect("test log");
+            lines
+                .iter()
+                .filter(|line| line.starts_with("model"))
+                .cloned()
+                .collect()
+        };
+        for committed in [[3], [4]] {
+            let draft = cascade.propose(8);
+            cascade.accept(&draft, 0, &committed, RoundTiming::default(), "");
+        }
+        assert_eq!(
+            model_lines(),
+            ["model begin [1]"],
+            "nothing fed while left out"
+        );
+        let draft = cascade.propose(8);
+        assert_eq!(draft.tokens, [7], "asked, with its context complete");
+        assert_eq!(model_lines(), ["model begin [1]", "model feed [3, 4]"]);
+        cascade.accept(&draft, 1, &[7, 5], RoundTiming::default(), "");
+        let draft = cascade.propose(8);
+        cascade.accept(&draft, 0, &[6], RoundTiming::default(), "");
+        cascade.end();
+        assert_eq!(
+            model_lines(),
+            [
+                "model begin [1]",
+                "model feed [3, 4]",
+                "model feedback won=true n=1",
+                "model feed [7, 5]",
+                "model feed [6]",
+            ],
+            "fed every round it was asked in, and what it missed when the request ends"
+        );
+        assert_eq!(
+            log.lock()
+                .expect("test log")
+                .iter()
+                .filter(|line| line.starts_with("lookup feed ["))
+                .count(),
+            4,
+            "a source asked every round is fed every round"
+        );
     }
 
     /// A tree-mode cascade of two sources whose proposals share their first token, for a

@@ -41,6 +41,10 @@ pub(super) struct Slot {
     last_call_time: Duration,
     /// Left out of this round by the policy: not asked for a draft or a shadow draft.
     pub(super) excluded: bool,
+    /// Tokens committed in rounds that left the source out, not fed to it yet: it gets them
+    /// in one call before it is next asked, or before its request ends, rather than one call
+    /// a round (a call into an instance idle since the last decode finds its caches cold).
+    held_back: Vec<Token>,
     shadow: Option<Shadow>,
     /// Asked for a shadow proposal this round (it gets feedback).
     pub(super) shadow_asked: bool,
@@ -59,6 +63,7 @@ impl Slot {
             proposal_catch_up_time: Duration::ZERO,
             last_call_time: Duration::ZERO,
             excluded: false,
+            held_back: Vec::new(),
             shadow: None,
             shadow_asked: false,
         }
@@ -82,6 +87,29 @@ impl Slot {
                 tracing::debug!(source = %self.stats.name, method, %fault, "source fault");
                 None
             }
+        }
+    }
+
+    /// Feeds the source the tokens held back from it, then `tokens`, in one call.
+    pub(super) fn feed(&mut self, tokens: &[Token]) {
+        if self.held_back.is_empty() {
+            self.call("feed", |s| s.feed(tokens));
+        } else {
+            let mut all = std::mem::take(&mut self.held_back);
+            all.extend_from_slice(tokens);
+            self.call("feed", |s| s.feed(&all));
+        }
+    }
+
+    /// Keeps `tokens` committed in a round that left the source out, for its next feed.
+    pub(super) fn hold_back(&mut self, tokens: &[Token]) {
+        self.held_back.extend_from_slice(tokens);
+    }
+
+    /// Feeds the source the tokens held back from it, if any.
+    pub(super) fn feed_held_back(&mut self) {
+        if !self.held_back.is_empty() {
+            self.feed(&[]);
         }
     }
 
@@ -131,6 +159,7 @@ impl Slot {
     /// Forgets the previous request's proposals, keeping what was learnt.
     pub(super) fn reset(&mut self) {
         self.stats = SourceStats::named(&self.stats.name);
+        self.held_back.clear();
         self.proposal = None;
         self.draw = None;
         self.shadow = None;
