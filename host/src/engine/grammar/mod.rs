@@ -191,9 +191,10 @@ impl GrammarState {
         }
     }
 
-    /// The CPU time of checking one token of a `vocab`-token vocabulary here: masking
-    /// `sample` (every `stride`-th token of the vocabulary) in chunks, then accepting one token
-    /// it allows (which moves this state), scaled; cut short once masking took `limit`.
+    /// The CPU time of checking one token of the whole vocabulary here: masking `sample`
+    /// (every `stride`-th token of the vocabulary) in chunks, scaled by `stride`, then
+    /// accepting one token it allows (which moves this state); cut short once masking took
+    /// `limit`.
     fn time_per_token(
         &mut self,
         sample: &[LlamaTokenData],
