@@ -25,6 +25,7 @@
 
 #![allow(unsafe_code)]
 
+use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::avx2::{self, Avx2Weights};
@@ -147,8 +148,13 @@ impl Attention {
         let [key_size, positions, heads, streams] = dims(queries);
         let [_, cache, kv_heads, _] = dims(keys);
         let value_size = values.ne[0] as usize;
+        // Q8_0 rows of whole blocks, each row whole blocks apart (keys are read as a strided
+        // matrix of blocks).
         let q8_0 = |tensor: &sys::ggml_tensor| {
-            tensor.type_ == sys::GGML_TYPE_Q8_0 && tensor.nb[0] == size_of::<BlockQ8_0>()
+            let block = size_of::<BlockQ8_0>();
+            tensor.type_ == sys::GGML_TYPE_Q8_0
+                && tensor.nb[0] == block
+                && tensor.nb[1].is_multiple_of(block)
         };
         let float = size_of::<f32>();
         let supported = sinks.is_null()
@@ -270,6 +276,64 @@ impl Attention {
         )
     }
 
+    /// The key rows (Q8_0) of cache cells `cells` of KV head `kv_head` in stream `stream`, as a
+    /// matrix of one row per cell.
+    ///
+    /// # Safety
+    /// As [`Attention::compute`]; `cells` are within the cache.
+    unsafe fn key_rows(
+        &self,
+        cells: std::ops::Range<usize>,
+        kv_head: usize,
+        stream: usize,
+    ) -> QuantMatrix<'_, BlockQ8_0> {
+        let block = size_of::<BlockQ8_0>();
+        let stride = self.key_strides.row / block;
+        let blocks = (cells.len() - 1) * stride + self.key_size / BLOCK;
+        let first = self.key_strides.offset([cells.start, kv_head, stream]);
+        // SAFETY: the caller guarantees the rows; `Attention::of` checked that rows are whole
+        // blocks apart; Q8_0 rows are 2-byte aligned, as the blocks.
+        let blocks = unsafe { std::slice::from_raw_parts(self.keys.add(first).cast(), blocks) };
+        QuantMatrix::strided(blocks, cells.len(), self.key_size, stride)
+    }
+
+    /// One query row's steps through a run of cells (`scores` its dot products with their keys,
+    /// `biases` its mask values there; `maximum` its running maximum, updated): the cells it
+    /// attends, in order, into `steps`, each with the exponent ggml takes there (`M_old - M` on
+    /// a new maximum `M`, `s - M` otherwise) into `exponents`. Returns how many.
+    fn softmax_steps(
+        &self,
+        scores: &[f32],
+        biases: &[f32],
+        maximum: &mut f32,
+        steps: &mut [Step],
+        exponents: &mut [f32],
+    ) -> usize {
+        let mut taken = steps.iter_mut().zip(exponents.iter_mut());
+        let mut count = 0;
+        for (cell, (&score, &bias)) in scores.iter().zip(biases).enumerate() {
+            if bias == f32::NEG_INFINITY {
+                continue;
+            }
+            let Some((step, exponent)) = taken.next() else {
+                break;
+            };
+            let score = score * self.scale + bias;
+            let new_maximum = score > *maximum;
+            *exponent = if new_maximum {
+                *maximum - score
+            } else {
+                score - *maximum
+            };
+            if new_maximum {
+                *maximum = score;
+            }
+            *step = Step { cell, new_maximum };
+            count += 1;
+        }
+        count
+    }
+
     /// The query rows of `positions` and of every head that reads KV head `kv_head`, in stream
     /// `stream`.
     ///
@@ -316,62 +380,96 @@ impl Attention {
         let mut maximums = vec![f32::NEG_INFINITY; rows.len()];
         let mut sums = vec![0.0f32; rows.len()];
         let mut accumulators = vec![0.0f32; rows.len() * self.value_size];
-        let mut scores = vec![0.0f32; rows.len()];
-        let mut biases = vec![0.0f32; rows.len()];
-        let mut exponents = vec![0.0f32; rows.len()];
-        let mut value_row = vec![0.0f32; self.value_size];
-        for cell in 0..self.cache {
+        // Per run of cells: each row's biases and scores (`CELL_RUN` apart), the value rows,
+        // and each row's softmax steps with their exponents.
+        let mut biases = vec![0.0f32; rows.len() * CELL_RUN];
+        let mut scores = vec![0.0f32; rows.len() * CELL_RUN];
+        let mut value_rows = vec![0.0f32; CELL_RUN * self.value_size];
+        let mut steps = vec![Step::default(); rows.len() * CELL_RUN];
+        let mut exponents = vec![0.0f32; rows.len() * CELL_RUN];
+        let mut step_counts = vec![0; rows.len()];
+        let mut key_scales = <BlockQ8_0 as Avx2Weights>::Tile::default();
+        for first_cell in (0..self.cache).step_by(CELL_RUN) {
+            let run = first_cell..(first_cell + CELL_RUN).min(self.cache);
+            let cells = run.len();
             let mut attended = false;
-            for (bias, mask) in biases.iter_mut().zip(&masks) {
-                // ggml's `slope × mask` with no ALiBi: the slope is 1, the product exact.
-                *bias = mask.map_or(0.0, |mask| f16_to_f32(unsafe { *mask.add(cell) }));
-                attended |= *bias != f32::NEG_INFINITY;
+            for (biases, mask) in biases.chunks_exact_mut(CELL_RUN).zip(&masks) {
+                let biases = &mut biases[..cells];
+                match mask {
+                    // ggml's `slope × mask` with no ALiBi: the slope is 1, the product exact.
+                    Some(mask) => f16_row(
+                        unsafe { std::slice::from_raw_parts(mask.add(first_cell), cells) },
+                        biases,
+                    ),
+                    None => biases.fill(0.0),
+                }
+                attended |= biases.iter().any(|&bias| bias != f32::NEG_INFINITY);
             }
             if !attended {
                 continue;
             }
-            let (key_row, value_row_blocks) = unsafe { self.cache_rows(cell, kv_head, stream) };
-            let key = QuantMatrix::new(key_row, 1, self.key_size);
-            for (pass, pass_scores) in passes.iter().zip(scores.chunks_mut(avx2::ROWS_PER_PASS)) {
-                let count = pass_scores.len();
-                let mut outputs: [&mut [f32]; avx2::ROWS_PER_PASS] = Default::default();
-                for (output, score) in outputs.iter_mut().zip(pass_scores.chunks_mut(1)) {
-                    *output = score;
-                }
+            let keys = unsafe { self.key_rows(run.clone(), kv_head, stream) };
+            BlockQ8_0::fill_tile(&keys, 0..cells, passes.len(), &mut key_scales);
+            let pass_scores = scores.chunks_mut(avx2::ROWS_PER_PASS * CELL_RUN);
+            for (pass, pass_scores) in passes.iter().zip(pass_scores) {
+                let mut outputs: Vec<&mut [f32]> = pass_scores
+                    .chunks_mut(CELL_RUN)
+                    .map(|scores| &mut scores[..cells])
+                    .collect();
                 // SAFETY: this function's features are the kernel's.
-                unsafe { BlockQ8_0::rows(&key, pass, 0..1, &mut outputs[..count]) };
+                unsafe { BlockQ8_0::rows(&keys, &key_scales, pass, 0..cells, &mut outputs) };
             }
-            dequantize(value_row_blocks, &mut value_row);
-            // The rows' exponents first, so that their `exp`s are taken together.
-            for (((score, exponent), bias), old) in scores
-                .iter_mut()
-                .zip(&mut exponents)
-                .zip(&biases)
-                .zip(&maximums)
+            for (cell, value_row) in run
+                .clone()
+                .zip(value_rows.chunks_exact_mut(self.value_size))
             {
-                *score = *score * self.scale + bias;
-                *exponent = if *score > *old {
-                    old - *score
-                } else {
-                    *score - old
-                };
+                let (_, values) = unsafe { self.cache_rows(cell, kv_head, stream) };
+                dequantize(values, value_row);
+            }
+            // Each row's steps through the run, in ggml's order: on a new maximum `M`, the
+            // accumulator is scaled by `exp(M_old - M)`, otherwise the value row is weighted by
+            // `exp(s - M)`. The exponents of every row are then taken together.
+            let run_scores = scores
+                .chunks_exact(CELL_RUN)
+                .zip(biases.chunks_exact(CELL_RUN));
+            let run_steps = steps
+                .chunks_exact_mut(CELL_RUN)
+                .zip(exponents.chunks_exact_mut(CELL_RUN));
+            for (((row_scores, row_biases), (row_steps, row_exponents)), (maximum, count)) in
+                run_scores
+                    .zip(run_steps)
+                    .zip(maximums.iter_mut().zip(&mut step_counts))
+            {
+                *count = self.softmax_steps(
+                    &row_scores[..cells],
+                    &row_biases[..cells],
+                    maximum,
+                    row_steps,
+                    row_exponents,
+                );
+                row_exponents[*count..].fill(0.0);
             }
             exp::exp_in_place(&mut exponents);
-            for (row, accumulator) in accumulators.chunks_exact_mut(self.value_size).enumerate() {
-                if biases[row] == f32::NEG_INFINITY {
-                    continue;
+            for (((accumulator, sum), (row_steps, row_exponents)), &count) in accumulators
+                .chunks_exact_mut(self.value_size)
+                .zip(&mut sums)
+                .zip(
+                    steps
+                        .chunks_exact(CELL_RUN)
+                        .zip(exponents.chunks_exact(CELL_RUN)),
+                )
+                .zip(&step_counts)
+            {
+                let (row_steps, row_exponents) = (&row_steps[..count], &row_exponents[..count]);
+                for (step, &exponent) in row_steps.iter().zip(row_exponents) {
+                    let (rescale, weight) = if step.new_maximum {
+                        (exponent, 1.0)
+                    } else {
+                        (1.0, exponent)
+                    };
+                    *sum = sum.mul_add(rescale, weight);
                 }
-                let score = scores[row];
-                let (mut rescale, mut weight) = (1.0f32, 1.0f32);
-                if score > maximums[row] {
-                    maximums[row] = score;
-                    rescale = exponents[row];
-                    scale_row(accumulator, rescale);
-                } else {
-                    weight = exponents[row];
-                }
-                add_scaled_row(accumulator, &value_row, weight);
-                sums[row] = sums[row].mul_add(rescale, weight);
+                add_value_rows(accumulator, &value_rows, row_steps, row_exponents);
             }
         }
         for (row, accumulator) in accumulators.chunks_exact_mut(self.value_size).enumerate() {
@@ -387,6 +485,75 @@ impl Attention {
                     self.value_size,
                 );
             }
+        }
+    }
+}
+
+/// Cache cells whose key rows are scored in one kernel call per pass of query rows, and whose
+/// value rows are added into each query row's accumulator while it stays in registers.
+const CELL_RUN: usize = 32;
+
+/// A cell a query row attends, in the order ggml's online softmax takes them.
+#[derive(Clone, Copy, Default)]
+struct Step {
+    /// The cell, within its run.
+    cell: usize,
+    /// Whether its score is the row's new maximum: the accumulator is rescaled by the step's
+    /// exponent and the value row added with weight 1, rather than weighted by it.
+    new_maximum: bool,
+}
+
+/// `f16` mask values as `f32`, eight at a time (exact).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_row(halves: &[u16], out: &mut [f32]) {
+    let mut halves = halves.chunks_exact(8);
+    let mut out = out.chunks_exact_mut(8);
+    for (halves, out) in (&mut halves).zip(&mut out) {
+        // SAFETY: each chunk holds eight values.
+        unsafe {
+            let floats = _mm256_cvtph_ps(_mm_loadu_si128(halves.as_ptr().cast()));
+            _mm256_storeu_ps(out.as_mut_ptr(), floats);
+        }
+    }
+    for (half, out) in halves.remainder().iter().zip(out.into_remainder()) {
+        *out = f16_to_f32(*half);
+    }
+}
+
+/// Values per register block of an accumulator: eight AVX registers of `f32`.
+const REGISTER_VALUES: usize = 64;
+
+/// A query row's accumulator through its `steps` of a run of cells (`value_rows` the run's value
+/// rows, `exponents` each step's exponent): on a new maximum `accumulator *= exponent` (ggml's
+/// `ggml_vec_scale_f32`), then `accumulator += value_row × weight` (ggml's `ggml_vec_mad_f32`,
+/// one fused multiply-add per value), the weight 1 on a new maximum and the exponent otherwise.
+/// Each value is computed alone, so it is kept in registers for the whole run, 64 at a time.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn add_value_rows(accumulator: &mut [f32], value_rows: &[f32], steps: &[Step], exponents: &[f32]) {
+    let value_size = accumulator.len();
+    for (block, accumulator) in accumulator.chunks_exact_mut(REGISTER_VALUES).enumerate() {
+        let offset = block * REGISTER_VALUES;
+        // SAFETY (loads and stores): each chunk of eight is within its slice.
+        let mut lanes: [__m256; 8] =
+            std::array::from_fn(|i| unsafe { _mm256_loadu_ps(accumulator[i * 8..].as_ptr()) });
+        for (step, &exponent) in steps.iter().zip(exponents) {
+            let values = &value_rows[step.cell * value_size + offset..][..REGISTER_VALUES];
+            let weight = if step.new_maximum {
+                let rescale = _mm256_set1_ps(exponent);
+                for lane in &mut lanes {
+                    *lane = _mm256_mul_ps(*lane, rescale);
+                }
+                _mm256_set1_ps(1.0)
+            } else {
+                _mm256_set1_ps(exponent)
+            };
+            for (i, lane) in lanes.iter_mut().enumerate() {
+                let values = unsafe { _mm256_loadu_ps(values[i * 8..].as_ptr()) };
+                *lane = _mm256_fmadd_ps(values, weight, *lane);
+            }
+        }
+        for (i, lane) in lanes.iter().enumerate() {
+            unsafe { _mm256_storeu_ps(accumulator[i * 8..].as_mut_ptr(), *lane) };
         }
     }
 }
@@ -408,15 +575,6 @@ fn dequantize(blocks: &[BlockQ8_0], out: &mut [f32]) {
 fn scale_row(row: &mut [f32], factor: f32) {
     for value in row {
         *value *= factor;
-    }
-}
-
-/// `row += values × weight`, each element one fused multiply-add (ggml's `ggml_vec_mad_f32`,
-/// whose vector loop covers rows of a multiple of 64 values).
-#[target_feature(enable = "avx2,fma,f16c")]
-fn add_scaled_row(row: &mut [f32], values: &[f32], weight: f32) {
-    for (value, add) in row.iter_mut().zip(values) {
-        *value = add.mul_add(weight, *value);
     }
 }
 

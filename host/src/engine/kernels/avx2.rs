@@ -10,8 +10,12 @@
 //! for each batch row. Here each weight block is unpacked once and used for up to
 //! [`ROWS_PER_PASS`] batch rows, whose quantized blocks stay in cache, and the scale products of
 //! a block with every row of the pass are one vector multiply (ggml computes each in a scalar
-//! one): prompts and verify batches get faster, with the same bits. On CPUs with AVX-512 VNNI,
-//! `quant_matmul` takes Q8_0, Q5_0 and Q4_0 instead.
+//! one): prompts and verify batches get faster, with the same bits. A prompt's many passes also
+//! share what does not depend on the batch: a tile's weight scales are converted from `f16`
+//! once for all of them ([`TileScales`]), the scale products of a run of blocks are computed
+//! ahead of their integer products so that the inner loop broadcasts them from memory, and the
+//! lane sums of a pass's eight accumulators are taken together ([`lane_sums`]). On CPUs with
+//! AVX-512 VNNI, `quant_matmul` takes Q8_0, Q5_0 and Q4_0 instead.
 //!
 //! Exactness: ggml's AVX2 dot products (`ggml_vec_dot_q4_1_q8_1`, `ggml_vec_dot_q8_0_q8_0`,
 //! `ggml_vec_dot_q5_0_q8_0`, `ggml_vec_dot_q4_0_q8_0`; builds for AVX-512 CPUs run the same
@@ -42,16 +46,29 @@ pub(super) trait Avx2Weights: QuantBlock + Copy + Sync + Sized {
     /// A pass's batch rows quantized as ggml quantizes them for this weight type.
     type Batch: Send + Sync;
 
+    /// What the kernel reads of a tile of weight rows once for every pass of a batch.
+    type Tile: Default;
+
     /// Quantizes `inputs` (at most [`ROWS_PER_PASS`] rows of `blocks_per_row` blocks).
     fn quantize_batch(inputs: &[&[f32]], blocks_per_row: usize) -> Self::Batch;
 
+    /// Fills `tile` for rows `range` of `matrix`, which `passes` passes of batch rows will read
+    /// (reusing its memory).
+    fn fill_tile(
+        matrix: &QuantMatrix<'_, Self>,
+        range: Range<usize>,
+        passes: usize,
+        tile: &mut Self::Tile,
+    );
+
     /// Computes rows `range` of `matrix` times each of `batch`'s rows into `outputs` (one
-    /// slice of `range.len()` values per batch row).
+    /// slice of `range.len()` values per batch row); `tile` was filled for those rows.
     ///
     /// # Safety
     /// The CPU must have AVX2, FMA and F16C.
     unsafe fn rows(
         matrix: &QuantMatrix<'_, Self>,
+        tile: &Self::Tile,
         batch: &Self::Batch,
         range: Range<usize>,
         outputs: &mut [&mut [f32]],
@@ -66,29 +83,111 @@ pub(super) trait Avx2Block: QuantBlock + Copy + Sync {
     /// `mul_sum_i8_pairs_float`: `|w|` times `a` with `w`'s sign) rather than unsigned ones.
     const SIGNED: bool;
 
-    /// The 32 weights as bytes, the scale and the minimum (0 when the type has none).
+    /// The 32 weights as bytes.
     ///
     /// # Safety
-    /// The CPU must have AVX2 and F16C.
-    unsafe fn unpack(&self) -> (__m256i, f32, f32);
+    /// The CPU must have AVX2.
+    unsafe fn values(&self) -> __m256i;
+
+    /// The block's scale, as `f16` bits.
+    fn scale(&self) -> u16;
+
+    /// The block's minimum, as `f16` bits (0 when the type has none).
+    fn min(&self) -> u16 {
+        0
+    }
 }
 
 impl<B: Avx2Block> Avx2Weights for B {
     type Batch = QuantizedBatch;
+    type Tile = TileScales;
 
     fn quantize_batch(inputs: &[&[f32]], blocks_per_row: usize) -> QuantizedBatch {
         QuantizedBatch::new(inputs, blocks_per_row, B::ACTIVATIONS)
     }
 
+    fn fill_tile(
+        matrix: &QuantMatrix<'_, Self>,
+        range: Range<usize>,
+        passes: usize,
+        tile: &mut TileScales,
+    ) {
+        tile.fill(matrix, range, passes);
+    }
+
     unsafe fn rows(
         matrix: &QuantMatrix<'_, Self>,
+        tile: &TileScales,
         batch: &QuantizedBatch,
         range: Range<usize>,
         outputs: &mut [&mut [f32]],
     ) {
         // SAFETY: the caller guarantees the instructions.
-        unsafe { rows_kernel(matrix, batch, range, outputs) }
+        unsafe { rows_kernel(matrix, tile, batch, range, outputs) }
     }
+}
+
+/// The scales (and Q4_1's minimums) of a tile of weight rows in `f32`, converted from `f16`
+/// once for every pass of a batch when it has several (a prompt): row `r` of the tile at
+/// `r * blocks_per_row`. A batch of one pass (a verify batch) converts each block's scale where
+/// it multiplies the block, as a tile would.
+#[derive(Default)]
+pub(super) struct TileScales {
+    converted: bool,
+    scales: Vec<f32>,
+    mins: Vec<f32>,
+}
+
+impl TileScales {
+    /// Converts the scales (and minimums) of rows `range` of `matrix` if `passes` is two or
+    /// more.
+    fn fill<B: Avx2Block>(
+        &mut self,
+        matrix: &QuantMatrix<'_, B>,
+        range: Range<usize>,
+        passes: usize,
+    ) {
+        self.converted = passes >= 8;
+        self.scales.clear();
+        self.mins.clear();
+        if !self.converted {
+            return;
+        }
+        let blocks = range.len() * matrix.columns() / BLOCK;
+        let has_min = B::ACTIVATIONS == Activations::Q8_1;
+        self.scales.reserve(blocks);
+        if has_min {
+            self.mins.reserve(blocks);
+        }
+        for row in range {
+            for blocks in matrix.row(row).chunks(ROWS_PER_PASS) {
+                let count = blocks.len();
+                self.scales
+                    .extend_from_slice(&halves_to_floats(blocks, B::scale)[..count]);
+                if has_min {
+                    self.mins
+                        .extend_from_slice(&halves_to_floats(blocks, B::min)[..count]);
+                }
+            }
+        }
+    }
+}
+
+/// The `f16` values `half` reads from up to eight blocks, as `f32` (converted together; zeros
+/// past the blocks).
+fn halves_to_floats<B>(blocks: &[B], half: impl Fn(&B) -> u16) -> [f32; ROWS_PER_PASS] {
+    let mut halves = [0u16; ROWS_PER_PASS];
+    for (bits, block) in halves.iter_mut().zip(blocks) {
+        *bits = half(block);
+    }
+    let mut floats = [0.0f32; ROWS_PER_PASS];
+    // SAFETY: F16C is checked by `kernel_available` before any kernel runs; both arrays hold
+    // eight values.
+    unsafe {
+        let converted = _mm256_cvtph_ps(_mm_loadu_si128(halves.as_ptr().cast()));
+        _mm256_storeu_ps(floats.as_mut_ptr(), converted);
+    }
+    floats
 }
 
 /// One Q4_1 block as ggml stores it (`block_q4_1`): an `f16` scale and minimum, and the 32
@@ -111,15 +210,17 @@ impl Avx2Block for BlockQ4_1 {
     const SIGNED: bool = false;
 
     #[inline(always)]
-    unsafe fn unpack(&self) -> (__m256i, f32, f32) {
+    unsafe fn values(&self) -> __m256i {
         // SAFETY: the caller guarantees the instructions.
-        unsafe {
-            (
-                spread_nibbles(&self.nibbles),
-                f16_to_f32(self.scale),
-                f16_to_f32(self.min),
-            )
-        }
+        unsafe { spread_nibbles(&self.nibbles) }
+    }
+
+    fn scale(&self) -> u16 {
+        self.scale
+    }
+
+    fn min(&self) -> u16 {
+        self.min
     }
 }
 
@@ -128,16 +229,14 @@ impl Avx2Block for BlockQ8_0 {
     const SIGNED: bool = true;
 
     #[inline(always)]
-    unsafe fn unpack(&self) -> (__m256i, f32, f32) {
+    unsafe fn values(&self) -> __m256i {
         // SAFETY: a block holds 32 bytes; `loadu` has no alignment requirement; the caller
         // guarantees the instructions.
-        unsafe {
-            (
-                _mm256_loadu_si256(self.values.as_ptr().cast()),
-                f16_to_f32(self.scale),
-                0.0,
-            )
-        }
+        unsafe { _mm256_loadu_si256(self.values.as_ptr().cast()) }
+    }
+
+    fn scale(&self) -> u16 {
+        self.scale
     }
 }
 
@@ -146,16 +245,19 @@ impl Avx2Block for BlockQ5_0 {
     const SIGNED: bool = true;
 
     #[inline(always)]
-    unsafe fn unpack(&self) -> (__m256i, f32, f32) {
+    unsafe fn values(&self) -> __m256i {
         // SAFETY: the caller guarantees the instructions.
         unsafe {
             // `(low | fifth << 4) - 16` as a signed byte is `low` when the fifth bit is set and
             // `low | 0xf0` when it is clear (ggml's `bytes_from_bits_32` and `andnot`).
             let fifth_set = bit_mask_bytes(u32::from_le_bytes(self.high_bits));
             let high = _mm256_andnot_si256(fifth_set, _mm256_set1_epi8(0xf0u8 as i8));
-            let values = _mm256_or_si256(spread_nibbles(&self.low_bits), high);
-            (values, f16_to_f32(self.scale), 0.0)
+            _mm256_or_si256(spread_nibbles(&self.low_bits), high)
         }
+    }
+
+    fn scale(&self) -> u16 {
+        self.scale
     }
 }
 
@@ -187,12 +289,13 @@ impl Avx2Block for BlockQ4_0 {
     const SIGNED: bool = true;
 
     #[inline(always)]
-    unsafe fn unpack(&self) -> (__m256i, f32, f32) {
+    unsafe fn values(&self) -> __m256i {
         // SAFETY: the caller guarantees the instructions.
-        unsafe {
-            let values = _mm256_sub_epi8(spread_nibbles(&self.nibbles), _mm256_set1_epi8(8));
-            (values, f16_to_f32(self.scale), 0.0)
-        }
+        unsafe { _mm256_sub_epi8(spread_nibbles(&self.nibbles), _mm256_set1_epi8(8)) }
+    }
+
+    fn scale(&self) -> u16 {
+        self.scale
     }
 }
 
@@ -277,21 +380,31 @@ pub(super) fn multiply<B: Avx2Weights>(
         "outputs are columns of the matrix's height"
     );
     let blocks_per_row = matrix.columns() / B::VALUES;
-    let pass_inputs: Vec<&[&[f32]]> = inputs.chunks(ROWS_PER_PASS).collect();
+    // Passes of equal sizes (9 rows: 5 and 4, not 8 and 1): a pass's cost per row falls with its
+    // size.
+    let rows_per_pass = inputs
+        .len()
+        .div_ceil(inputs.len().div_ceil(ROWS_PER_PASS).max(1))
+        .max(1);
+    let pass_inputs: Vec<&[&[f32]]> = inputs.chunks(rows_per_pass).collect();
     let passes: Vec<B::Batch> = team::map(&pass_inputs, threads, |pass_inputs| {
         B::quantize_batch(pass_inputs, blocks_per_row)
     });
     let row_bytes = blocks_per_row * std::mem::size_of::<B>();
     team::multiply_passes(
-        matrix.rows(),
         row_bytes,
         &passes,
-        ROWS_PER_PASS,
+        rows_per_pass,
         outputs,
         threads,
-        |batch, range, outputs| {
+        |range| {
+            let mut tile = B::Tile::default();
+            B::fill_tile(matrix, range, passes.len(), &mut tile);
+            tile
+        },
+        |tile, batch, range, outputs| {
             // SAFETY: `multiply` checked that the CPU has the kernel's instructions.
-            unsafe { B::rows(matrix, batch, range, outputs) };
+            unsafe { B::rows(matrix, tile, batch, range, outputs) };
         },
     );
 }
@@ -342,29 +455,38 @@ impl QuantizedBatch {
 /// The CPU must have AVX2, FMA and F16C.
 unsafe fn rows_kernel<B: Avx2Block>(
     matrix: &QuantMatrix<'_, B>,
+    tile: &TileScales,
     batch: &QuantizedBatch,
     range: Range<usize>,
     outputs: &mut [&mut [f32]],
 ) {
+    let kernel = match (batch.positions, tile.converted) {
+        (1, false) => rows_avx2::<B, 1, false>,
+        (2, false) => rows_avx2::<B, 2, false>,
+        (3, false) => rows_avx2::<B, 3, false>,
+        (4, false) => rows_avx2::<B, 4, false>,
+        (5, false) => rows_avx2::<B, 5, false>,
+        (6, false) => rows_avx2::<B, 6, false>,
+        (7, false) => rows_avx2::<B, 7, false>,
+        (8, false) => rows_avx2::<B, 8, false>,
+        (1, true) => rows_avx2::<B, 1, true>,
+        (2, true) => rows_avx2::<B, 2, true>,
+        (3, true) => rows_avx2::<B, 3, true>,
+        (4, true) => rows_avx2::<B, 4, true>,
+        (5, true) => rows_avx2::<B, 5, true>,
+        (6, true) => rows_avx2::<B, 6, true>,
+        (7, true) => rows_avx2::<B, 7, true>,
+        (8, true) => rows_avx2::<B, 8, true>,
+        (other, _) => unreachable!("{other} batch rows in one pass"),
+    };
     // SAFETY: the caller guarantees the instructions.
-    unsafe {
-        match batch.positions {
-            1 => rows_avx2::<B, 1>(matrix, batch, range, outputs),
-            2 => rows_avx2::<B, 2>(matrix, batch, range, outputs),
-            3 => rows_avx2::<B, 3>(matrix, batch, range, outputs),
-            4 => rows_avx2::<B, 4>(matrix, batch, range, outputs),
-            5 => rows_avx2::<B, 5>(matrix, batch, range, outputs),
-            6 => rows_avx2::<B, 6>(matrix, batch, range, outputs),
-            7 => rows_avx2::<B, 7>(matrix, batch, range, outputs),
-            8 => rows_avx2::<B, 8>(matrix, batch, range, outputs),
-            other => unreachable!("{other} batch rows in one pass"),
-        }
-    }
+    unsafe { kernel(matrix, tile, batch, range, outputs) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn rows_avx2<B: Avx2Block, const POSITIONS: usize>(
+fn rows_avx2<B: Avx2Block, const POSITIONS: usize, const CONVERTED: bool>(
     matrix: &QuantMatrix<'_, B>,
+    tile: &TileScales,
     batch: &QuantizedBatch,
     range: Range<usize>,
     outputs: &mut [&mut [f32]],
@@ -372,59 +494,161 @@ fn rows_avx2<B: Avx2Block, const POSITIONS: usize>(
     let ones = _mm256_set1_epi16(1);
     let has_min = B::ACTIVATIONS == Activations::Q8_1;
     let first_row = range.start;
+    let blocks_per_row = matrix.columns() / BLOCK;
+    if CONVERTED {
+        assert_eq!(
+            tile.scales.len(),
+            range.len() * blocks_per_row,
+            "the tile's scales"
+        );
+    }
+    // ggml's `d_w × d_a` of a block with each batch row: one vector multiply per block (the same
+    // bits as ggml's scalar ones: a multiply rounds each lane alone). For passes of several rows
+    // they are computed for a run of blocks before the run's integer products and each is then
+    // broadcast straight from memory; for fewer, each block's vector is computed in place and
+    // its lanes broadcast from the register.
+    let table = POSITIONS >= MIN_POSITIONS_FOR_SCALE_TABLE;
+    let mut scale_products = [[0.0f32; ROWS_PER_PASS]; SCALE_RUN];
     for row in range {
+        let at = (row - first_row) * blocks_per_row;
         let mut acc = [_mm256_setzero_ps(); POSITIONS];
         let mut minimums = _mm256_setzero_ps();
-        for (block, w) in matrix.row(row).iter().enumerate() {
-            // SAFETY: this function's features include those `unpack` needs.
-            let (x, scale, min) = unsafe { w.unpack() };
-            // ggml's `mul_sum_i8_pairs_float` for signed weights: `|w|` and `a` with `w`'s sign.
-            let unsigned_x = if B::SIGNED { _mm256_sign_epi8(x, x) } else { x };
-            let values: &[[i8; BLOCK]; POSITIONS] = batch.values
-                [block * POSITIONS..(block + 1) * POSITIONS]
-                .try_into()
-                .expect("a block of every batch row");
-            // ggml's `d_w × d_a`, a row at a time; here every row's in one vector multiply (the
-            // same bits: a multiply rounds each lane alone), then broadcast lane by lane.
-            let mut scales = [0.0f32; ROWS_PER_PASS];
-            // SAFETY: both arrays hold `ROWS_PER_PASS` (8) floats; no alignment is required.
-            unsafe {
-                let activation_scales = _mm256_loadu_ps(batch.scales[block].as_ptr());
-                let products = _mm256_mul_ps(_mm256_set1_ps(scale), activation_scales);
-                _mm256_storeu_ps(scales.as_mut_ptr(), products);
+        for (run, weights) in matrix.row(row).chunks(SCALE_RUN).enumerate() {
+            let first_block = run * SCALE_RUN;
+            let blocks = first_block..first_block + weights.len();
+            let activation_scales = &batch.scales[blocks.clone()];
+            let scale_product = |block: usize, w: &B| {
+                let scale = if CONVERTED {
+                    tile.scales[at + first_block + block]
+                } else {
+                    f16_to_f32(w.scale())
+                };
+                // SAFETY: the array holds `ROWS_PER_PASS` (8) floats; no alignment is required.
+                let activation_scales =
+                    unsafe { _mm256_loadu_ps(activation_scales[block].as_ptr()) };
+                _mm256_mul_ps(_mm256_set1_ps(scale), activation_scales)
+            };
+            if table {
+                for (block, (products, w)) in scale_products.iter_mut().zip(weights).enumerate() {
+                    // SAFETY: the array holds `ROWS_PER_PASS` (8) floats.
+                    unsafe { _mm256_storeu_ps(products.as_mut_ptr(), scale_product(block, w)) };
+                }
             }
             if has_min {
-                // Two `f16` values multiply exactly in `f32`: ggml's `summs += m * s` gives
-                // these bits whether its compiler fuses the multiply and add or not.
-                // SAFETY: the array holds `ROWS_PER_PASS` (8) floats.
-                let scaled_sums = unsafe { _mm256_loadu_ps(batch.scaled_sums[block].as_ptr()) };
-                minimums = _mm256_add_ps(minimums, _mm256_mul_ps(_mm256_set1_ps(min), scaled_sums));
+                let scaled_sums = &batch.scaled_sums[blocks];
+                for (block, (w, scaled_sums)) in weights.iter().zip(scaled_sums).enumerate() {
+                    let min = if CONVERTED {
+                        tile.mins[at + first_block + block]
+                    } else {
+                        f16_to_f32(w.min())
+                    };
+                    // Two `f16` values multiply exactly in `f32`: ggml's `summs += m * s` gives
+                    // these bits whether its compiler fuses the multiply and add or not.
+                    // SAFETY: the array holds `ROWS_PER_PASS` (8) floats.
+                    let scaled_sums = unsafe { _mm256_loadu_ps(scaled_sums.as_ptr()) };
+                    let product = _mm256_mul_ps(_mm256_set1_ps(min), scaled_sums);
+                    minimums = _mm256_add_ps(minimums, product);
+                }
             }
-            for position in 0..POSITIONS {
-                // SAFETY: a block holds 32 bytes; `loadu` has no alignment requirement.
-                let y = unsafe { _mm256_loadu_si256(values[position].as_ptr().cast()) };
-                let y = if B::SIGNED { _mm256_sign_epi8(y, x) } else { y };
-                let sums = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(unsigned_x, y));
-                acc[position] = _mm256_fmadd_ps(
-                    _mm256_broadcast_ss(&scales[position]),
-                    _mm256_cvtepi32_ps(sums),
-                    acc[position],
-                );
+            let values = batch.values[first_block * POSITIONS..].chunks_exact(POSITIONS);
+            let blocks = weights.iter().zip(&scale_products).zip(values).enumerate();
+            for (block, ((w, products), values)) in blocks {
+                let values: &[[i8; BLOCK]; POSITIONS] =
+                    values.try_into().expect("a block of every batch row");
+                let in_register = if table {
+                    _mm256_setzero_ps()
+                } else {
+                    scale_product(block, w)
+                };
+                // SAFETY: this function's features include those `values` needs.
+                let x = unsafe { w.values() };
+                // ggml's `mul_sum_i8_pairs_float` for signed weights: `|w|` and `a` with `w`'s
+                // sign.
+                let unsigned_x = if B::SIGNED { _mm256_sign_epi8(x, x) } else { x };
+                for position in 0..POSITIONS {
+                    // SAFETY: a block holds 32 bytes; `loadu` has no alignment requirement.
+                    let y = unsafe { _mm256_loadu_si256(values[position].as_ptr().cast()) };
+                    let y = if B::SIGNED { _mm256_sign_epi8(y, x) } else { y };
+                    let sums = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(unsigned_x, y));
+                    let product = if table {
+                        _mm256_broadcast_ss(&products[position])
+                    } else {
+                        let lane = _mm256_set1_epi32(position as i32);
+                        _mm256_permutevar8x32_ps(in_register, lane)
+                    };
+                    acc[position] =
+                        _mm256_fmadd_ps(product, _mm256_cvtepi32_ps(sums), acc[position]);
+                }
             }
         }
-        let mut row_minimums = [0.0f32; ROWS_PER_PASS];
-        // SAFETY: the array holds `ROWS_PER_PASS` (8) floats.
-        unsafe { _mm256_storeu_ps(row_minimums.as_mut_ptr(), minimums) };
-        for position in 0..POSITIONS {
-            let sum = lane_sum(acc[position]);
+        let mut sums = [0.0f32; ROWS_PER_PASS];
+        if POSITIONS >= MIN_POSITIONS_FOR_LANE_SUMS {
+            let mut lanes = [_mm256_setzero_ps(); ROWS_PER_PASS];
+            lanes[..POSITIONS].copy_from_slice(&acc);
+            let row_sums = lane_sums(&lanes);
             // Adding a zero minimum could turn a `-0.0` into `+0.0`: types without one skip it.
-            outputs[position][row - first_row] = if has_min {
-                sum + row_minimums[position]
+            let row_sums = if has_min {
+                _mm256_add_ps(row_sums, minimums)
             } else {
-                sum
+                row_sums
             };
+            // SAFETY: the array holds `ROWS_PER_PASS` (8) floats.
+            unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), row_sums) };
+        } else {
+            let mut row_minimums = [0.0f32; ROWS_PER_PASS];
+            // SAFETY: the array holds `ROWS_PER_PASS` (8) floats.
+            unsafe { _mm256_storeu_ps(row_minimums.as_mut_ptr(), minimums) };
+            for position in 0..POSITIONS {
+                let sum = lane_sum(acc[position]);
+                sums[position] = if has_min {
+                    sum + row_minimums[position]
+                } else {
+                    sum
+                };
+            }
+        }
+        for (output, sum) in outputs.iter_mut().zip(sums) {
+            output[row - first_row] = sum;
         }
     }
+}
+
+/// Blocks whose scale products with a pass's rows are computed ahead of their integer products.
+const SCALE_RUN: usize = 32;
+
+/// Batch rows from which a pass computes its scale products ahead, a run of blocks at a time.
+const MIN_POSITIONS_FOR_SCALE_TABLE: usize = 5;
+
+/// Batch rows from which one pass's lane sums are taken together ([`lane_sums`]) rather than
+/// one accumulator at a time.
+const MIN_POSITIONS_FOR_LANE_SUMS: usize = 4;
+
+/// Lane `p` is [`lane_sum`]`(acc[p])`, bit for bit: the same additions, in the same order, for
+/// eight accumulators at once.
+#[target_feature(enable = "avx")]
+pub(super) fn lane_sums(acc: &[__m256; ROWS_PER_PASS]) -> __m256 {
+    // `[h_p | h_q]`, `h_p[i] = acc[p][i + 4] + acc[p][i]`: `lane_sum`'s first addition.
+    let halves = |p: usize, q: usize| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x31>(acc[p], acc[q]),
+            _mm256_permute2f128_ps::<0x20>(acc[p], acc[q]),
+        )
+    };
+    let (h04, h15, h26, h37) = (halves(0, 4), halves(1, 5), halves(2, 6), halves(3, 7));
+    // `[h_p[0] + h_p[2], h_p[1] + h_p[3], the same of h_q | of h_{p+4}, of h_{q+4}]`:
+    // `quarter_sum`'s first addition.
+    let quarters = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
+            _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
+        )
+    };
+    let (q01, q23) = (quarters(h04, h15), quarters(h26, h37));
+    // Its last addition, lane `p` for accumulator `p`.
+    _mm256_add_ps(
+        _mm256_shuffle_ps::<0b10_00_10_00>(q01, q23),
+        _mm256_shuffle_ps::<0b11_01_11_01>(q01, q23),
+    )
 }
 
 /// ggml's `hsum_float_8`: `((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7))`.
@@ -661,5 +885,50 @@ pub(super) mod tests {
     #[test]
     fn q4_0_products_are_bit_identical_to_ggml_single_rows() {
         products_are_bit_identical_to_ggml_single_rows::<BlockQ4_0>(SMOLLM2_WIDTH);
+    }
+
+    #[test]
+    fn lane_sums_are_lane_sum_of_each_accumulator_bit_for_bit() {
+        if !kernel_available() {
+            eprintln!("skipped: this CPU lacks AVX2, FMA or F16C");
+            return;
+        }
+        let specials = [
+            0.0f32,
+            -0.0,
+            1e-45,
+            -1e38,
+            3e38,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1d;
+        for round in 0..2000u32 {
+            let values: [[f32; 8]; ROWS_PER_PASS] = std::array::from_fn(|_| {
+                std::array::from_fn(|_| {
+                    let bits = next(&mut state);
+                    if round.is_multiple_of(4) && bits.is_multiple_of(3) {
+                        specials[(bits >> 8) as usize % specials.len()]
+                    } else {
+                        // Magnitudes far apart, so the order of the additions shows.
+                        f32::from_bits(bits as u32 & 0xbfff_ffff)
+                    }
+                })
+            });
+            // SAFETY: `kernel_available` checked AVX2; each array holds eight floats.
+            unsafe {
+                let acc = values.map(|lanes| _mm256_loadu_ps(lanes.as_ptr()));
+                let mut sums = [0.0f32; ROWS_PER_PASS];
+                _mm256_storeu_ps(sums.as_mut_ptr(), lane_sums(&acc));
+                for (p, (sum, acc)) in sums.iter().zip(acc).enumerate() {
+                    let want = lane_sum(acc);
+                    assert!(
+                        sum.to_bits() == want.to_bits() || (sum.is_nan() && want.is_nan()),
+                        "accumulator {p} of {:?}: {sum} against {want}",
+                        values[p]
+                    );
+                }
+            }
+        }
     }
 }

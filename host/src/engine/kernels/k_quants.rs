@@ -327,13 +327,18 @@ macro_rules! avx2_weights {
     ($($block:ty),*) => {$(
         impl Avx2Weights for $block {
             type Batch = QuantizedBatchK;
+            // Super-blocks convert their scales as they are unpacked.
+            type Tile = ();
 
             fn quantize_batch(inputs: &[&[f32]], blocks_per_row: usize) -> QuantizedBatchK {
                 QuantizedBatchK::new(inputs, blocks_per_row)
             }
 
+            fn fill_tile(_: &QuantMatrix<'_, Self>, _: Range<usize>, _: usize, (): &mut ()) {}
+
             unsafe fn rows(
                 matrix: &QuantMatrix<'_, Self>,
+                (): &(),
                 batch: &QuantizedBatchK,
                 range: Range<usize>,
                 outputs: &mut [&mut [f32]],

@@ -156,12 +156,14 @@ pub(super) unsafe fn spread_nibbles(packed: &[u8; BLOCK / 2]) -> __m256i {
     }
 }
 
-/// A weight matrix of `rows` rows of `blocks_per_row` blocks.
+/// A weight matrix of `rows` rows of `blocks_per_row` blocks, row `r` starting at block
+/// `r × stride`.
 #[derive(Clone, Copy)]
 pub(super) struct QuantMatrix<'w, B> {
     blocks: &'w [B],
     rows: usize,
     blocks_per_row: usize,
+    stride: usize,
 }
 
 impl<'w, B: QuantBlock> QuantMatrix<'w, B> {
@@ -171,13 +173,30 @@ impl<'w, B: QuantBlock> QuantMatrix<'w, B> {
     /// When `columns` is not a multiple of the block's values or `blocks` does not hold the
     /// matrix.
     pub(super) fn new(blocks: &'w [B], rows: usize, columns: usize) -> Self {
+        let matrix = Self::strided(blocks, rows, columns, columns / B::VALUES);
+        assert_eq!(blocks.len(), rows * matrix.blocks_per_row, "matrix size");
+        matrix
+    }
+
+    /// The matrix of `rows` rows of `columns` values each, `stride` blocks apart in `blocks`
+    /// (rows of a larger layout, such as one head's rows of a KV cache).
+    ///
+    /// # Panics
+    /// When `columns` is not a multiple of the block's values, rows would overlap or `blocks`
+    /// does not hold them.
+    pub(super) fn strided(blocks: &'w [B], rows: usize, columns: usize, stride: usize) -> Self {
         assert!(columns.is_multiple_of(B::VALUES), "rows are whole blocks");
         let blocks_per_row = columns / B::VALUES;
-        assert_eq!(blocks.len(), rows * blocks_per_row, "matrix size");
+        assert!(stride >= blocks_per_row, "rows do not overlap");
+        let needed = rows
+            .checked_sub(1)
+            .map_or(0, |last| last * stride + blocks_per_row);
+        assert!(blocks.len() >= needed, "matrix size");
         Self {
             blocks,
             rows,
             blocks_per_row,
+            stride,
         }
     }
 
@@ -193,7 +212,7 @@ impl<'w, B: QuantBlock> QuantMatrix<'w, B> {
 
     /// The blocks of row `row`.
     pub(super) fn row(&self, row: usize) -> &'w [B] {
-        &self.blocks[row * self.blocks_per_row..(row + 1) * self.blocks_per_row]
+        &self.blocks[row * self.stride..][..self.blocks_per_row]
     }
 }
 
@@ -240,13 +259,13 @@ pub(super) fn multiply<B: WeightBlock>(
     }
     let row_bytes = matrix.blocks_per_row * std::mem::size_of::<B>();
     team::multiply_passes(
-        matrix.rows(),
         row_bytes,
         &passes,
         2 * PAIRS_PER_PASS,
         outputs,
         threads,
-        |pairs, range, outputs| rows_kernel(matrix, pairs, range, outputs),
+        |_| (),
+        |(), pairs, range, outputs| rows_kernel(matrix, pairs, range, outputs),
     );
 }
 

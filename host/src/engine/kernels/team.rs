@@ -46,34 +46,41 @@ const MIN_ROWS_PER_THREAD: usize = 32;
 
 /// Multiplies the weight rows `0..rows` (`row_bytes` each) with every pass of a batch (`passes`,
 /// the batch rows quantized `rows_per_pass` at a time; `outputs` one per batch row, in the same
-/// order) on up to `threads` threads: `kernel(pass, rows, outputs)` computes rows `rows` for one
-/// pass. Each thread goes through its rows a tile at a time and multiplies a tile with every
-/// pass before the next, so a batch of many passes (a prompt) reads each weight from memory once
-/// instead of once per pass. The order changes no value: each one is computed alone.
-pub(super) fn multiply_passes<P, K>(
-    rows: usize,
+/// order, `rows` values each) on up to `threads` threads: `kernel(tile, pass, rows, outputs)` computes rows `rows`
+/// for one pass, `tile` being what `prepare(rows)` made of those rows once for every pass (the
+/// weights' scales in `f32`, say). Each thread goes through its rows a tile at a time and
+/// multiplies a tile with every pass before the next, so a batch of many passes (a prompt) reads
+/// each weight from memory once instead of once per pass. The order changes no value: each one
+/// is computed alone.
+pub(super) fn multiply_passes<P, T, R, K>(
     row_bytes: usize,
     passes: &[P],
     rows_per_pass: usize,
     outputs: &mut [&mut [f32]],
     threads: usize,
+    prepare: R,
     kernel: K,
 ) where
     P: Sync,
-    K: Fn(&P, Range<usize>, &mut [&mut [f32]]) + Sync,
+    R: Fn(Range<usize>) -> T + Sync,
+    K: Fn(&T, &P, Range<usize>, &mut [&mut [f32]]) + Sync,
 {
+    let Some(rows) = outputs.first().map(|output| output.len()) else {
+        return;
+    };
     let tile_rows = (TILE_BYTES / row_bytes.max(1)).max(1);
     split_rows(rows, outputs, threads, |range, outputs| {
         let mut start = range.start;
         while start < range.end {
             let tile = start..(start + tile_rows).min(range.end);
             let within = tile.start - range.start..tile.end - range.start;
+            let prepared = prepare(tile.clone());
             for (pass, pass_outputs) in passes.iter().zip(outputs.chunks_mut(rows_per_pass)) {
                 let mut tile_outputs: Vec<&mut [f32]> = pass_outputs
                     .iter_mut()
                     .map(|output| &mut output[within.clone()])
                     .collect();
-                kernel(pass, tile.clone(), &mut tile_outputs);
+                kernel(&prepared, pass, tile.clone(), &mut tile_outputs);
             }
             start = tile.end;
         }
@@ -188,13 +195,14 @@ mod tests {
             let mut outputs = vec![0.0f32; batch_rows * rows];
             let mut output_rows: Vec<&mut [f32]> = outputs.chunks_exact_mut(rows).collect();
             multiply_passes(
-                rows,
                 row_bytes,
                 &passes,
                 rows_per_pass,
                 &mut output_rows,
                 threads,
-                |&first, range, outputs| {
+                |tile| tile,
+                |tile, &first, range, outputs| {
+                    assert_eq!(*tile, range, "the tile prepared for these rows");
                     for (i, output) in outputs.iter_mut().enumerate() {
                         assert_eq!(output.len(), range.len());
                         for (value, row) in output.iter_mut().zip(range.clone()) {
