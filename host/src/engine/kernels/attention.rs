@@ -368,21 +368,31 @@ impl Attention {
             .chunks(avx2::ROWS_PER_PASS)
             .map(|pass| BlockQ8_0::quantize_batch(pass, key_blocks))
             .collect();
-        let masks: Vec<Option<*const u16>> = rows
+        // The mask rows the query rows read (the heads of a position often share one) and each
+        // query row's; without a mask, one row of zeros.
+        let mut mask_rows: Vec<*const u16> = Vec::new();
+        let row_masks: Vec<usize> = rows
             .iter()
             .map(|&(position, head)| {
-                self.mask.map(|mask| unsafe {
+                self.mask.map_or(0, |mask| {
                     let at = [position, head % self.mask_heads, stream % self.mask_streams];
-                    mask.add(self.mask_strides.offset(at)).cast::<u16>()
+                    let row = unsafe { mask.add(self.mask_strides.offset(at)).cast::<u16>() };
+                    mask_rows
+                        .iter()
+                        .position(|&known| known == row)
+                        .unwrap_or_else(|| {
+                            mask_rows.push(row);
+                            mask_rows.len() - 1
+                        })
                 })
             })
             .collect();
         let mut maximums = vec![f32::NEG_INFINITY; rows.len()];
         let mut sums = vec![0.0f32; rows.len()];
         let mut accumulators = vec![0.0f32; rows.len() * self.value_size];
-        // Per run of cells: each row's biases and scores (`CELL_RUN` apart), the value rows,
-        // and each row's softmax steps with their exponents.
-        let mut biases = vec![0.0f32; rows.len() * CELL_RUN];
+        // Per run of cells: each mask row's biases and each query row's scores (`CELL_RUN`
+        // apart), the value rows, and each query row's softmax steps with their exponents.
+        let mut biases = vec![0.0f32; mask_rows.len().max(1) * CELL_RUN];
         let mut scores = vec![0.0f32; rows.len() * CELL_RUN];
         let mut value_rows = vec![0.0f32; CELL_RUN * self.value_size];
         let mut steps = vec![Step::default(); rows.len() * CELL_RUN];
@@ -392,17 +402,14 @@ impl Attention {
         for first_cell in (0..self.cache).step_by(CELL_RUN) {
             let run = first_cell..(first_cell + CELL_RUN).min(self.cache);
             let cells = run.len();
-            let mut attended = false;
-            for (biases, mask) in biases.chunks_exact_mut(CELL_RUN).zip(&masks) {
+            let mut attended = mask_rows.is_empty();
+            for (biases, mask) in biases.chunks_exact_mut(CELL_RUN).zip(&mask_rows) {
                 let biases = &mut biases[..cells];
-                match mask {
-                    // ggml's `slope × mask` with no ALiBi: the slope is 1, the product exact.
-                    Some(mask) => f16_row(
-                        unsafe { std::slice::from_raw_parts(mask.add(first_cell), cells) },
-                        biases,
-                    ),
-                    None => biases.fill(0.0),
-                }
+                // ggml's `slope × mask` with no ALiBi: the slope is 1, the product exact.
+                f16_row(
+                    unsafe { std::slice::from_raw_parts(mask.add(first_cell), cells) },
+                    biases,
+                );
                 attended |= biases.iter().any(|&bias| bias != f32::NEG_INFINITY);
             }
             if !attended {
@@ -429,20 +436,17 @@ impl Attention {
             // Each row's steps through the run, in ggml's order: on a new maximum `M`, the
             // accumulator is scaled by `exp(M_old - M)`, otherwise the value row is weighted by
             // `exp(s - M)`. The exponents of every row are then taken together.
-            let run_scores = scores
-                .chunks_exact(CELL_RUN)
-                .zip(biases.chunks_exact(CELL_RUN));
+            let run_scores = scores.chunks_exact(CELL_RUN).zip(&row_masks);
             let run_steps = steps
                 .chunks_exact_mut(CELL_RUN)
                 .zip(exponents.chunks_exact_mut(CELL_RUN));
-            for (((row_scores, row_biases), (row_steps, row_exponents)), (maximum, count)) in
-                run_scores
-                    .zip(run_steps)
-                    .zip(maximums.iter_mut().zip(&mut step_counts))
+            for (((row_scores, &mask), (row_steps, row_exponents)), (maximum, count)) in run_scores
+                .zip(run_steps)
+                .zip(maximums.iter_mut().zip(&mut step_counts))
             {
                 *count = self.softmax_steps(
                     &row_scores[..cells],
-                    &row_biases[..cells],
+                    &biases[mask * CELL_RUN..][..cells],
                     maximum,
                     row_steps,
                     row_exponents,
@@ -563,9 +567,14 @@ fn add_value_rows(accumulator: &mut [f32], value_rows: &[f32], steps: &[Step], e
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dequantize(blocks: &[BlockQ8_0], out: &mut [f32]) {
     for (block, out) in blocks.iter().zip(out.chunks_exact_mut(BLOCK)) {
-        let scale = f16_to_f32(block.scale);
-        for (value, out) in block.values.iter().zip(out) {
-            *out = f32::from(*value) * scale;
+        let scale = _mm256_set1_ps(f16_to_f32(block.scale));
+        for (values, out) in block.values.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+            // SAFETY: each chunk holds eight values.
+            unsafe {
+                let values = _mm256_cvtepi8_epi32(_mm_loadl_epi64(values.as_ptr().cast()));
+                let floats = _mm256_mul_ps(_mm256_cvtepi32_ps(values), scale);
+                _mm256_storeu_ps(out.as_mut_ptr(), floats);
+            }
         }
     }
 }
