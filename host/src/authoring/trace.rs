@@ -11,6 +11,7 @@
 //! and built into the binary, so both commands work from an installed `spechost` alone.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context as _;
 use sha2::{Digest as _, Sha256};
@@ -33,7 +34,11 @@ pub fn trace_file(given: Option<&Path>, cache_dir: &Path) -> anyhow::Result<Path
     let path = dir.join(format!("bundled-{prefix}.jsonl"));
     if !path.is_file() {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let partial = path.with_extension("partial");
+        // One partial file per writer: several `plugin check` runs (or threads) may start at once,
+        // and the last rename wins with the same bytes.
+        static WRITERS: AtomicUsize = AtomicUsize::new(0);
+        let writer = WRITERS.fetch_add(1, Ordering::Relaxed);
+        let partial = path.with_extension(format!("partial-{}-{writer}", std::process::id()));
         std::fs::write(&partial, BUNDLED_TRACE)
             .and_then(|()| std::fs::rename(&partial, &path))
             .with_context(|| format!("writing the bundled trace to {}", path.display()))?;
@@ -77,6 +82,29 @@ mod tests {
         );
         let given = Path::new("/some/trace.jsonl");
         assert_eq!(trace_file(Some(given), &dir).expect("given"), given);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn writers_starting_at_once_all_get_the_bundled_trace() {
+        let dir = std::env::temp_dir().join(format!("spechost-trace-race-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        let paths: Vec<PathBuf> = std::thread::scope(|scope| {
+            let writers: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| trace_file(None, &dir).expect("written")))
+                .collect();
+            writers
+                .into_iter()
+                .map(|w| w.join().expect("joined"))
+                .collect()
+        });
+        for path in &paths {
+            assert_eq!(std::fs::read_to_string(path).expect("read"), BUNDLED_TRACE);
+        }
+        let leftovers = std::fs::read_dir(dir.join("traces"))
+            .expect("listed")
+            .count();
+        assert_eq!(leftovers, 1, "one trace, no partial files left");
         std::fs::remove_dir_all(&dir).ok();
     }
 }
