@@ -6,52 +6,67 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::ops::Range;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-/// Runs `kernel(rows, outputs)` on shares of `0..rows` on up to `threads` threads: `outputs[p]`
-/// (one per batch row, `rows` values each) is split the same way, so each call gets, for every
-/// batch row, the values of its rows. Which thread computes a row changes nothing in its value.
-fn split_rows<K>(rows: usize, outputs: &mut [&mut [f32]], threads: usize, kernel: K)
-where
+/// Runs `kernel(rows, outputs)` on pieces of `0..rows`, `piece_rows` rows each, on up to
+/// `threads` threads, each taking the next piece as it finishes one (so a thread that runs
+/// slower, on a busy machine, does less): `outputs[p]` (one per batch row, `rows` values each)
+/// is split the same way, so each call gets, for every batch row, the values of its rows. Which
+/// thread computes a row changes nothing in its value.
+fn split_rows<K>(
+    rows: usize,
+    piece_rows: usize,
+    outputs: &mut [&mut [f32]],
+    threads: usize,
+    kernel: K,
+) where
     K: Fn(Range<usize>, &mut [&mut [f32]]) + Sync,
 {
-    let threads = threads.min(rows.div_ceil(MIN_ROWS_PER_THREAD)).max(1);
-    let per_thread = rows.div_ceil(threads);
-    // Each thread gets, for every batch row, the slice of its rows; the locks are never
-    // contended (one per thread) and keep the hand-over safe.
-    let mut shares: Vec<Vec<&mut [f32]>> = (0..threads).map(|_| Vec::new()).collect();
+    let piece_rows = piece_rows.max(1);
+    let pieces = rows.div_ceil(piece_rows);
+    // Each piece gets, for every batch row, the slice of its rows; a piece's lock is taken once,
+    // by the thread that takes the piece, and keeps the hand-over safe.
+    let mut shares: Vec<Vec<&mut [f32]>> = (0..pieces).map(|_| Vec::new()).collect();
     for output in outputs.iter_mut() {
         let mut rest: &mut [f32] = output;
         for share in shares.iter_mut() {
-            let take = per_thread.min(rest.len());
+            let take = piece_rows.min(rest.len());
             let (mine, others) = rest.split_at_mut(take);
             share.push(mine);
             rest = others;
         }
     }
     let shares: Vec<Mutex<Vec<&mut [f32]>>> = shares.into_iter().map(Mutex::new).collect();
-    parallel(threads, |thread, team| {
-        // A smaller team than asked for (OpenMP may give one) takes the shares in turn.
-        for share in (thread..shares.len()).step_by(team) {
-            let start = share * per_thread;
-            let range = start.min(rows)..(start + per_thread).min(rows);
-            let mut outputs = shares[share].lock().unwrap_or_else(|e| e.into_inner());
+    let next = AtomicUsize::new(0);
+    parallel(threads.min(pieces).max(1), |_, _| {
+        loop {
+            let piece = next.fetch_add(1, Ordering::Relaxed);
+            if piece >= pieces {
+                break;
+            }
+            let start = piece * piece_rows;
+            let range = start..(start + piece_rows).min(rows);
+            let mut outputs = shares[piece].lock().unwrap_or_else(|e| e.into_inner());
             kernel(range, &mut outputs);
         }
     });
 }
 
-/// Fewer rows than this per thread cost more in hand-over than they save.
-const MIN_ROWS_PER_THREAD: usize = 32;
+/// Fewer rows than this in a piece cost more in hand-over than they save.
+const MIN_PIECE_ROWS: usize = 32;
+
+/// Pieces per thread a product's rows are cut into, at least (as the rows allow): enough for
+/// the threads to even out.
+const PIECES_PER_THREAD: usize = 4;
 
 /// Multiplies the weight rows `0..rows` (`row_bytes` each) with every pass of a batch (`passes`,
 /// the batch rows quantized `rows_per_pass` at a time; `outputs` one per batch row, in the same
 /// order, `rows` values each) on up to `threads` threads: `kernel(tile, pass, rows, outputs)` computes rows `rows`
 /// for one pass, `tile` being what `prepare(rows)` made of those rows once for every pass (the
-/// weights' scales in `f32`, say). Each thread goes through its rows a tile at a time and
-/// multiplies a tile with every pass before the next, so a batch of many passes (a prompt) reads
-/// each weight from memory once instead of once per pass. The order changes no value: each one
-/// is computed alone.
+/// weights' scales in `f32`, say). The threads take the rows a tile at a time and multiply a
+/// tile with every pass before the next, so a batch of many passes (a prompt) reads each weight
+/// from memory once instead of once per pass. The order changes no value: each one is computed
+/// alone.
 pub(super) fn multiply_passes<P, T, R, K>(
     row_bytes: usize,
     passes: &[P],
@@ -69,20 +84,14 @@ pub(super) fn multiply_passes<P, T, R, K>(
         return;
     };
     let tile_rows = (TILE_BYTES / row_bytes.max(1)).max(1);
-    split_rows(rows, outputs, threads, |range, outputs| {
-        let mut start = range.start;
-        while start < range.end {
-            let tile = start..(start + tile_rows).min(range.end);
-            let within = tile.start - range.start..tile.end - range.start;
-            let prepared = prepare(tile.clone());
-            for (pass, pass_outputs) in passes.iter().zip(outputs.chunks_mut(rows_per_pass)) {
-                let mut tile_outputs: Vec<&mut [f32]> = pass_outputs
-                    .iter_mut()
-                    .map(|output| &mut output[within.clone()])
-                    .collect();
-                kernel(&prepared, pass, tile.clone(), &mut tile_outputs);
-            }
-            start = tile.end;
+    let piece_rows = tile_rows.min(
+        rows.div_ceil(threads.max(1) * PIECES_PER_THREAD)
+            .max(MIN_PIECE_ROWS),
+    );
+    split_rows(rows, piece_rows, outputs, threads, |tile, outputs| {
+        let prepared = prepare(tile.clone());
+        for (pass, pass_outputs) in passes.iter().zip(outputs.chunks_mut(rows_per_pass)) {
+            kernel(&prepared, pass, tile.clone(), pass_outputs);
         }
     });
 }
