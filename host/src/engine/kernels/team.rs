@@ -61,12 +61,12 @@ const PIECES_PER_THREAD: usize = 4;
 
 /// Multiplies the weight rows `0..rows` (`row_bytes` each) with every pass of a batch (`passes`,
 /// the batch rows quantized `rows_per_pass` at a time; `outputs` one per batch row, in the same
-/// order, `rows` values each) on up to `threads` threads: `kernel(tile, pass, rows, outputs)` computes rows `rows`
-/// for one pass, `tile` being what `prepare(rows)` made of those rows once for every pass (the
-/// weights' scales in `f32`, say). The threads take the rows a tile at a time and multiply a
-/// tile with every pass before the next, so a batch of many passes (a prompt) reads each weight
-/// from memory once instead of once per pass. The order changes no value: each one is computed
-/// alone.
+/// order, `rows` values each) on up to `threads` threads: `kernel(tile, pass, rows, outputs)`
+/// computes rows `rows` for one pass, `tile` being what `prepare(rows)` made of those rows once
+/// for every pass (the weights' scales in `f32`, say). The threads take the rows a piece at a time
+/// (at most a cache tile, at least [`MIN_PIECE_ROWS`]) and multiply a piece with every pass before
+/// the next, so a batch of many passes (a prompt) reads each weight from memory once instead of
+/// once per pass. The order changes no value: each one is computed alone.
 pub(super) fn multiply_passes<P, T, R, K>(
     row_bytes: usize,
     passes: &[P],
