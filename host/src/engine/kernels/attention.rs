@@ -419,12 +419,15 @@ impl Attention {
             BlockQ8_0::fill_tile(&keys, 0..cells, passes.len(), &mut key_scales);
             let pass_scores = scores.chunks_mut(avx2::ROWS_PER_PASS * CELL_RUN);
             for (pass, pass_scores) in passes.iter().zip(pass_scores) {
-                let mut outputs: Vec<&mut [f32]> = pass_scores
-                    .chunks_mut(CELL_RUN)
-                    .map(|scores| &mut scores[..cells])
-                    .collect();
+                let mut outputs: [&mut [f32]; avx2::ROWS_PER_PASS] = Default::default();
+                let mut count = 0;
+                for (output, scores) in outputs.iter_mut().zip(pass_scores.chunks_mut(CELL_RUN)) {
+                    *output = &mut scores[..cells];
+                    count += 1;
+                }
+                let outputs = &mut outputs[..count];
                 // SAFETY: this function's features are the kernel's.
-                unsafe { BlockQ8_0::rows(&keys, &key_scales, pass, 0..cells, &mut outputs) };
+                unsafe { BlockQ8_0::rows(&keys, &key_scales, pass, 0..cells, outputs) };
             }
             for (cell, value_row) in run
                 .clone()
@@ -526,6 +529,9 @@ fn f16_row(halves: &[u16], out: &mut [f32]) {
 
 /// Values per register block of an accumulator: eight AVX registers of `f32`.
 const REGISTER_VALUES: usize = 64;
+
+// Every head size the kernel takes is whole register blocks.
+const _: () = assert!(HEAD_SIZE_MULTIPLE.is_multiple_of(REGISTER_VALUES));
 
 /// A query row's accumulator through its `steps` of a run of cells (`value_rows` the run's value
 /// rows, `exponents` each step's exponent): on a new maximum `accumulator *= exponent` (ggml's

@@ -128,9 +128,9 @@ impl<B: Avx2Block> Avx2Weights for B {
 }
 
 /// The scales (and Q4_1's minimums) of a tile of weight rows in `f32`, converted from `f16`
-/// once for every pass of a batch when it has several (a prompt): row `r` of the tile at
-/// `r * blocks_per_row`. A batch of one pass (a verify batch) converts each block's scale where
-/// it multiplies the block, as a tile would.
+/// once for every pass of a batch of [`MIN_PASSES_FOR_TILE_SCALES`] passes or more (a prompt):
+/// row `r` of the tile at `r * blocks_per_row`. A batch of fewer passes (a verify batch)
+/// converts each block's scale where it multiplies the block.
 #[derive(Default)]
 pub(super) struct TileScales {
     converted: bool,
@@ -139,15 +139,15 @@ pub(super) struct TileScales {
 }
 
 impl TileScales {
-    /// Converts the scales (and minimums) of rows `range` of `matrix` if `passes` is two or
-    /// more.
+    /// Converts the scales (and minimums) of rows `range` of `matrix` if `passes` is at least
+    /// [`MIN_PASSES_FOR_TILE_SCALES`].
     fn fill<B: Avx2Block>(
         &mut self,
         matrix: &QuantMatrix<'_, B>,
         range: Range<usize>,
         passes: usize,
     ) {
-        self.converted = passes >= 8;
+        self.converted = passes >= MIN_PASSES_FOR_TILE_SCALES;
         self.scales.clear();
         self.mins.clear();
         if !self.converted {
@@ -172,6 +172,10 @@ impl TileScales {
         }
     }
 }
+
+/// Passes of a batch from which a tile's weight scales are converted once for all of them; for
+/// fewer, converting each block's scale where it is used costs less than storing and reloading.
+const MIN_PASSES_FOR_TILE_SCALES: usize = 8;
 
 /// The `f16` values `half` reads from up to eight blocks, as `f32` (converted together; zeros
 /// past the blocks).
