@@ -2,8 +2,8 @@
 //! batches (verify batches, prompts) with `quant_matmul`, `avx2` and `k_quants`: one pass over
 //! each weight matrix per batch instead of llama.cpp's one vector dot product per (weight row,
 //! batch row), and the same bits; where `quant_matmul` runs, their single rows (plain decoding)
-//! too; and their flash attention over the Q8_0 KV cache with `attention` (each cache row read
-//! once for the query rows that share a KV head).
+//! too; and flash attention over the Q8_0 KV cache with `attention` (each cache row read once
+//! for the query rows that share a KV head), single query rows included.
 //!
 //! How it gets the work: llama.cpp gives every context one backend per registered
 //! "accelerator" device, ahead of the CPU backend, and ggml's scheduler hands a matrix product
@@ -12,8 +12,8 @@
 //! memory with two or more `f32` batch rows of Q8_0, Q5_0, Q4_0, Q4_1 (SmolLM2's layers), Q4_K
 //! and Q6_K weights when the CPU has AVX2 (`avx2`, `k_quants`; `quant_matmul` takes Q8_0, Q5_0
 //! and Q4_0, single rows included, when it has AVX-512 VNNI: [`WeightKind::fewest_rows`]), and
-//! flash attention of two or more query rows over a Q8_0 cache (`attention`, AVX2); the other
-//! single rows and everything else stay with llama.cpp's CPU backend. The weights stay where
+//! flash attention over a Q8_0 cache (`attention`, AVX2), a single query row included; the
+//! other products' single rows and everything else stay with llama.cpp's CPU backend. The weights stay where
 //! llama.cpp put them (llama.cpp's AMX buffers, on CPUs that have AMX, are not host memory:
 //! llama.cpp computes their products, see docs/exactness.md).
 //!
