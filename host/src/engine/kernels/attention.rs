@@ -241,8 +241,8 @@ impl Attention {
         // Fewer items than threads (a single row of a model with one KV head): a group's heads
         // are split between items, each converting the group's value rows itself.
         let group_heads = self.heads / self.kv_heads;
-        let parts = threads.div_ceil(groups * tiles).clamp(1, group_heads);
-        let part_heads = group_heads.div_ceil(parts);
+        let part_heads =
+            group_heads.div_ceil(threads.div_ceil(groups * tiles).clamp(1, group_heads));
         let parts = group_heads.div_ceil(part_heads);
         let items = groups * tiles * parts;
         let next = AtomicUsize::new(0);

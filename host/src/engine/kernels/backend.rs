@@ -13,9 +13,9 @@
 //! and Q6_K weights when the CPU has AVX2 (`avx2`, `k_quants`; `quant_matmul` takes Q8_0, Q5_0
 //! and Q4_0, single rows included, when it has AVX-512 VNNI: [`WeightKind::fewest_rows`]), and
 //! flash attention over a Q8_0 cache (`attention`, AVX2), a single query row included; the
-//! other products' single rows and everything else stay with llama.cpp's CPU backend. The weights stay where
-//! llama.cpp put them (llama.cpp's AMX buffers, on CPUs that have AMX, are not host memory:
-//! llama.cpp computes their products, see docs/exactness.md).
+//! other products' single rows and everything else stay with llama.cpp's CPU backend. The
+//! weights stay where llama.cpp put them (llama.cpp's AMX buffers, on CPUs that have AMX, are
+//! not host memory: llama.cpp computes their products, see docs/exactness.md).
 //!
 //! Gemma 3's output layer is Q8_0 and its layers mostly Q5_0 (their 640-wide rows do not fit
 //! Q4_K's 256-value blocks), and llama.cpp's kernels unpack every block again for every batch
