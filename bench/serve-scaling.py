@@ -89,8 +89,9 @@ def main():
     first = runs[0]["results"]["settings"] if runs else {}
     print(f"Server scaling on {args.model} ({first.get('prompt_style', '?')} prompts, greedy, "
           f"{first.get('requests_per_client', '?')} requests per client per level after one warm-up, "
-          f"streamed; {args.threads} threads, {args.ctx_size} tokens of context per slot). "
-          "tok/s: all clients' completion tokens over the level's wall time.\n")
+          f"streamed, {first.get('passes', 1)} pass(es) of each level; {args.threads} threads, "
+          f"{args.ctx_size} tokens of context per slot). tok/s: all clients' completion tokens over "
+          "the pass's wall time, the median pass.\n")
     columns = [f"{c} client{'s' if c > 1 else ''}" for c in counts]
     print("| system | configuration | " + " | ".join(columns) + f" | {counts[-1]} / 1 |")
     print("|---|---|" + "--:|" * (len(counts) + 1))

@@ -13,7 +13,8 @@
 #             the same threads and context per slot, without speculation and with each n-gram
 #             speculation of LLAMA_SPECS, restarted for each C and driven by the same clients.
 # Every client is the same closed loop (spechost bench --clients: streamed, greedy, one warm-up
-# request per level), so every row is measured alike. Writes each run's serve-results.{md,csv,json}
+# request per pass, REPEAT passes of each level with the rows alternating, tok/s the median
+# pass), so every row is measured alike. Writes each run's serve-results.{md,csv,json}
 # under --out and serve-scaling.md there, one summary of every row (bench/serve-scaling.py).
 #
 # The baseline binary is built once into $SPECHOST_CACHE_DIR/baseline-<commit>/ (a git worktree
@@ -27,7 +28,8 @@
 #   ../shared/workloads/extract.jsonl with raw forms for base models), 1,2,4,8, 12, each request's
 #   own max_tokens, 2048 tokens per slot, serve-scaling-<model>
 #   Gemma-3-270M (a base model): bench/serve-scaling.sh --model gemma3 --prompt-style raw
-# Environment: STEPS (default "current baseline variants llama"), BASELINE_COMMIT, SERVE_VARIANTS
+# Environment: STEPS (default "current baseline variants llama"), REPEAT (measured passes of
+#   each level, default 3), BASELINE_COMMIT, SERVE_VARIANTS
 #   (`;`-separated flag sets of this build's serve, each a row), THREADS (llama-server's
 #   -t; default: spechost's plan, one per physical core), LLAMA_SPECS (`;`-separated llama-server
 #   flag sets, each a row besides no speculation; default: ngram-simple with a 3-token key and
@@ -50,12 +52,13 @@ while [[ $# -gt 0 ]]; do
         --max-tokens) MAX_TOKENS=$2 ;;
         --ctx-size) CTX=$2 ;;
         --out) OUT=$2 ;;
-        *) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+        *) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
     shift 2
 done
 OUT=$(realpath -m "${OUT:-serve-scaling-$(basename "$MODEL" .gguf)}")
 STEPS=${STEPS:-"current baseline variants llama"}
+REPEAT=${REPEAT:-3}
 SERVE_VARIANTS=${SERVE_VARIANTS:-"--cascade lookup --draft-cut off"}
 BASELINE_COMMIT=${BASELINE_COMMIT:-8080971}
 LLAMA_SPECS=${LLAMA_SPECS-"--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 8;--spec-type ngram-cache"}
@@ -69,7 +72,8 @@ wants() { [[ " $STEPS " == *" $1 "* ]]; }
 # Lines "<system>\t<configuration>\t<results dir>" for the summary, a file per step: a step
 # run again replaces its own lines, and the summary keeps the other steps' earlier runs.
 runs() { echo "$OUT/runs-$1.tsv"; }
-common=(--model "$MODEL" --workload "$WORKLOAD" --prompt-style "$STYLE" --requests-per-client "$PER_CLIENT")
+common=(--model "$MODEL" --workload "$WORKLOAD" --prompt-style "$STYLE" --requests-per-client "$PER_CLIENT"
+    --repeat "$REPEAT")
 [[ -n $MAX_TOKENS ]] && common+=(--max-tokens "$MAX_TOKENS")
 
 server_pid=""

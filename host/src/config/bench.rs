@@ -84,7 +84,8 @@ pub struct BenchArgs {
         value_delimiter = ','
     )]
     pub grammar_drafts: Vec<String>,
-    /// Measured passes over each workload; tok/s is the median over them.
+    /// Measured passes over each workload; tok/s is the median over them. With --clients, also
+    /// the measured passes of each level, the configurations alternating pass by pass.
     #[arg(long, default_value_t = DEFAULT_BENCH_REPEAT)]
     pub repeat: usize,
     /// Unmeasured passes over each workload first (pages the model in, starts thread pools).
@@ -116,8 +117,9 @@ pub struct BenchArgs {
     /// The server benchmark: concurrent clients of each level, comma-separated (`1,2,4,8`).
     /// A server is started in this process with a slot per client of the largest level (or the
     /// one at --url is driven), and each level's clients send the workloads' requests over
-    /// HTTP, streamed, with plain decoding and then each cascade; --repeat and --warmup then
-    /// apply to the single-stream comparison through the engine.
+    /// HTTP, streamed, with plain decoding and then each cascade, --repeat times over (tok/s:
+    /// the median pass); --warmup then applies to the single-stream comparison through the
+    /// engine.
     #[arg(long = "clients", value_name = "C,C,...", value_delimiter = ',')]
     pub client_counts: Vec<usize>,
     /// With --clients: requests each client sends per level (default: 12).

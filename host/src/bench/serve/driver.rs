@@ -39,6 +39,7 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
         threads: None,
         prompt_style: style_name(config.prompt_style),
         requests_per_client: serve.requests_per_client,
+        passes: config.repeat,
         max_tokens_cap: config.max_tokens_cap,
     };
     let report = match &serve.server {
@@ -60,6 +61,7 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
                 rows: &rows,
                 client_counts: &serve.client_counts,
                 requests_per_client: serve.requests_per_client,
+                passes: config.repeat,
             };
             let driven = drive_in_process(serve_config, cache_dir, levels)?;
             settings.model = Some(serve_config.stack.model.clone());
@@ -91,6 +93,7 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
                     rows: &rows,
                     client_counts: &serve.client_counts,
                     requests_per_client: serve.requests_per_client,
+                    passes: config.repeat,
                 },
             )?;
             settings.server.clone_from(&address.authority);

@@ -1,14 +1,16 @@
 //! The levels: every row at every client count, driven over HTTP, with the identity check.
 //!
-//! In order, for each client count `C` (ascending) and each row (plain decoding first), so
-//! that the rows compared at one count are measured within a minute or two of each other (a
-//! shared machine drifts by more than the differences measured, over the half hour a whole
-//! run takes): one warm-up request, unmeasured; then `C` closed-loop clients, each sending its
-//! share of the level's requests ([`client_share`]) one after the other; the level's figures;
-//! and every answer's text compared with the reference, which is the request's answer under
-//! the first plain row at the fewest clients that sent it (plain decoding at one client, for
-//! every request a one-client level sends). Greedy decoding must give the same text at any
-//! concurrency and with any cascade.
+//! In order, for each client count `C` (ascending), `passes` times over, each row (plain
+//! decoding first), so that the rows compared at one count are measured within a minute or two
+//! of each other and a slow phase of a shared machine (it drifts by more than the differences
+//! measured, over the half hour a whole run takes) lands on every row alike: one warm-up
+//! request, unmeasured; then `C` closed-loop clients, each sending its share of the level's
+//! requests ([`client_share`]) one after the other; and every answer's text compared with the
+//! reference. A level's figures are over its passes ([`figures`]: tok/s the median pass). The
+//! reference is the request's answer in the first pass of the plain row at the fewest clients
+//! that sent it (plain decoding at one client, for every request a one-client level sends).
+//! Greedy decoding must give the same text at any concurrency, in any pass and with any
+//! cascade.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -17,7 +19,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 use super::client::{Streamed, send};
-use super::figures::{LevelFigures, figures};
+use super::figures::{LevelFigures, Pass, figures};
 use super::plan::{PlannedRequest, Row, client_share};
 
 /// The longest a request may take before the benchmark gives up on the server.
@@ -34,6 +36,8 @@ pub struct Levels<'a> {
     pub client_counts: &'a [usize],
     /// Requests each client sends per level.
     pub requests_per_client: usize,
+    /// Measured passes of each row at each client count, the rows alternating pass by pass.
+    pub passes: usize,
 }
 
 /// One level measured.
@@ -109,46 +113,46 @@ async fn drive_levels(authority: &str, levels: Levels<'_>) -> anyhow::Result<Dri
     let mut driven = Driven::default();
     let mut references = References::new(levels.requests);
     for &clients in levels.client_counts {
-        for row in levels.rows {
-            let warm_up = &levels.requests[0];
-            timed_send(authority, warm_up, row)
-                .await
-                .with_context(|| format!("warming up {} at {clients} clients", row.label))?;
-            let started = Instant::now();
-            let shares = (0..clients).map(|client| {
-                let share: Vec<usize> =
-                    client_share(client, clients, levels.requests_per_client).collect();
-                client_loop(authority, levels.requests, row, share)
-            });
-            let mut answers: Vec<(usize, Streamed)> = futures_util::future::try_join_all(shares)
-                .await
-                .with_context(|| format!("{} at {clients} clients", row.label))?
-                .into_iter()
-                .flatten()
-                .collect();
-            let wall_time = started.elapsed();
-            answers.sort_by_key(|(index, _)| *index);
-            let differences = references.check(row, clients, &answers);
-            let answers: Vec<Streamed> = answers.into_iter().map(|(_, answer)| answer).collect();
-            let level = Level {
+        let mut passes: Vec<Vec<Pass>> = vec![Vec::new(); levels.rows.len()];
+        let mut identical = vec![true; levels.rows.len()];
+        for pass_index in 0..levels.passes {
+            for (row_index, row) in levels.rows.iter().enumerate() {
+                let (pass, differences) =
+                    measure_pass(authority, levels, row, clients, &mut references)
+                        .await
+                        .with_context(|| {
+                            format!(
+                                "{} at {clients} clients, pass {} of {}",
+                                row.label,
+                                pass_index + 1,
+                                levels.passes
+                            )
+                        })?;
+                eprintln!(
+                    "serve · {} · {clients} client(s) · pass {}/{}: {:.1} tok/s over {} requests{}",
+                    row.label,
+                    pass_index + 1,
+                    levels.passes,
+                    pass.tokens_per_second(),
+                    pass.answers.len(),
+                    if differences.is_empty() {
+                        ""
+                    } else {
+                        ", OUTPUT DIFFERS"
+                    }
+                );
+                identical[row_index] &= differences.is_empty();
+                driven.differences.extend(differences);
+                passes[row_index].push(pass);
+            }
+        }
+        for ((row, passes), identical) in levels.rows.iter().zip(&passes).zip(identical) {
+            driven.levels.push(Level {
                 configuration: row.label.clone(),
                 clients,
-                figures: figures(&answers, wall_time),
-                identical: differences.is_empty(),
-            };
-            eprintln!(
-                "serve · {} · {clients} client(s): {:.1} tok/s over {} requests{}",
-                level.configuration,
-                level.figures.tokens_per_second,
-                level.figures.requests,
-                if level.identical {
-                    ""
-                } else {
-                    ", OUTPUT DIFFERS"
-                }
-            );
-            driven.levels.push(level);
-            driven.differences.extend(differences);
+                figures: figures(passes),
+                identical,
+            });
         }
     }
     // Reported row by row, as the rows are listed.
@@ -160,6 +164,35 @@ async fn drive_levels(authority: &str, levels: Levels<'_>) -> anyhow::Result<Dri
     });
     driven.references = references.into_list();
     Ok(driven)
+}
+
+/// One pass of `row` at `clients` clients: a warm-up request, unmeasured, then every client's
+/// share of the level's requests; its answers checked against their references.
+async fn measure_pass(
+    authority: &str,
+    levels: Levels<'_>,
+    row: &Row,
+    clients: usize,
+    references: &mut References<'_>,
+) -> anyhow::Result<(Pass, Vec<Difference>)> {
+    timed_send(authority, &levels.requests[0], row)
+        .await
+        .context("warming up")?;
+    let started = Instant::now();
+    let shares = (0..clients).map(|client| {
+        let share: Vec<usize> = client_share(client, clients, levels.requests_per_client).collect();
+        client_loop(authority, levels.requests, row, share)
+    });
+    let mut answers: Vec<(usize, Streamed)> = futures_util::future::try_join_all(shares)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect();
+    let wall_time = started.elapsed();
+    answers.sort_by_key(|(index, _)| *index);
+    let differences = references.check(row, clients, &answers);
+    let answers = answers.into_iter().map(|(_, answer)| answer).collect();
+    Ok((Pass { answers, wall_time }, differences))
 }
 
 /// Every request's reference text, by its index in the workloads' requests.

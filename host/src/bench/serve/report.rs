@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use super::super::report::csv_field;
 use super::super::runner::Mismatch;
-use super::super::stats::speedup;
-use super::figures::Percentiles;
+use super::super::stats::{Summary, speedup};
+use super::figures::{LevelFigures, Percentiles};
 use super::levels::{Difference, Driven, Level, Reference};
 
 /// File names written into `--out`.
@@ -36,6 +36,8 @@ pub struct ServerSettings {
     pub prompt_style: &'static str,
     /// Requests each client sent per level.
     pub requests_per_client: usize,
+    /// Measured passes of each level, the rows alternating.
+    pub passes: usize,
     /// Cap on each request's `max_tokens`, if one was given.
     pub max_tokens_cap: Option<usize>,
 }
@@ -60,8 +62,9 @@ pub struct ServeRow {
     /// The level as measured.
     #[serde(flatten)]
     pub level: Level,
-    /// Aggregate tok/s over plain decoding's at the same client count; `null` for plain
-    /// decoding and for a running server.
+    /// Aggregate tok/s over plain decoding's at the same client count ([`paired_speedup`]:
+    /// the median over the passes of each pass's over the plain pass measured just before it);
+    /// `null` for plain decoding and for a running server.
     pub over_plain: Option<f64>,
     /// Aggregate tok/s over the same configuration's at one client; `null` without one.
     pub over_one_client: Option<f64>,
@@ -119,7 +122,7 @@ impl ServeReport {
                     .as_deref()
                     .filter(|plain| !running && *plain != level.configuration)
                     .and_then(|plain| find(plain, level.clients))
-                    .and_then(|plain| speedup(rate, plain.figures.tokens_per_second));
+                    .and_then(|plain| paired_speedup(&level.figures, &plain.figures));
                 let over_one_client = find(&level.configuration, 1)
                     .and_then(|one| speedup(rate, one.figures.tokens_per_second));
                 ServeRow {
@@ -164,25 +167,28 @@ impl ServeReport {
         };
         let _ = writeln!(
             out,
-            "{} prompts, {}, {} requests per client per level (after one warm-up request), streamed; \
-             tok/s is all clients' completion tokens over the level's wall time, times are measured by the clients.\n",
-            settings.prompt_style, self.sampling, settings.requests_per_client
+            "{} prompts, {}, {} requests per client per level (after one warm-up request), streamed, {} pass(es) of each level, \
+             the configurations alternating; tok/s is all clients' completion tokens over the pass's wall time (the median pass), \
+             vs plain the median of each pass's over plain decoding's pass just before it, \
+             times are measured by the clients (over every pass's requests).\n",
+            settings.prompt_style, self.sampling, settings.requests_per_client, settings.passes
         );
         out.push_str(
-            "| configuration | clients | requests | tok/s | vs plain | vs 1 client | TTFT p50 ms | TTFT p95 ms | per-token p50 ms | per-token p95 ms | identical |\n",
+            "| configuration | clients | requests | tok/s | passes' tok/s | vs plain | vs 1 client | TTFT p50 ms | TTFT p95 ms | per-token p50 ms | per-token p95 ms | identical |\n",
         );
-        out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n");
+        out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n");
         for row in &self.rows {
             let level = &row.level;
             let (ttft_p50, ttft_p95) = millis(level.figures.time_to_first_token);
             let (tpot_p50, tpot_p95) = millis(level.figures.time_per_output_token);
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {:.1} | {} | {} | {ttft_p50} | {ttft_p95} | {tpot_p50} | {tpot_p95} | {} |",
+                "| {} | {} | {} | {:.1} | {} | {} | {} | {ttft_p50} | {ttft_p95} | {tpot_p50} | {tpot_p95} | {} |",
                 level.configuration,
                 level.clients,
                 level.figures.requests,
                 level.figures.tokens_per_second,
+                pass_rates(&level.figures.pass_tokens_per_second, " / "),
                 ratio(row.over_plain),
                 ratio(row.over_one_client),
                 if level.identical { "yes" } else { "**no**" },
@@ -237,7 +243,7 @@ impl ServeReport {
     /// One CSV line per level.
     pub fn csv(&self) -> String {
         let mut out = String::from(
-            "configuration,clients,requests,completion_tokens,wall_seconds,tokens_per_second,over_plain,over_one_client,\
+            "configuration,clients,requests,completion_tokens,wall_seconds,tokens_per_second,pass_tokens_per_second,over_plain,over_one_client,\
              ttft_p50_ms,ttft_p95_ms,tpot_p50_ms,tpot_p95_ms,generation_tokens_per_second,identical\n",
         );
         for row in &self.rows {
@@ -252,6 +258,7 @@ impl ServeReport {
                 figures.completion_tokens.to_string(),
                 format!("{:.4}", figures.wall_seconds),
                 format!("{:.3}", figures.tokens_per_second),
+                pass_rates(&figures.pass_tokens_per_second, ";"),
                 optional(row.over_plain),
                 optional(row.over_one_client),
                 optional(figures.time_to_first_token.map(|p| p.p50_ms)),
@@ -284,12 +291,38 @@ impl ServeReport {
     }
 }
 
+/// `figures`' tok/s over `baseline`'s: the median of the passes' ratios, each pass over the
+/// baseline's pass of the same index (the rows alternate pass by pass, so a slow phase of a
+/// shared machine lands on both of a pair); the ratio of the medians when the passes do not
+/// pair up.
+fn paired_speedup(figures: &LevelFigures, baseline: &LevelFigures) -> Option<f64> {
+    let (passes, baseline_passes) = (
+        &figures.pass_tokens_per_second,
+        &baseline.pass_tokens_per_second,
+    );
+    if passes.is_empty() || passes.len() != baseline_passes.len() {
+        return speedup(figures.tokens_per_second, baseline.tokens_per_second);
+    }
+    let ratios: Option<Vec<f64>> = passes
+        .iter()
+        .zip(baseline_passes)
+        .map(|(&rate, &base)| speedup(rate, base))
+        .collect();
+    Some(Summary::of(&ratios?)?.median)
+}
+
 /// [`ServerSettings::server`] of a server started in this process.
 pub const IN_PROCESS: &str = "in-process";
 
 /// `1.23x`, or `–`.
 fn ratio(value: Option<f64>) -> String {
     value.map_or_else(|| "–".to_owned(), |value| format!("{value:.2}x"))
+}
+
+/// Each pass's tok/s with one decimal, joined by `separator`.
+fn pass_rates(rates: &[f64], separator: &str) -> String {
+    let rates: Vec<String> = rates.iter().map(|rate| format!("{rate:.1}")).collect();
+    rates.join(separator)
 }
 
 /// The percentiles with one decimal, or dashes.
@@ -303,7 +336,6 @@ fn millis(percentiles: Option<Percentiles>) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::serve::figures::LevelFigures;
 
     fn level(configuration: &str, clients: usize, tokens_per_second: f64) -> Level {
         Level {
@@ -314,6 +346,7 @@ mod tests {
                 completion_tokens: 100,
                 wall_seconds: 1.0,
                 tokens_per_second,
+                pass_tokens_per_second: vec![tokens_per_second],
                 time_to_first_token: Percentiles::of(&[std::time::Duration::from_millis(30)]),
                 time_per_output_token: None,
                 generation_tokens_per_second: tokens_per_second + 10.0,
@@ -330,6 +363,7 @@ mod tests {
             threads: Some(1),
             prompt_style: "chat",
             requests_per_client: 2,
+            passes: 2,
             max_tokens_cap: None,
         }
     }
@@ -380,7 +414,7 @@ mod tests {
         let markdown = report.markdown();
         assert!(
             markdown.contains(
-                "| lookup cost K≤24 | 2 | 4 | 240.0 | 1.60x | 1.20x | 30.0 | 30.0 | – | – | yes |"
+                "| lookup cost K≤24 | 2 | 4 | 240.0 | 240.0 | 1.60x | 1.20x | 30.0 | 30.0 | – | – | yes |"
             ),
             "{markdown}"
         );
@@ -391,7 +425,35 @@ mod tests {
                 .is_some_and(|line| line.starts_with("lookup cost K≤24,1,")),
             "labels without commas stay bare: {csv}"
         );
+        assert!(
+            csv.contains(",240.000,240.0,1.6000,1.2000,"),
+            "each pass's tok/s in one field: {csv}"
+        );
         assert!(report.outputs_match);
+    }
+
+    #[test]
+    fn the_plain_ratio_pairs_each_pass_with_plain_decodings_pass_before_it() {
+        let with_passes = |rates: &[f64]| {
+            let mut level = level("any", 4, 0.0);
+            level.figures.pass_tokens_per_second = rates.to_vec();
+            level.figures.tokens_per_second = Summary::of(rates).expect("rates").median;
+            level.figures
+        };
+        // A slow second pair: plain's median pass is 100, the cascade's 100 too, but the
+        // cascade ran 10% faster than the plain pass just before it in two passes of three.
+        let plain = with_passes(&[100.0, 50.0, 120.0]);
+        let cascade = with_passes(&[110.0, 55.0, 100.0]);
+        let paired = paired_speedup(&cascade, &plain).expect("both timed");
+        assert!((paired - 1.1).abs() < 1e-9, "{paired}");
+        // Passes that do not pair up: the ratio of the medians.
+        let fewer = with_passes(&[90.0, 110.0]);
+        let unpaired = paired_speedup(&fewer, &plain).expect("both timed");
+        assert!((unpaired - 1.0).abs() < 1e-9, "{unpaired}");
+        assert_eq!(
+            paired_speedup(&cascade, &with_passes(&[100.0, 0.0, 120.0])),
+            None
+        );
     }
 
     #[test]
