@@ -248,6 +248,8 @@ impl<'t> Batcher<'t> {
 
     /// Verifies every waiting round in one batch.
     fn verify(&mut self) {
+        // Sequences still preparing their rounds, which this step leaves to the next one.
+        let left_working = self.working();
         let mut rounds = Vec::new();
         for (index, state) in self.states.iter_mut().enumerate() {
             if matches!(state, SeqState::Verifying(_))
@@ -270,6 +272,7 @@ impl<'t> Batcher<'t> {
         self.last_verify = started.elapsed();
         tracing::debug!(
             ?proposed,
+            left_working,
             cut_us,
             rows = ?rows(&rounds),
             ms = self.last_verify.as_secs_f64() * 1e3,
