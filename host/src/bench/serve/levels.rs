@@ -60,6 +60,8 @@ pub struct Difference {
     pub configuration: String,
     /// Concurrent clients of the level.
     pub clients: usize,
+    /// The level's pass, from 1.
+    pub pass: usize,
     /// The workload's name.
     pub workload: String,
     /// The request's id.
@@ -117,17 +119,23 @@ async fn drive_levels(authority: &str, levels: Levels<'_>) -> anyhow::Result<Dri
         let mut identical = vec![true; levels.rows.len()];
         for pass_index in 0..levels.passes {
             for (row_index, row) in levels.rows.iter().enumerate() {
-                let (pass, differences) =
-                    measure_pass(authority, levels, row, clients, &mut references)
-                        .await
-                        .with_context(|| {
-                            format!(
-                                "{} at {clients} clients, pass {} of {}",
-                                row.label,
-                                pass_index + 1,
-                                levels.passes
-                            )
-                        })?;
+                let (pass, differences) = measure_pass(
+                    authority,
+                    levels,
+                    row,
+                    clients,
+                    pass_index + 1,
+                    &mut references,
+                )
+                .await
+                .with_context(|| {
+                    format!(
+                        "{} at {clients} clients, pass {} of {}",
+                        row.label,
+                        pass_index + 1,
+                        levels.passes
+                    )
+                })?;
                 eprintln!(
                     "serve · {} · {clients} client(s) · pass {}/{}: {:.1} tok/s over {} requests{}",
                     row.label,
@@ -166,13 +174,14 @@ async fn drive_levels(authority: &str, levels: Levels<'_>) -> anyhow::Result<Dri
     Ok(driven)
 }
 
-/// One pass of `row` at `clients` clients: a warm-up request, unmeasured, then every client's
-/// share of the level's requests; its answers checked against their references.
+/// Pass `pass` (from 1) of `row` at `clients` clients: a warm-up request, unmeasured, then
+/// every client's share of the level's requests; its answers checked against their references.
 async fn measure_pass(
     authority: &str,
     levels: Levels<'_>,
     row: &Row,
     clients: usize,
+    pass: usize,
     references: &mut References<'_>,
 ) -> anyhow::Result<(Pass, Vec<Difference>)> {
     timed_send(authority, &levels.requests[0], row)
@@ -190,7 +199,7 @@ async fn measure_pass(
         .collect();
     let wall_time = started.elapsed();
     answers.sort_by_key(|(index, _)| *index);
-    let differences = references.check(row, clients, &answers);
+    let differences = references.check(row, clients, pass, &answers);
     let answers = answers.into_iter().map(|(_, answer)| answer).collect();
     Ok((Pass { answers, wall_time }, differences))
 }
@@ -209,12 +218,14 @@ impl<'a> References<'a> {
         }
     }
 
-    /// Compares a level's `answers` (by their index in the level, in order) with their
-    /// references; a plain row's answer becomes the reference of a request that has none yet.
+    /// Compares the `answers` of a pass (by their index in the level, in order) at `clients`
+    /// clients with their references; a plain row's answer becomes the reference of a request
+    /// that has none yet.
     fn check(
         &mut self,
         row: &Row,
         clients: usize,
+        pass: usize,
         answers: &[(usize, Streamed)],
     ) -> Vec<Difference> {
         let mut differences = Vec::new();
@@ -227,6 +238,7 @@ impl<'a> References<'a> {
                         differences.push(Difference {
                             configuration: row.label.clone(),
                             clients,
+                            pass,
                             workload: request.workload.clone(),
                             request: request.id.clone(),
                             first_difference,
@@ -346,12 +358,12 @@ mod tests {
             plain: false,
         };
         let mut references = References::new(&requests);
-        let first = references.check(&plain, 1, &[(0, answer("one")), (2, answer("one"))]);
+        let first = references.check(&plain, 1, 1, &[(0, answer("one")), (2, answer("one"))]);
         assert!(
             first.is_empty(),
             "a repeat of `a` in the level matches: {first:?}"
         );
-        let later = references.check(&lookup, 2, &[(1, answer("two")), (2, answer("onf"))]);
+        let later = references.check(&lookup, 2, 1, &[(1, answer("two")), (2, answer("onf"))]);
         assert_eq!(
             later.len(),
             1,

@@ -217,9 +217,10 @@ impl ServeReport {
         for difference in &self.differences {
             let _ = writeln!(
                 out,
-                "\nDIFFERS: {} at {} client(s), request `{}` of `{}`: from character {} ({} characters; the reference has {})",
+                "\nDIFFERS: {} at {} client(s), pass {}, request `{}` of `{}`: from character {} ({} characters; the reference has {})",
                 difference.configuration,
                 difference.clients,
+                difference.pass,
                 difference.request,
                 difference.workload,
                 difference.first_difference,
@@ -461,6 +462,7 @@ mod tests {
         let difference = Difference {
             configuration: "llama-server".into(),
             clients: 2,
+            pass: 1,
             workload: "extract".into(),
             request: "e1".into(),
             first_difference: 7,
@@ -488,7 +490,7 @@ mod tests {
         let markdown = report.markdown();
         assert!(
             markdown.contains(
-                "DIFFERS: llama-server at 2 client(s), request `e1` of `extract`: from character 7"
+                "DIFFERS: llama-server at 2 client(s), pass 1, request `e1` of `extract`: from character 7"
             ),
             "{markdown}"
         );
