@@ -402,8 +402,8 @@ const ROWS_PER_STEP: usize = 2;
 /// With one or two pairs (verify batches of up to four tokens) the weights stream from memory
 /// faster a row at a time: measured on a 2-vCPU AMD EPYC with AVX-512 VNNI, a 40 MB Q8_0
 /// matrix on two threads, three or four batch rows took about a fifth less time a row at a
-/// time, five or six about a tenth more (docs/benchmarks.md, "Verify batches of three and four
-/// tokens a weight row at a time").
+/// time, five or six about a tenth more (docs/benchmarks-history.md, "Verify batches of three
+/// and four tokens a weight row at a time").
 const MIN_PAIRS_FOR_ROW_STEPS: usize = 3;
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]

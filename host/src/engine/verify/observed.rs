@@ -6,7 +6,7 @@
 //! one sequence's verify rows as its time over the curve's price for it (at its context), by
 //! batch size, and `bench` reports the mean of each size next to the curve: how far the
 //! curve the policies priced their rounds by, and the `ideal` speedup figures rest on, was
-//! from the rounds themselves (docs/benchmarks.md, "The verify curve against the rounds").
+//! from the rounds themselves (docs/benchmarks-history.md, "The verify curve against the rounds").
 
 use std::time::Duration;
 
