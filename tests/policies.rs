@@ -248,14 +248,22 @@ fn clairvoyant_host(
     (host, calls)
 }
 
-/// Costs of a [`Clairvoyant`] draft model that takes `per_token_ms` per drafted token and
+/// Costs of a [`Clairvoyant`] draft model that takes `per_token` per drafted token and
 /// catches up at once.
-fn drafting_at(per_token_ms: u64) -> DraftModelCosts {
+fn drafting_at(per_token: Duration) -> DraftModelCosts {
     DraftModelCosts {
-        per_token: Duration::from_millis(per_token_ms),
+        per_token,
         catch_up_per_token: Duration::ZERO,
         agreement: None,
     }
+}
+
+/// A draft model's time per drafted token that no draft can pay for, however well accepted:
+/// four of `plain`'s measured target steps (at least 30 ms). Priced from this run's own steps,
+/// not a fixed time, as a slowed machine (175 ms a step once) makes any fixed price cheap.
+fn too_slow_to_pay(plain: &Outcome) -> Duration {
+    let steps = plain.stats.generated_tokens.saturating_sub(1).max(1) as u32;
+    (plain.stats.generation_time / steps * 4).max(Duration::from_millis(30))
 }
 
 /// SmolLM2, the first fixture's message, its prompt's length in tokens, and its plain greedy
@@ -294,11 +302,11 @@ fn cost_run(
 fn cost_leaves_out_a_draft_model_that_costs_more_than_it_saves() {
     let _guard = exclusive();
     let (target, message, prompt_len, plain) = first_fixture_plainly();
-    // Free drafts are all accepted and worth asking for every round; at 30 ms a token (several
-    // times a verify step of this model) no draft can pay, however well accepted.
-    for (delay_ms, worth_it) in [(0, true), (30, false)] {
+    // Free drafts are all accepted and worth asking for every round; at four target steps a
+    // token no draft can pay, however well accepted.
+    for (per_token, worth_it) in [(Duration::ZERO, true), (too_slow_to_pay(&plain), false)] {
         let (host, calls) =
-            clairvoyant_host(&plain.tokens, prompt_len, drafting_at(delay_ms), false);
+            clairvoyant_host(&plain.tokens, prompt_len, drafting_at(per_token), false);
         let stats = cost_run(&host, &target, &message, &["draft"], &plain.tokens);
         let (asked, rounds) = (stats.sources[0].asked, stats.rounds);
         if worth_it {
@@ -321,11 +329,12 @@ fn cost_leaves_out_a_draft_model_that_costs_more_than_it_saves() {
 fn cost_prices_a_measured_draft_model_before_its_first_ask() {
     let _guard = exclusive();
     let (target, message, prompt_len, plain) = first_fixture_plainly();
-    let (host, calls) = clairvoyant_host(&plain.tokens, prompt_len, drafting_at(30), true);
+    let slow = drafting_at(too_slow_to_pay(&plain));
+    let (host, calls) = clairvoyant_host(&plain.tokens, prompt_len, slow, true);
     let stats = cost_run(&host, &target, &message, &["draft"], &plain.tokens);
     assert_eq!(stats.sources[0].asked, 0, "{stats:?}");
     assert_eq!(calls.load(Ordering::Relaxed), 0);
-    let (host, _) = clairvoyant_host(&plain.tokens, prompt_len, drafting_at(0), true);
+    let (host, _) = clairvoyant_host(&plain.tokens, prompt_len, drafting_at(Duration::ZERO), true);
     let stats = cost_run(&host, &target, &message, &["draft"], &plain.tokens);
     let (asked, rounds) = (stats.sources[0].asked, rounds_with_room(&stats));
     assert!(
@@ -374,7 +383,8 @@ fn cost_keeps_cheap_drafts_going_while_it_leaves_out_a_slow_draft_model() {
         let message = &fixture.user_message;
         let plain = greedy(&target, message, &mut Cascade::empty());
         let prompt_len = target.tokenize_chat(message).expect("chat template").len();
-        let (host, calls) = clairvoyant_host(&plain.tokens, prompt_len, drafting_at(30), false);
+        let slow = drafting_at(too_slow_to_pay(&plain));
+        let (host, calls) = clairvoyant_host(&plain.tokens, prompt_len, slow, false);
         let alone = cost_run(&host, &target, message, &["lookup"], &plain.tokens);
         alone_accepted += alone.sources[0].accepted;
         let beside = cost_run(&host, &target, message, &["lookup", "draft"], &plain.tokens);

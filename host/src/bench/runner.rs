@@ -261,6 +261,32 @@ pub struct Measurements {
     pub ctx_size: u32,
 }
 
+impl Measurements {
+    /// Adds the passes of `later`, a second measurement of the same workloads and
+    /// configurations, after this one's, which decoded `warmup` warm-up passes before its
+    /// measured ones: `later`'s passes are numbered on from this one's last.
+    pub fn append_passes(&mut self, later: Measurements, warmup: usize) {
+        let measured = self.requests.iter().map(|r| r.pass).max().unwrap_or(0);
+        let decoded = warmup + measured;
+        for (run, later_run) in self.workloads.iter_mut().zip(later.workloads) {
+            for (passes, later_passes) in run.passes.iter_mut().zip(later_run.passes) {
+                passes.extend(later_passes);
+            }
+        }
+        self.mismatches
+            .extend(later.mismatches.into_iter().map(|mismatch| Mismatch {
+                pass: mismatch.pass + decoded,
+                ..mismatch
+            }));
+        self.drawn_requests += later.drawn_requests;
+        self.requests
+            .extend(later.requests.into_iter().map(|row| RequestRow {
+                pass: row.pass + measured,
+                ..row
+            }));
+    }
+}
+
 /// Reads the workloads, loads the plugins and the target, then runs every pass; see the
 /// [module docs](self).
 pub fn measure(config: &BenchConfig, cache_dir: &std::path::Path) -> anyhow::Result<Measurements> {
@@ -721,6 +747,50 @@ mod tests {
                 "lookup window,raise=0.9 K≤16"
             ]
         );
+    }
+
+    #[test]
+    fn appended_passes_are_numbered_after_the_first_measurement() {
+        let row = |pass| RequestRow {
+            workload: "w".into(),
+            configuration: "plain".into(),
+            pass,
+            request: "r".into(),
+            degeneracy: None,
+            generated_tokens: 3,
+            generation_time: Duration::from_millis(10),
+            rounds: 2,
+            drafted: 0,
+            accepted: 0,
+        };
+        let mismatch = |pass| Mismatch {
+            workload: "w".into(),
+            configuration: "lookup".into(),
+            request: "r".into(),
+            pass,
+            first_difference: 1,
+            expected_tokens: 3,
+            generated_tokens: 3,
+        };
+        let measurements = |requests, mismatches, drawn_requests| Measurements {
+            configurations: vec![Configuration::plain()],
+            workloads: Vec::new(),
+            mismatches,
+            drawn_requests,
+            requests,
+            prompt_style: PromptStyle::Chat,
+            threads: 1,
+            ctx_size: 512,
+        };
+        let mut first = measurements(vec![row(1), row(2)], vec![mismatch(2)], 1);
+        // Its second pass is the first measured one after a warm-up pass.
+        let later = measurements(vec![row(1)], vec![mismatch(2)], 2);
+        first.append_passes(later, 1);
+        let passes: Vec<usize> = first.requests.iter().map(|r| r.pass).collect();
+        assert_eq!(passes, [1, 2, 3]);
+        let decoded: Vec<usize> = first.mismatches.iter().map(|m| m.pass).collect();
+        assert_eq!(decoded, [2, 5], "1 warm-up and 2 measured passes before");
+        assert_eq!(first.drawn_requests, 3);
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! [`run`]: `bench --clients` from the flags to the report, in-process or against `--url`.
 //!
-//! In-process, in order: the one-client level's requests through the engine (the
-//! single-stream comparison, which also resolves `--prompt-style auto` from the model); then the
-//! server on this thread (decoding must run on the process's main thread: GNU OpenMP is slow
+//! In-process, in order: half the passes of the one-client level's requests through the engine
+//! (the single-stream comparison, which also resolves `--prompt-style auto` from the model); then
+//! the server on this thread (decoding must run on the process's main thread: GNU OpenMP is slow
 //! otherwise, see `server::startup`) while the clients run on a thread of their own with their
-//! own tokio runtime, and stop the server once every level is done (or failed).
+//! own tokio runtime, and stop the server once every level is done (or failed); then the
+//! comparison's other passes through the engine.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -46,8 +47,16 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
         BenchServer::InProcess(serve_config) => {
             let total = workloads.iter().map(|w| w.requests.len()).sum();
             let share = OneClientShare::new(total, serve.requests_per_client);
-            let measurements = measure_workloads(config, share.workloads(&workloads), cache_dir)
-                .context("decoding the one-client requests through the engine")?;
+            let (before, after) = bracketing_passes(config.repeat);
+            let run_passes = |repeat: usize| {
+                let config = BenchConfig {
+                    repeat,
+                    ..config.clone()
+                };
+                measure_workloads(&config, share.workloads(&workloads), cache_dir)
+                    .context("decoding the one-client requests through the engine")
+            };
+            let mut measurements = run_passes(before)?;
             let requests = plan_requests(
                 &workloads,
                 config.prompt_style,
@@ -64,6 +73,9 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
                 passes: config.repeat,
             };
             let driven = drive_in_process(serve_config, cache_dir, levels)?;
+            if after > 0 {
+                measurements.append_passes(run_passes(after)?, config.warmup);
+            }
             settings.model = Some(serve_config.stack.model.clone());
             settings.slots = Some(serve_config.parallel);
             settings.threads = Some(serve_config.session.threads);
@@ -118,6 +130,14 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
         );
     }
     Ok(())
+}
+
+/// How many of `repeat` passes of the single-stream comparison decode before the server's levels
+/// and how many after: split around them, so that a shared machine's slower or faster minutes
+/// during a run weigh on `run`'s passes as on `serve`'s (one pass goes before, alone).
+fn bracketing_passes(repeat: usize) -> (usize, usize) {
+    let before = repeat.div_ceil(2);
+    (before, repeat - before)
 }
 
 /// Runs the server on this thread and the clients on another until the clients are done.

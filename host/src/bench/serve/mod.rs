@@ -6,8 +6,9 @@
 //!    prompts it (`messages` to `/v1/chat/completions`, a raw `prompt` with its stop strings
 //!    to `/v1/completions`), sampled as the bench is (greedy by default); each [`Row`] (plain decoding, then every bench
 //!    configuration) adds its `speculative` block, or none for a server at `--url`;
-//! 2. in-process, the one-client level's requests are first decoded through the engine as
-//!    `spechost bench` does ([`OneClientShare`]), for the single-stream comparison;
+//! 2. in-process, the one-client level's requests are decoded through the engine as
+//!    `spechost bench` does ([`OneClientShare`]), for the single-stream comparison: half of
+//!    the passes before the server's levels, the rest after them;
 //! 3. [`run`] starts the server in this process (or drives the one at `--url`); each level, a
 //!    row at a client count, sends one warm-up request and then the clients' shares; every
 //!    answer is timed by its client ([`send`]) and its text checked against plain decoding's;
