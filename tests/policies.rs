@@ -262,8 +262,9 @@ fn drafting_at(per_token: Duration) -> DraftModelCosts {
 /// four of `plain`'s measured target steps (at least 30 ms). Priced from this run's own steps,
 /// not a fixed time, as a slowed machine (175 ms a step once) makes any fixed price cheap.
 fn too_slow_to_pay(plain: &Outcome) -> Duration {
-    let steps = plain.stats.generated_tokens.saturating_sub(1).max(1) as u32;
-    (plain.stats.generation_time / steps * 4).max(Duration::from_millis(30))
+    Duration::try_from_secs_f64(4.0 / plain.stats.generation_tokens_per_second())
+        .unwrap_or(Duration::ZERO)
+        .max(Duration::from_millis(30))
 }
 
 /// SmolLM2, the first fixture's message, its prompt's length in tokens, and its plain greedy
