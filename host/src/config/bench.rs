@@ -421,9 +421,11 @@ impl BenchArgs {
             }
             None => {
                 let largest = *client_counts.last().expect("--clients is not empty");
-                let serve = self
+                let mut serve = self
                     .in_process_serve_args(cascades, largest)
                     .into_config(cache_dir)?;
+                // Requests name the rest of the policies measured; their files must be loaded.
+                serve.other_policies = self.policies.iter().skip(1).cloned().collect();
                 BenchServer::InProcess(Box::new(serve))
             }
         };
@@ -935,6 +937,21 @@ mod tests {
             server.max_queue >= 4,
             "queue for every client: {}",
             server.max_queue
+        );
+        let two_policies = BenchArgs {
+            policies: vec!["cost".into(), "./old_cost.wasm,decay=0.9".into()],
+            ..args(&[1])
+        }
+        .into_config(Path::new("/tmp"))
+        .expect("valid");
+        let Some(BenchServer::InProcess(server)) = two_policies.serve.map(|serve| serve.server)
+        else {
+            panic!("the server runs in-process");
+        };
+        assert_eq!(
+            (server.policy.as_str(), server.other_policies.as_slice()),
+            ("cost", ["./old_cost.wasm,decay=0.9".to_owned()].as_slice()),
+            "the first policy is the default, the rest are loaded for requests to name"
         );
         let running = BenchArgs {
             cascades: Vec::new(),

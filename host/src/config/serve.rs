@@ -202,6 +202,10 @@ pub struct ServeConfig {
     pub cascade_mode: CascadeMode,
     /// Default policy plugin and its settings.
     pub policy: String,
+    /// Policies loaded besides the default and the built-ins, which requests may then name
+    /// (`spechost bench --clients` loads every policy file it measures). Empty for `serve`,
+    /// where an admin loads other policy files with `PUT /admin/cascade`.
+    pub other_policies: Vec<String>,
     /// Per-plugin configuration strings, by plugin name.
     pub plugin_configs: BTreeMap<String, String>,
     /// Default most draft tokens per round, and the most a request may ask for.
@@ -420,6 +424,7 @@ impl ServeArgs {
             cascade: speculation.cascade,
             cascade_mode: speculation.cascade_mode,
             policy: speculation.policy,
+            other_policies: Vec::new(),
             plugin_configs,
             max_draft_len: speculation.max_draft_len,
             default_max_tokens,

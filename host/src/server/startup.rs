@@ -108,7 +108,10 @@ fn serve_with(
                 .filter(|(spec, _)| config.cascade.contains(spec))
                 .map(|(_, plugin)| plugin.clone())
                 .collect();
-            let policies = load_startup_policies(host, Some(&config.policy))?;
+            let policies = load_startup_policies(
+                host,
+                std::iter::once(&config.policy).chain(&config.other_policies),
+            )?;
             Ok(((plugins, policies), default_cascade))
         },
     )?;

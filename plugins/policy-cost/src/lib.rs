@@ -159,6 +159,17 @@
 //! Alone (`R = T = 0`) this is the rule above. The same holds for costly sources, against plain
 //! decoding in the same batch.
 //!
+//! **Cut by the step.** Each request's policy decides as if the others' rounds stayed as they
+//! were; the server's step sees every request's draft at once and verifies only the parts that
+//! pay beside each other (the host's draft cut), so where many requests draft, most of what
+//! they draft is cut unverified (about 95% at eight clients on two cores) and was drafted in
+//! vain. A round whose verified draft is shorter than its winning proposal (beside other
+//! requests) caps the drafts at what was verified for the next `2^s` rounds, `s` the cuts since
+//! a draft last went through whole (at most 4: 16 rounds), shadow drafts going on when the cap
+//! is 0; then the policy drafts its own choice again, and a draft let through whole clears
+//! `s`. The cap holds only while the other requests' rounds are at least as large as beside
+//! the cut (a smaller batch leaves room), and a round verified alone clears it.
+//!
 //! **Across requests.** A session that ends leaves its counts and learned times (per source
 //! too) to the next session of the same plugin instance (the host keeps one instance per
 //! cascade), which starts from them instead of the prior: in a server or a benchmark the second
@@ -321,6 +332,68 @@ const MAX_BATCH_SIZES: usize = 4096;
 struct Others {
     verified: usize,
     committed: f64,
+}
+
+/// The longest strike of consecutive cut rounds that lengthens the hold ([`StepCut`]): a hold
+/// lasts at most `2^MAX_CUT_STRIKES` (16) rounds.
+const MAX_CUT_STRIKES: u32 = 4;
+
+/// The draft lengths a server's step let through beside the other requests' rounds.
+///
+/// A request's policy sizes its draft from its own view of the batch; the step, which sees
+/// every request's draft, verifies only what pays beside the others' (the host's draft cut),
+/// so what it cut was drafted in vain. After a cut the policy drafts at most what the step
+/// verified for the next `2^strikes` rounds (`strikes`: the holds in a row that ended in a
+/// cut, up to [`MAX_CUT_STRIKES`]) while the others' rounds are as large, then drafts its own
+/// choice again; a draft the step lets through whole after a hold, or a round verified alone,
+/// starts afresh.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct StepCut {
+    /// The most tokens to draft while held.
+    limit: u32,
+    /// Tokens of the other requests' rounds beside the cut draft: a batch with fewer leaves
+    /// room for more, and is not held.
+    beside: u32,
+    /// Rounds the limit still holds for.
+    hold: u32,
+    /// Cuts since a draft was last let through whole, up to [`MAX_CUT_STRIKES`].
+    strikes: u32,
+}
+
+impl StepCut {
+    fn observe(&mut self, round: &RoundRecord) {
+        if round.others_verified() == 0 {
+            *self = Self::default();
+            return;
+        }
+        let verified = round.n_drafted();
+        // The winner's proposal, or, where the step cut every token, the proposal that lost
+        // to the cut (a round with no winner has no other).
+        let proposals = || round.sources.iter().filter(|source| !source.shadow);
+        let proposed = proposals()
+            .find(|source| source.won)
+            .or_else(|| proposals().find(|source| verified == 0 && source.drafted > 0))
+            .map_or(0, |source| source.drafted);
+        if proposed > verified {
+            self.strikes = (self.strikes + 1).min(MAX_CUT_STRIKES);
+            self.limit = verified;
+            self.beside = round.others_verified();
+            self.hold = 1 << self.strikes;
+        } else if self.hold > 0 {
+            self.hold -= 1;
+        } else if proposed > 0 {
+            self.strikes = 0;
+        }
+    }
+
+    /// `length`, cut to the limit while it holds beside `others` tokens of other requests.
+    fn limit(&self, length: u32, others: usize) -> u32 {
+        if self.hold > 0 && others >= self.beside as usize {
+            length.min(self.limit)
+        } else {
+            length
+        }
+    }
 }
 
 /// Verify times per batch size: the host's, or learned from rounds.
@@ -631,6 +704,8 @@ pub struct Cost {
     verify: VerifyCosts,
     /// The rest of the last round's verify batch.
     others: Others,
+    /// What the server's step cuts taught about drafting beside the other requests.
+    step_cut: StepCut,
     /// One per cascade source, in cascade order.
     sources: Vec<SourceModel>,
     shadow_len: u32,
@@ -716,6 +791,7 @@ impl Policy for Cost {
             positions: counts.with_first_prior(agreement.filter(|_| all_draft_model)),
             verify: VerifyCosts::new(cap as usize + 1, &setup.verify_us),
             others: Others::default(),
+            step_cut: StepCut::default(),
             shadow_len,
             probe_after,
             rounds_without_evidence: 0,
@@ -746,6 +822,7 @@ impl Policy for Cost {
             verified: round.others_verified() as usize,
             committed: f64::from(round.others_committed()),
         };
+        self.step_cut.observe(round);
         let round_us = round.verify_us.saturating_add(round.draft_us);
         let committed = u64::from(round.n_accepted) + 1;
         self.committed = self.committed.saturating_add(committed);
@@ -793,7 +870,10 @@ impl Policy for Cost {
         // to draft less (it would keep K at 0, where the probe never happens).
         let (best, best_above_zero) = self.best_draft_lengths(verify, &unprofitable);
         let mut length = best;
-        if best == 0 {
+        if self.others.verified > 0 {
+            length = self.step_cut.limit(length, self.others.verified);
+        }
+        if length == 0 {
             self.rounds_without_evidence = self.rounds_without_evidence.saturating_add(1);
             if self.rounds_without_evidence > self.probe_after && best_above_zero > 0 {
                 self.rounds_without_evidence = 0;
@@ -1019,7 +1099,7 @@ export_policy!(Cost);
 #[cfg(test)]
 mod tests {
     use spechost_sdk::testing::{
-        PolicyHarness, drafted_round, facts, plain_round, policy_setup, shadow_round,
+        PolicyHarness, cut_round, drafted_round, facts, plain_round, policy_setup, shadow_round,
     };
 
     use super::*;
@@ -1188,6 +1268,81 @@ mod tests {
             drafting <= 4,
             "a draft that doubles the batch's time does not pay: {lengths:?}"
         );
+    }
+
+    /// A target that accepts every drafted token, beside 7 requests verifying one token each,
+    /// in a batch whose extra tokens are nearly free; a step that cuts every draft to `cut_to`
+    /// tokens in the rounds `cutting` says.
+    fn cutting_target(
+        cut_to: u32,
+        cutting: impl Fn(usize) -> bool,
+    ) -> impl FnMut(&Decision) -> RoundRecord {
+        let mut round = 0;
+        move |decision| {
+            round += 1;
+            let proposed = decision.max_draft_len;
+            let mut record = if proposed > cut_to && cutting(round) {
+                cut_round(proposed, cut_to, 7)
+            } else {
+                target(proposed, decision.shadow_len)(decision)
+            };
+            record.batch_verified = record.n_verified + 7;
+            record.batch_committed = record.n_accepted + 1 + 7;
+            record
+        }
+    }
+
+    #[test]
+    fn drafts_what_the_step_verifies_beside_other_requests_and_tries_again_later() {
+        // The step cuts every draft to nothing: after a few rounds the policy proposes a draft
+        // once in 16 rounds or less, each ask a strike that lengthens the hold.
+        let mut harness = cost("", setup_with_slope(CAP, 0.02));
+        let cut_out = lengths(&harness.run(100, cutting_target(0, |_| true)));
+        let proposals = cut_out[20..].iter().filter(|&&k| k > 0).count();
+        assert!(
+            (1..=6).contains(&proposals),
+            "a draft cut every time is asked again only now and then: {cut_out:?}"
+        );
+        // Cut to 2 tokens: it drafts at most 2 while held, and its own choice again after.
+        let mut harness = cost("", setup_with_slope(CAP, 0.02));
+        let cut_short = lengths(&harness.run(60, cutting_target(2, |_| true)));
+        let held = cut_short[20..].iter().filter(|&&k| k <= 2).count();
+        assert!(
+            held >= 34 && cut_short[20..].iter().any(|&k| k > 2),
+            "drafts 2 while held, more now and then: {cut_short:?}"
+        );
+        // The step stops cutting: within a hold the policy drafts as long as before.
+        let mut harness = cost("", setup_with_slope(CAP, 0.02));
+        let let_through = lengths(&harness.run(120, cutting_target(0, |round| round <= 60)));
+        assert!(
+            let_through[100..].iter().all(|&k| k > 2),
+            "drafts again once the step lets drafts through: {let_through:?}"
+        );
+    }
+
+    #[test]
+    fn a_smaller_batch_or_a_round_alone_lifts_the_steps_cap() {
+        let held = || {
+            let mut harness = cost("", setup_with_slope(CAP, 0.02));
+            harness.run(30, cutting_target(0, |_| true));
+            harness
+        };
+        // A fully accepted draft beside 3 requests' rounds, fewer than beside the cuts.
+        let mut harness = held();
+        harness.observe(&RoundRecord {
+            batch_verified: 5 + 3,
+            batch_committed: 5 + 3,
+            ..drafted_round(4, 4)
+        });
+        assert!(harness.decide().max_draft_len > 0);
+        // The same draft beside 7: the cap holds.
+        let mut harness = held();
+        harness.observe(&cut_round(4, 0, 7));
+        assert_eq!(harness.decide().max_draft_len, 0);
+        // Alone.
+        let mut harness = held();
+        harness.observe(&drafted_round(4, 4));
+        assert!(harness.decide().max_draft_len > 0);
     }
 
     #[test]

@@ -57,5 +57,5 @@ pub use self::host::{
     set_state_limit, set_tree_paths, take_tree_shape,
 };
 pub use self::policy::{
-    PolicyHarness, TEST_SOURCE, drafted_round, plain_round, policy_setup, shadow_round,
+    PolicyHarness, TEST_SOURCE, cut_round, drafted_round, plain_round, policy_setup, shadow_round,
 };

@@ -80,6 +80,44 @@ pub fn drafted_round(drafted: u32, accepted: u32) -> RoundRecord {
     }
 }
 
+/// A round a server's verify step cut: [`TEST_SOURCE`] proposed `proposed` tokens, all of them
+/// the target's, but the step verified only the first `verified` beside the `others` tokens
+/// of other requests' rounds (each committing one), so the round committed `verified + 1`. As
+/// the host reports it: the proposal's tokens past the cut are compared with the committed ones
+/// (the next one matched, the rest never compared: censored), and a proposal cut to nothing did
+/// not win.
+///
+/// # Panics
+///
+/// If `verified >= proposed` (nothing was cut) or `others` is 0 (a round alone is never cut).
+pub fn cut_round(proposed: u32, verified: u32, others: u32) -> RoundRecord {
+    assert!(
+        verified < proposed,
+        "a cut verifies fewer than the {proposed} tokens proposed; pass verified < proposed"
+    );
+    assert!(
+        others > 0,
+        "a round verified alone is never cut; pass others > 0"
+    );
+    let matched = verified + 1;
+    RoundRecord {
+        max_draft_len: proposed,
+        sources: vec![SourceRound {
+            source: TEST_SOURCE.to_owned(),
+            drafted: proposed,
+            accepted: matched,
+            won: verified > 0,
+            censored: matched < proposed,
+            ..SourceRound::default()
+        }],
+        n_verified: verified + 1,
+        n_accepted: verified,
+        batch_verified: verified + 1 + others,
+        batch_committed: verified + 1 + others,
+        ..RoundRecord::default()
+    }
+}
+
 /// A round decoded without speculation (the policy asked for 0 tokens), settling nothing.
 pub fn plain_round() -> RoundRecord {
     drafted_round(0, 0)
@@ -150,9 +188,10 @@ fn check_record(round: &RoundRecord) -> Result<(), String> {
                 source.source
             ));
         }
-        if source.won && source.censored {
+        if source.won && source.censored && source.drafted <= round.n_drafted() {
             return Err(format!(
-                "source `{}` won but is censored; only unverified proposals are censored",
+                "source `{}` won but is censored; only unverified proposals (or the tokens a \
+                 server's step cut off the winner's) are censored",
                 source.source
             ));
         }
@@ -163,6 +202,15 @@ fn check_record(round: &RoundRecord) -> Result<(), String> {
             "{} tokens were drafted but no source won; mark the drafting source `won`",
             round.n_drafted()
         )),
+        // A server's step may verify only the winner's first tokens beside other requests'
+        // rounds; the rest are compared with the committed tokens.
+        [winner]
+            if winner.drafted > round.n_drafted()
+                && round.others_verified() > 0
+                && winner.accepted >= round.n_accepted =>
+        {
+            Ok(())
+        }
         [winner] if winner.drafted != round.n_drafted() || winner.accepted != round.n_accepted => {
             Err(format!(
                 "the winner `{}` drafted {} and got {} accepted, but the round verified {} \

@@ -128,16 +128,19 @@ impl std::fmt::Debug for Registry {
     }
 }
 
-/// Loads the policies a server starts with: the default policy's file, if `--policy` names
-/// one, then every built-in policy found. A missing built-in is skipped.
-pub fn load_startup_policies(
+/// Loads the policies a server starts with: the file of each of `specs` (`name[,key=value...]`)
+/// that names one, the default policy first, then every built-in policy found. A missing
+/// built-in is skipped.
+pub fn load_startup_policies<'a>(
     host: &PluginHost,
-    default: Option<&str>,
+    specs: impl IntoIterator<Item = &'a String>,
 ) -> anyhow::Result<Vec<LoadedPolicy>> {
-    let mut loaded = Vec::new();
-    if let Some(spec) = default {
+    let mut loaded: Vec<LoadedPolicy> = Vec::new();
+    for spec in specs {
         let spec = parse_policy(spec)?;
-        if matches!(spec.plugin, SourceSpec::Path(_)) {
+        if matches!(spec.plugin, SourceSpec::Path(_))
+            && !loaded.iter().any(|policy| policy.name() == spec.name())
+        {
             loaded.push(host.load_policy(&spec.plugin)?);
         }
     }
