@@ -367,12 +367,16 @@ impl StepCut {
             return;
         }
         let verified = round.n_drafted();
-        // The winner's proposal, or, where the step cut every token, the proposal that lost
-        // to the cut (a round with no winner has no other).
-        let proposals = || round.sources.iter().filter(|source| !source.shadow);
-        let proposed = proposals()
-            .find(|source| source.won)
-            .or_else(|| proposals().find(|source| verified == 0 && source.drafted > 0))
+        // The winner's proposal, or, where the step cut every token, the proposal it cut (a
+        // round without a winner verified no draft, so its one proposal was cut to nothing).
+        let proposed = round
+            .winner()
+            .or_else(|| {
+                round
+                    .sources
+                    .iter()
+                    .find(|source| !source.shadow && source.drafted > 0)
+            })
             .map_or(0, |source| source.drafted);
         if proposed > verified {
             self.strikes = (self.strikes + 1).min(MAX_CUT_STRIKES);
@@ -869,10 +873,8 @@ impl Policy for Cost {
         // K is chosen for the sources that pay: a probe of one that does not is not a reason
         // to draft less (it would keep K at 0, where the probe never happens).
         let (best, best_above_zero) = self.best_draft_lengths(verify, &unprofitable);
-        let mut length = best;
-        if self.others.verified > 0 {
-            length = self.step_cut.limit(length, self.others.verified);
-        }
+        // A round alone cleared the step's cap.
+        let mut length = self.step_cut.limit(best, self.others.verified);
         if length == 0 {
             self.rounds_without_evidence = self.rounds_without_evidence.saturating_add(1);
             if self.rounds_without_evidence > self.probe_after && best_above_zero > 0 {
@@ -1281,14 +1283,15 @@ mod tests {
         move |decision| {
             round += 1;
             let proposed = decision.max_draft_len;
-            let mut record = if proposed > cut_to && cutting(round) {
-                cut_round(proposed, cut_to, 7)
-            } else {
-                target(proposed, decision.shadow_len)(decision)
-            };
-            record.batch_verified = record.n_verified + 7;
-            record.batch_committed = record.n_accepted + 1 + 7;
-            record
+            if proposed > cut_to && cutting(round) {
+                return cut_round(proposed, cut_to, 7);
+            }
+            let record = target(proposed, decision.shadow_len)(decision);
+            RoundRecord {
+                batch_verified: record.n_verified + 7,
+                batch_committed: record.n_accepted + 1 + 7,
+                ..record
+            }
         }
     }
 
