@@ -119,7 +119,8 @@ pub struct BenchArgs {
     /// one at --url is driven), and each level's clients send the workloads' requests over
     /// HTTP, streamed, with plain decoding and then each cascade, --repeat times over (tok/s:
     /// the median pass); --warmup then applies to the single-stream comparison through the
-    /// engine, whose --repeat passes are split around the levels (half before, the rest after).
+    /// engine, whose --repeat passes are split around the one-client level (half before, the
+    /// rest after; the server is then started again for the other levels).
     #[arg(long = "clients", value_name = "C,C,...", value_delimiter = ',')]
     pub client_counts: Vec<usize>,
     /// With --clients: requests each client sends per level (default: 12).

@@ -4,8 +4,9 @@
 //! (the single-stream comparison, which also resolves `--prompt-style auto` from the model); then
 //! the server on this thread (decoding must run on the process's main thread: GNU OpenMP is slow
 //! otherwise, see `server::startup`) while the clients run on a thread of their own with their
-//! own tokio runtime, and stop the server once every level is done (or failed); then the
-//! comparison's other passes through the engine.
+//! own tokio runtime, and stop the server once the one-client level is done (or failed); then
+//! the comparison's other passes through the engine; then the server again for the other levels,
+//! their answers checked against the first server's references.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -18,7 +19,7 @@ use super::super::prepare::TokenLimits;
 use super::super::report::sampling_label;
 use super::super::runner::{Configuration, measure_workloads};
 use super::super::workload::Workload;
-use super::levels::{Driven, Levels, drive};
+use super::levels::{Driven, Levels, Reference, drive};
 use super::plan::{Row, plan_requests};
 use super::report::{IN_PROCESS, ServeReport, ServerSettings};
 use super::single_stream::OneClientShare;
@@ -65,16 +66,25 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
                 &config.sampling,
             )?;
             let rows: Vec<Row> = Configuration::all(config).iter().map(Row::of).collect();
-            let levels = Levels {
+            let levels = |client_counts| Levels {
                 requests: &requests,
                 rows: &rows,
-                client_counts: &serve.client_counts,
+                client_counts,
                 requests_per_client: serve.requests_per_client,
                 passes: config.repeat,
             };
-            let driven = drive_in_process(serve_config, cache_dir, levels)?;
+            // The one-client level alone between the comparison's two halves, so that `run`
+            // and `serve` are measured minutes apart, not the whole run apart; the server is
+            // started again for the other levels.
+            let (bracketed, rest) = bracketed_levels(&serve.client_counts);
+            let mut driven = drive_in_process(serve_config, cache_dir, levels(bracketed), &[])?;
             if after > 0 {
                 measurements.append_passes(run_passes(after)?, config.warmup);
+            }
+            if !rest.is_empty() {
+                let later =
+                    drive_in_process(serve_config, cache_dir, levels(rest), &driven.references)?;
+                driven.extend(later, &rows);
             }
             settings.model = Some(serve_config.stack.model.clone());
             settings.slots = Some(serve_config.parallel);
@@ -107,6 +117,7 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
                     requests_per_client: serve.requests_per_client,
                     passes: config.repeat,
                 },
+                &[],
             )?;
             settings.server.clone_from(&address.authority);
             ServeReport::new(
@@ -132,19 +143,32 @@ pub fn run(config: &BenchConfig, serve: &ServeBenchConfig, cache_dir: &Path) -> 
     Ok(())
 }
 
-/// How many of `repeat` passes of the single-stream comparison decode before the server's levels
-/// and how many after: split around them, so that a shared machine's slower or faster minutes
-/// during a run weigh on `run`'s passes as on `serve`'s (one pass goes before, alone).
+/// The client counts (ascending) measured between the single-stream comparison's halves, and
+/// those measured after it: the one-client level alone when there is one and others besides,
+/// every level otherwise.
+fn bracketed_levels(client_counts: &[usize]) -> (&[usize], &[usize]) {
+    match client_counts {
+        [1, _, ..] => client_counts.split_at(1),
+        _ => (client_counts, &[]),
+    }
+}
+
+/// How many of `repeat` passes of the single-stream comparison decode before the server's
+/// one-client level and how many after: split around it, so that a shared machine's slower or
+/// faster minutes during a run weigh on `run`'s passes as on `serve`'s (one pass goes before,
+/// alone).
 fn bracketing_passes(repeat: usize) -> (usize, usize) {
     let before = repeat.div_ceil(2);
     (before, repeat - before)
 }
 
 /// Runs the server on this thread and the clients on another until the clients are done.
+/// Answers are checked against `earlier` references too.
 fn drive_in_process(
     serve_config: &ServeConfig,
     cache_dir: &Path,
     levels: Levels<'_>,
+    earlier: &[Reference],
 ) -> anyhow::Result<Driven> {
     let (listening, address) = mpsc::channel::<SocketAddr>();
     let stop = Arc::new(Notify::new());
@@ -158,7 +182,7 @@ fn drive_in_process(
                 let address = address
                     .recv()
                     .context("the in-process server stopped before it listened")?;
-                drive(&address.to_string(), levels)
+                drive(&address.to_string(), levels, earlier)
             })
             .context("starting the clients' thread")?;
         let served = serve_embedded(serve_config, cache_dir, Embedding { listening, stop });
@@ -185,5 +209,17 @@ fn style_name(style: PromptStyle) -> &'static str {
     match style {
         PromptStyle::Raw => "raw",
         PromptStyle::Chat | PromptStyle::Auto => "chat",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_one_client_level_is_bracketed_alone_when_others_follow() {
+        assert_eq!(bracketed_levels(&[1, 2, 4, 8]), (&[1][..], &[2, 4, 8][..]));
+        assert_eq!(bracketed_levels(&[1]), (&[1][..], &[][..]));
+        assert_eq!(bracketed_levels(&[2, 4]), (&[2, 4][..], &[][..]));
     }
 }

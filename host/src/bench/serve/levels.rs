@@ -98,8 +98,9 @@ pub struct Driven {
 }
 
 /// Drives the server at `authority` (`HOST:PORT`) through every level, on a tokio runtime of
-/// this thread.
-pub fn drive(authority: &str, levels: Levels<'_>) -> anyhow::Result<Driven> {
+/// this thread. Answers are checked against `earlier` references too (an earlier [`Driven`]'s,
+/// of the same requests), besides those its own plain rows give.
+pub fn drive(authority: &str, levels: Levels<'_>, earlier: &[Reference]) -> anyhow::Result<Driven> {
     anyhow::ensure!(
         !levels.requests.is_empty(),
         "the workloads have no requests"
@@ -108,12 +109,16 @@ pub fn drive(authority: &str, levels: Levels<'_>) -> anyhow::Result<Driven> {
         .enable_all()
         .build()
         .context("starting the clients' async runtime")?;
-    runtime.block_on(drive_levels(authority, levels))
+    runtime.block_on(drive_levels(authority, levels, earlier))
 }
 
-async fn drive_levels(authority: &str, levels: Levels<'_>) -> anyhow::Result<Driven> {
+async fn drive_levels(
+    authority: &str,
+    levels: Levels<'_>,
+    earlier: &[Reference],
+) -> anyhow::Result<Driven> {
     let mut driven = Driven::default();
-    let mut references = References::new(levels.requests);
+    let mut references = References::new(levels.requests, earlier);
     for &clients in levels.client_counts {
         let mut passes: Vec<Vec<Pass>> = vec![Vec::new(); levels.rows.len()];
         let mut identical = vec![true; levels.rows.len()];
@@ -163,15 +168,28 @@ async fn drive_levels(authority: &str, levels: Levels<'_>) -> anyhow::Result<Dri
             });
         }
     }
-    // Reported row by row, as the rows are listed.
-    driven.levels.sort_by_key(|level| {
-        levels
-            .rows
-            .iter()
-            .position(|row| row.label == level.configuration)
-    });
+    driven.sort_levels(levels.rows);
     driven.references = references.into_list();
     Ok(driven)
+}
+
+impl Driven {
+    /// Adds the levels and differences of `later`, driven after these (checked against these
+    /// references), and takes its references, which hold these.
+    pub fn extend(&mut self, later: Driven, rows: &[Row]) {
+        self.levels.extend(later.levels);
+        self.differences.extend(later.differences);
+        self.references = later.references;
+        self.sort_levels(rows);
+    }
+
+    /// Row by row, as `rows` lists them; each row's levels by client count.
+    fn sort_levels(&mut self, rows: &[Row]) {
+        self.levels.sort_by_key(|level| {
+            let row = rows.iter().position(|row| row.label == level.configuration);
+            (row, level.clients)
+        });
+    }
 }
 
 /// Pass `pass` (from 1) of `row` at `clients` clients: a warm-up request, unmeasured, then
@@ -211,11 +229,19 @@ struct References<'a> {
 }
 
 impl<'a> References<'a> {
-    fn new(requests: &'a [PlannedRequest]) -> Self {
-        Self {
-            requests,
-            texts: BTreeMap::new(),
-        }
+    /// The references of `requests` found in `earlier` (by workload and request id).
+    fn new(requests: &'a [PlannedRequest], earlier: &[Reference]) -> Self {
+        let texts = requests
+            .iter()
+            .enumerate()
+            .filter_map(|(index, request)| {
+                earlier
+                    .iter()
+                    .find(|r| r.workload == request.workload && r.request == request.id)
+                    .map(|r| (index, r.text.clone()))
+            })
+            .collect();
+        Self { requests, texts }
     }
 
     /// Compares the `answers` of a pass (by their index in the level, in order) at `clients`
@@ -357,7 +383,7 @@ mod tests {
             speculative: None,
             plain: false,
         };
-        let mut references = References::new(&requests);
+        let mut references = References::new(&requests, &[]);
         let first = references.check(&plain, 1, 1, &[(0, answer("one")), (2, answer("one"))]);
         assert!(
             first.is_empty(),
@@ -378,6 +404,84 @@ mod tests {
         assert_eq!(
             (list[0].request.as_str(), list[0].text.as_str()),
             ("a", "one")
+        );
+    }
+
+    #[test]
+    fn a_second_drive_checks_answers_against_the_first_drives_references() {
+        let requests: Vec<PlannedRequest> = ["a", "b"]
+            .iter()
+            .map(|id| PlannedRequest {
+                workload: "w".into(),
+                id: (*id).into(),
+                endpoint: super::super::plan::Endpoint::Chat,
+                body: serde_json::json!({}),
+            })
+            .collect();
+        let earlier = [Reference {
+            workload: "w".into(),
+            request: "b".into(),
+            text: "two".into(),
+        }];
+        let mut references = References::new(&requests, &earlier);
+        let plain = Row::running("plain");
+        let differences = references.check(&plain, 2, 1, &[(0, answer("one")), (1, answer("tw"))]);
+        assert_eq!(
+            differences.len(),
+            1,
+            "plain at more clients is checked against the earlier reference of `b`: {differences:?}"
+        );
+        assert_eq!(differences[0].request, "b");
+        let list = references.into_list();
+        let texts: Vec<(&str, &str)> = list
+            .iter()
+            .map(|r| (r.request.as_str(), r.text.as_str()))
+            .collect();
+        assert_eq!(
+            texts,
+            [("a", "one"), ("b", "two")],
+            "the earlier reference is kept"
+        );
+    }
+
+    #[test]
+    fn extended_levels_are_listed_row_by_row_by_client_count() {
+        let level = |configuration: &str, clients| Level {
+            configuration: configuration.into(),
+            clients,
+            figures: figures(&[]),
+            identical: true,
+        };
+        let rows = [Row::running("plain"), Row::running("lookup")];
+        let mut first = Driven {
+            levels: vec![level("plain", 1), level("lookup", 1)],
+            ..Driven::default()
+        };
+        let later = Driven {
+            levels: vec![
+                level("plain", 2),
+                level("plain", 4),
+                level("lookup", 2),
+                level("lookup", 4),
+            ],
+            ..Driven::default()
+        };
+        first.extend(later, &rows);
+        let order: Vec<(&str, usize)> = first
+            .levels
+            .iter()
+            .map(|l| (l.configuration.as_str(), l.clients))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ("plain", 1),
+                ("plain", 2),
+                ("plain", 4),
+                ("lookup", 1),
+                ("lookup", 2),
+                ("lookup", 4)
+            ]
         );
     }
 

@@ -197,7 +197,7 @@ impl ServeReport {
         if !self.single_stream.is_empty() {
             out.push_str(
                 "\nOne stream: `run` (the engine, as `spechost bench` and `spechost run` decode) next to `serve` with one client, \
-                 on the same requests (`run`'s passes split before and after the levels); both generation tok/s: tokens after each request's first over the time after it (prompt excluded).\n\n",
+                 on the same requests (`run`'s passes split before and after the one-client level); both generation tok/s: tokens after each request's first over the time after it (prompt excluded).\n\n",
             );
             out.push_str("| configuration | run tok/s | serve tok/s (1 client) | serve / run |\n");
             out.push_str("|---|--:|--:|--:|\n");

@@ -1,8 +1,9 @@
 //! The single-stream comparison: the one-client level's requests decoded through the engine as
 //! `spechost bench` decodes them ([`measure_workloads`](super::super::runner::measure_workloads)),
-//! half of the passes before the server starts and the rest after it stops, so that `run` and
-//! one-client `serve` are measured side by side on the same requests in one process, and a
-//! shared machine's drift during the run weighs on both.
+//! half of the passes before the server's one-client level and the rest right after it (the
+//! server is started again for more clients), so that `run` and one-client `serve` are measured
+//! side by side on the same requests in one process, and a shared machine's drift during those
+//! minutes weighs on both.
 
 use std::collections::{BTreeMap, HashMap};
 
