@@ -366,9 +366,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn plain_answers_become_references_and_later_answers_are_checked_against_them() {
-        let requests: Vec<PlannedRequest> = ["a", "b"]
+    /// Requests `a` and `b` of workload `w`.
+    fn requests_a_and_b() -> Vec<PlannedRequest> {
+        ["a", "b"]
             .iter()
             .map(|id| PlannedRequest {
                 workload: "w".into(),
@@ -376,7 +376,12 @@ mod tests {
                 endpoint: super::super::plan::Endpoint::Chat,
                 body: serde_json::json!({}),
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn plain_answers_become_references_and_later_answers_are_checked_against_them() {
+        let requests = requests_a_and_b();
         let plain = Row::running("plain");
         let lookup = Row {
             label: "lookup".into(),
@@ -409,15 +414,7 @@ mod tests {
 
     #[test]
     fn a_second_drive_checks_answers_against_the_first_drives_references() {
-        let requests: Vec<PlannedRequest> = ["a", "b"]
-            .iter()
-            .map(|id| PlannedRequest {
-                workload: "w".into(),
-                id: (*id).into(),
-                endpoint: super::super::plan::Endpoint::Chat,
-                body: serde_json::json!({}),
-            })
-            .collect();
+        let requests = requests_a_and_b();
         let earlier = [Reference {
             workload: "w".into(),
             request: "b".into(),
