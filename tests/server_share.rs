@@ -209,8 +209,10 @@ fn alternate(
     for (i, prompt) in prompts.iter().enumerate() {
         let server = replicas[i % 2];
         if wait_for_sharing {
-            // The other replica served every other request so far.
-            let expected = ((earlier + i) / 2) as u64;
+            // The other replica served every other request so far: the odd-numbered ones
+            // before an even-numbered request, the even-numbered ones (the one just before
+            // among them) before an odd-numbered one.
+            let expected = ((earlier + i + 1) / 2) as u64;
             wait_for(server, "the other replica's responses", || {
                 received(server) >= expected
             });
