@@ -212,7 +212,7 @@ fn alternate(
             // The other replica served every other request so far: the odd-numbered ones
             // before an even-numbered request, the even-numbered ones (the one just before
             // among them) before an odd-numbered one.
-            let expected = ((earlier + i + 1) / 2) as u64;
+            let expected = (earlier + i).div_ceil(2) as u64;
             wait_for(server, "the other replica's responses", || {
                 received(server) >= expected
             });
