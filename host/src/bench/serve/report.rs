@@ -63,8 +63,9 @@ pub struct ServeRow {
     #[serde(flatten)]
     pub level: Level,
     /// Aggregate tok/s over plain decoding's at the same client count ([`paired_speedup`]:
-    /// the median over the passes of each pass's over the plain pass measured just before it);
-    /// `null` for plain decoding and for a running server.
+    /// the median over the passes of each pass's over plain decoding's tok/s interpolated to
+    /// when it ran, between the plain passes before and after it); `null` for plain decoding
+    /// and for a running server.
     pub over_plain: Option<f64>,
     /// Aggregate tok/s over the same configuration's at one client; `null` without one.
     pub over_one_client: Option<f64>,
@@ -112,6 +113,17 @@ impl ServeReport {
                 .find(|l| l.configuration == configuration && l.clients == clients)
         };
         let plain = driven.levels.first().map(|l| l.configuration.clone());
+        // The rows in the order each pass cycle decodes them, plain decoding's first.
+        let mut configurations: Vec<&str> = Vec::new();
+        for level in &driven.levels {
+            if !configurations.contains(&level.configuration.as_str()) {
+                configurations.push(&level.configuration);
+            }
+        }
+        let position_in_cycle = |configuration: &str| {
+            let index = configurations.iter().position(|c| *c == configuration);
+            index.unwrap_or(0) as f64 / configurations.len().max(1) as f64
+        };
         let running = settings.server != IN_PROCESS;
         let rows = driven
             .levels
@@ -122,7 +134,13 @@ impl ServeReport {
                     .as_deref()
                     .filter(|plain| !running && *plain != level.configuration)
                     .and_then(|plain| find(plain, level.clients))
-                    .and_then(|plain| paired_speedup(&level.figures, &plain.figures));
+                    .and_then(|plain| {
+                        paired_speedup(
+                            &level.figures,
+                            &plain.figures,
+                            position_in_cycle(&level.configuration),
+                        )
+                    });
                 let over_one_client = find(&level.configuration, 1)
                     .and_then(|one| speedup(rate, one.figures.tokens_per_second));
                 ServeRow {
@@ -169,7 +187,7 @@ impl ServeReport {
             out,
             "{} prompts, {}, {} requests per client per level (after one warm-up request), streamed, {} pass(es) of each level, \
              the configurations alternating; tok/s is all clients' completion tokens over the pass's wall time (the median pass), \
-             vs plain the median of each pass's over plain decoding's pass just before it, \
+             vs plain the median of each pass's over plain decoding's tok/s interpolated to when it ran (between its passes before and after), \
              times are measured by the clients (over every pass's requests).\n",
             settings.prompt_style, self.sampling, settings.requests_per_client, settings.passes
         );
@@ -292,11 +310,16 @@ impl ServeReport {
     }
 }
 
-/// `figures`' tok/s over `baseline`'s: the median of the passes' ratios, each pass over the
-/// baseline's pass of the same index (the rows alternate pass by pass, so a slow phase of a
-/// shared machine lands on both of a pair); the ratio of the medians when the passes do not
-/// pair up.
-fn paired_speedup(figures: &LevelFigures, baseline: &LevelFigures) -> Option<f64> {
+/// `figures`' tok/s over `baseline`'s: the median of the passes' ratios, the ratio of the
+/// medians when the passes do not pair up.
+///
+/// The rows alternate pass by pass: a cycle decodes the baseline's pass, then the others, this
+/// one `position` of the way through it (1/2 for the second of two rows). Each pass is over the
+/// baseline's tok/s interpolated to when it ran, geometrically between the baseline's pass of
+/// the same index and the next one (after the last cycle, that pass alone), so a shared
+/// machine slowing down or speeding up during a level weighs on both sides of each ratio alike,
+/// not only a slow phase that lasts a whole cycle.
+fn paired_speedup(figures: &LevelFigures, baseline: &LevelFigures, position: f64) -> Option<f64> {
     let (passes, baseline_passes) = (
         &figures.pass_tokens_per_second,
         &baseline.pass_tokens_per_second,
@@ -306,8 +329,14 @@ fn paired_speedup(figures: &LevelFigures, baseline: &LevelFigures) -> Option<f64
     }
     let ratios: Option<Vec<f64>> = passes
         .iter()
-        .zip(baseline_passes)
-        .map(|(&rate, &base)| speedup(rate, base))
+        .enumerate()
+        .map(|(index, &rate)| {
+            let before = baseline_passes[index];
+            let base = baseline_passes.get(index + 1).map_or(before, |&after| {
+                before.powf(1.0 - position) * after.powf(position)
+            });
+            speedup(rate, base)
+        })
         .collect();
     Some(Summary::of(&ratios?)?.median)
 }
@@ -434,27 +463,70 @@ mod tests {
     }
 
     #[test]
-    fn the_plain_ratio_pairs_each_pass_with_plain_decodings_pass_before_it() {
+    fn the_plain_ratio_pairs_each_pass_with_plain_decoding_interpolated_to_when_it_ran() {
         let with_passes = |rates: &[f64]| {
             let mut level = level("any", 4, 0.0);
             level.figures.pass_tokens_per_second = rates.to_vec();
             level.figures.tokens_per_second = Summary::of(rates).expect("rates").median;
             level.figures
         };
-        // A slow second pair: plain's median pass is 100, the cascade's 100 too, but the
-        // cascade ran 10% faster than the plain pass just before it in two passes of three.
-        let plain = with_passes(&[100.0, 50.0, 120.0]);
-        let cascade = with_passes(&[110.0, 55.0, 100.0]);
-        let paired = paired_speedup(&cascade, &plain).expect("both timed");
+        // A machine slowing down by 10% a cycle, the cascade 10% faster than plain decoding
+        // halfway through each: over the plain pass just before it, it would seem 4.4% faster.
+        let plain = with_passes(&[100.0, 90.0, 81.0]);
+        let halfway = |pass: i32| 110.0 * 0.9f64.powf(f64::from(pass) + 0.5);
+        let cascade = with_passes(&[halfway(0), halfway(1), 1.1 * 81.0]);
+        let paired = paired_speedup(&cascade, &plain, 0.5).expect("both timed");
+        assert!((paired - 1.1).abs() < 1e-9, "{paired}");
+        // A third row, two thirds of the way through each cycle.
+        let third = |pass: i32| 110.0 * 0.9f64.powf(f64::from(pass) + 2.0 / 3.0);
+        let later = with_passes(&[third(0), third(1), third(2)]);
+        let paired = paired_speedup(&later, &plain, 2.0 / 3.0).expect("both timed");
         assert!((paired - 1.1).abs() < 1e-9, "{paired}");
         // Passes that do not pair up: the ratio of the medians.
-        let fewer = with_passes(&[90.0, 110.0]);
-        let unpaired = paired_speedup(&fewer, &plain).expect("both timed");
+        let fewer = with_passes(&[81.0, 99.0]);
+        let unpaired = paired_speedup(&fewer, &plain, 0.5).expect("both timed");
         assert!((unpaired - 1.0).abs() < 1e-9, "{unpaired}");
         assert_eq!(
-            paired_speedup(&cascade, &with_passes(&[100.0, 0.0, 120.0])),
+            paired_speedup(&cascade, &with_passes(&[100.0, 0.0, 120.0]), 0.5),
             None
         );
+    }
+
+    #[test]
+    fn each_row_is_compared_with_plain_decoding_where_it_ran_in_the_cycle() {
+        let with_passes = |configuration: &str, rates: [f64; 2]| {
+            let mut level = level(configuration, 2, rates[0]);
+            level.figures.pass_tokens_per_second = rates.to_vec();
+            level
+        };
+        // Plain decoding at 90 then 120 tok/s, both cascades decoding as fast as it: the
+        // second row ran a third of the way from one plain pass to the next, the third two
+        // thirds (the second pass of each, after the last plain pass, meets 120 alone).
+        let interpolated = |share: f64| 90f64.powf(1.0 - share) * 120f64.powf(share);
+        let driven = Driven {
+            levels: vec![
+                with_passes("plain", [90.0, 120.0]),
+                with_passes("lookup", [interpolated(1.0 / 3.0), 120.0]),
+                with_passes("suffix", [interpolated(2.0 / 3.0), 120.0]),
+            ],
+            differences: Vec::new(),
+            references: Vec::new(),
+        };
+        let report = ServeReport::new(
+            settings(IN_PROCESS),
+            driven,
+            &[],
+            Vec::new(),
+            "greedy".into(),
+        );
+        for row in &report.rows[1..] {
+            let ratio = row.over_plain.expect("paired");
+            assert!(
+                (ratio - 1.0).abs() < 1e-9,
+                "{}: {ratio}",
+                row.level.configuration
+            );
+        }
     }
 
     #[test]
