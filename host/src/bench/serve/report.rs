@@ -113,16 +113,17 @@ impl ServeReport {
                 .find(|l| l.configuration == configuration && l.clients == clients)
         };
         let plain = driven.levels.first().map(|l| l.configuration.clone());
-        // The rows in the order each pass cycle decodes them, plain decoding's first.
-        let mut configurations: Vec<&str> = Vec::new();
-        for level in &driven.levels {
-            if !configurations.contains(&level.configuration.as_str()) {
-                configurations.push(&level.configuration);
-            }
-        }
+        // The levels come row by row, in the order each pass cycle decodes the rows (plain
+        // decoding's first).
+        let mut configurations: Vec<&str> = driven
+            .levels
+            .iter()
+            .map(|level| level.configuration.as_str())
+            .collect();
+        configurations.dedup();
         let position_in_cycle = |configuration: &str| {
             let index = configurations.iter().position(|c| *c == configuration);
-            index.unwrap_or(0) as f64 / configurations.len().max(1) as f64
+            index.unwrap_or(0) as f64 / configurations.len() as f64
         };
         let running = settings.server != IN_PROCESS;
         let rows = driven
